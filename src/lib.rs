@@ -1,0 +1,13 @@
+//! compactor: a context-managing reverse proxy for LLM agents.
+//!
+//! A request flows one way through named stages: route, read body, rewrite, forward, tap the
+//! response, record. Each stage is a module of its own.
+
+pub mod config;
+pub mod error;
+pub mod healthcheck;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod telemetry;
+pub mod upstream;

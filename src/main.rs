@@ -1,0 +1,92 @@
+//! The `compactor` binary: run the proxy, check its configuration, or probe its health.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use compactor::config::Config;
+use compactor::server::{self, AppState};
+
+#[derive(Parser)]
+#[command(version, about = "A context-managing reverse proxy for LLM agents")]
+struct Cli {
+    /// Configuration file (TOML). Default: config/compactor.toml when present.
+    #[arg(long, env = "COMPACTOR_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    check_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Exit 0 when the compactor configured by `--config`/environment answers /healthz.
+    Healthcheck,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("compactor: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check_config {
+        print!("{}", config.to_toml());
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("compactor: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Some(Command::Healthcheck) => runtime.block_on(async {
+            match compactor::healthcheck::check(config.listen, Duration::from_secs(3)).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(reason) => {
+                    eprintln!("compactor: {reason}");
+                    ExitCode::FAILURE
+                }
+            }
+        }),
+        None => match runtime.block_on(run(config)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("compactor: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    // Only ring is compiled in, but rustls wants the choice made explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    compactor::telemetry::init_logging(&config.log);
+    let metrics = compactor::telemetry::init_metrics()?;
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let config = Arc::new(config);
+    let state = Arc::new(AppState::new(config.clone(), Some(metrics))?);
+    let listener = server::bind(config.listen).await?;
+    server::serve(listener, state, server::shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! The response body compactor hands to hyper: either its own complete body or the upstream's
+//! stream, passed through frame by frame with an idle timeout and byte counting.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+
+use super::record::{Outcome, RequestRecord};
+use crate::telemetry::metric;
+
+/// Errors a response body can end with; hyper then aborts the connection so the client sees a
+/// truncated message rather than a silently short one.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("upstream sent nothing for {0:?}")]
+    IdleTimeout(Duration),
+    #[error("upstream body failed: {0}")]
+    Upstream(#[from] hyper::Error),
+}
+
+pin_project! {
+    /// The upstream's body, observed on its way to the client.
+    pub struct TapBody {
+        #[pin]
+        inner: Incoming,
+        #[pin]
+        idle: Sleep,
+        idle_timeout: Duration,
+        last_frame: Instant,
+        record: RequestRecord,
+        finished: bool,
+    }
+
+    impl PinnedDrop for TapBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if this.record.streaming {
+                metric::stream_ended();
+            }
+        }
+    }
+}
+
+impl TapBody {
+    pub fn new(inner: Incoming, idle_timeout: Duration, record: RequestRecord) -> Self {
+        if record.streaming {
+            metric::stream_started();
+        }
+        Self {
+            inner,
+            idle: tokio::time::sleep(idle_timeout),
+            idle_timeout,
+            last_frame: Instant::now(),
+            record,
+            finished: false,
+        }
+    }
+}
+
+impl Body for TapBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let mut this = self.project();
+        if *this.finished {
+            return Poll::Ready(None);
+        }
+        loop {
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.last_frame = Instant::now();
+                    if let Some(data) = frame.data_ref() {
+                        this.record.bytes_out += data.len() as u64;
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    *this.finished = true;
+                    this.record.outcome = Outcome::UpstreamError;
+                    return Poll::Ready(Some(Err(BodyError::Upstream(error))));
+                }
+                Poll::Ready(None) => {
+                    *this.finished = true;
+                    this.record.outcome = Outcome::Complete;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {}
+            }
+            // The timer is reset lazily: only when it fires do we look at when the last frame came.
+            ready!(this.idle.as_mut().poll(cx));
+            let deadline = *this.last_frame + *this.idle_timeout;
+            if deadline <= Instant::now() {
+                *this.finished = true;
+                this.record.outcome = Outcome::IdleTimeout;
+                return Poll::Ready(Some(Err(BodyError::IdleTimeout(*this.idle_timeout))));
+            }
+            this.idle.as_mut().reset(deadline.into());
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project! {
+    /// Every response compactor sends.
+    #[project = ResponseBodyProj]
+    pub enum ResponseBody {
+        /// A body compactor made itself (its errors, health, metrics).
+        Full { bytes: Option<Bytes>, record: Option<RequestRecord> },
+        /// The upstream's body, streamed through.
+        Upstream { #[pin] body: TapBody },
+    }
+}
+
+impl ResponseBody {
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        Self::Full {
+            bytes: Some(bytes.into()),
+            record: None,
+        }
+    }
+
+    pub fn full_with_record(bytes: Bytes, mut record: RequestRecord) -> Self {
+        record.bytes_out = bytes.len() as u64;
+        record.outcome = Outcome::Complete;
+        Self::Full {
+            bytes: Some(bytes),
+            record: Some(record),
+        }
+    }
+}
+
+impl From<Bytes> for ResponseBody {
+    fn from(bytes: Bytes) -> Self {
+        Self::full(bytes)
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.project() {
+            ResponseBodyProj::Full { bytes, .. } => {
+                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b))))
+            }
+            ResponseBodyProj::Upstream { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Full { bytes, .. } => bytes.is_none(),
+            Self::Upstream { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Full { bytes, .. } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            Self::Upstream { body } => body.size_hint(),
+        }
+    }
+}

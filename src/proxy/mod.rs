@@ -1,0 +1,158 @@
+//! The request pipeline: route, read body, rewrite, forward, tap the response, record.
+
+pub mod body;
+pub mod record;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::config::Config;
+use crate::error::ProxyError;
+use crate::route::Route;
+use crate::upstream::{Upstreams, headers};
+
+pub use body::ResponseBody;
+use body::TapBody;
+use record::RequestRecord;
+
+/// What the pipeline needs for every request, built once at start.
+pub struct Proxy {
+    pub config: Arc<Config>,
+    pub upstreams: Upstreams,
+    idle_timeout: Duration,
+    request_ids: RequestIds,
+}
+
+impl Proxy {
+    pub fn new(config: Arc<Config>) -> Result<Self, std::io::Error> {
+        Ok(Self {
+            upstreams: Upstreams::new(&config)?,
+            idle_timeout: config.upstream.idle_timeout(),
+            config,
+            request_ids: RequestIds::new(),
+        })
+    }
+
+    /// Handles one proxied request end to end; never fails, errors become dialect-shaped responses.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
+        let route = Route::of(request.method(), request.uri().path(), request.headers());
+        let mut record = RequestRecord::new(
+            self.request_ids.next(),
+            request.method().clone(),
+            route.label(),
+        );
+        let (parts, body) = request.into_parts();
+
+        let body = match read_body(&parts.headers, body, self.config.limits.max_body_bytes).await {
+            Ok(body) => body,
+            Err(error) => return self.fail(error, route, record),
+        };
+        record.bytes_in = body.len() as u64;
+
+        let upstream_request = match self.upstreams.build_request(&route, &parts, body) {
+            Ok(request) => request,
+            Err(error) => return self.fail(error, route, record),
+        };
+
+        let forwarded_at = Instant::now();
+        record.overhead = forwarded_at - record.started;
+        record.forwarded_at = Some(forwarded_at);
+        let response = match self.upstreams.send(route.family, upstream_request).await {
+            Ok(response) => response,
+            Err(error) => return self.fail(error, route, record),
+        };
+        let head_at = Instant::now();
+        record.upstream_ttfb = Some(head_at - forwarded_at);
+
+        let (mut parts, incoming) = response.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        parts
+            .headers
+            .insert("x-compactor-request-id", header_value(&record.request_id));
+        record.status = parts.status.as_u16();
+        record.streaming = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        record.overhead += head_at.elapsed();
+        let body = ResponseBody::Upstream {
+            body: TapBody::new(incoming, self.idle_timeout, record),
+        };
+        Response::from_parts(parts, body)
+    }
+
+    fn fail(
+        &self,
+        error: ProxyError,
+        route: Route,
+        mut record: RequestRecord,
+    ) -> Response<ResponseBody> {
+        tracing::warn!(request_id = %record.request_id, route = route.label(), error = %error, "request failed");
+        record.status = error.status().as_u16();
+        record.error = Some(error.code());
+        if record.forwarded_at.is_none() {
+            record.overhead = record.started.elapsed();
+        }
+        let request_id = header_value(&record.request_id);
+        let response: Response<Bytes> = error.into_response(route.family);
+        let (mut parts, bytes) = response.into_parts();
+        parts.headers.insert("x-compactor-request-id", request_id);
+        Response::from_parts(parts, ResponseBody::full_with_record(bytes, record))
+    }
+}
+
+/// Reads the whole request body, refusing more than `limit` bytes (by Content-Length up front).
+async fn read_body(
+    headers: &http::HeaderMap,
+    body: Incoming,
+    limit: u64,
+) -> Result<Bytes, ProxyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit_usize).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Err(error) => Err(ProxyError::ClientBody(error.to_string())),
+    }
+}
+
+fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+/// Request ids unique across restarts and replicas: a random per-process prefix and a counter.
+struct RequestIds {
+    prefix: u32,
+    counter: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let seed = format!("{:?}{}", std::time::SystemTime::now(), std::process::id());
+        let prefix = xxhash_rust::xxh3::xxh3_64(seed.as_bytes()) as u32;
+        Self {
+            prefix,
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{:08x}{:08x}", self.prefix, n)
+    }
+}

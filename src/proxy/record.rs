@@ -1,0 +1,93 @@
+//! The record stage: one log line and the metrics of a request, emitted when its response is done.
+
+use std::time::{Duration, Instant};
+
+use crate::telemetry::metric;
+
+/// How a response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The body was sent in full.
+    Complete,
+    /// The client went away before the body ended.
+    ClientGone,
+    /// The upstream stopped sending for longer than the idle timeout.
+    IdleTimeout,
+    /// The upstream connection failed mid-body.
+    UpstreamError,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::ClientGone => "client_gone",
+            Self::IdleTimeout => "idle_timeout",
+            Self::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// Everything the log line and the metrics of one request need; emitted once, on drop.
+#[derive(Debug)]
+pub struct RequestRecord {
+    pub request_id: String,
+    pub method: http::Method,
+    pub route: &'static str,
+    pub status: u16,
+    pub started: Instant,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Time from forwarding to the upstream's response head.
+    pub upstream_ttfb: Option<Duration>,
+    /// When the request was handed to the upstream client.
+    pub forwarded_at: Option<Instant>,
+    /// Time compactor spent before forwarding and after the response head arrived.
+    pub overhead: Duration,
+    pub outcome: Outcome,
+    /// compactor's own error code, when compactor answered instead of the upstream.
+    pub error: Option<&'static str>,
+    pub streaming: bool,
+}
+
+impl RequestRecord {
+    pub fn new(request_id: String, method: http::Method, route: &'static str) -> Self {
+        Self {
+            request_id,
+            method,
+            route,
+            status: 0,
+            started: Instant::now(),
+            bytes_in: 0,
+            bytes_out: 0,
+            upstream_ttfb: None,
+            forwarded_at: None,
+            overhead: Duration::ZERO,
+            outcome: Outcome::ClientGone,
+            error: None,
+            streaming: false,
+        }
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        let upstream_latency = self.forwarded_at.map(|at| at.elapsed());
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
+        tracing::info!(
+            request_id = %self.request_id,
+            method = %self.method,
+            route = %self.route,
+            status = self.status,
+            upstream_ms = format_args!("{:.1}", ms(upstream_latency)),
+            ttfb_ms = format_args!("{:.1}", ms(self.upstream_ttfb)),
+            overhead_ms = format_args!("{:.3}", self.overhead.as_secs_f64() * 1000.0),
+            bytes_in = self.bytes_in,
+            bytes_out = self.bytes_out,
+            outcome = %self.outcome.as_str(),
+            error = %self.error.unwrap_or("-"),
+            "request"
+        );
+        metric::request_done(self, upstream_latency);
+    }
+}

@@ -1,0 +1,112 @@
+//! Every metric compactor emits, in one place. Labels are bounded: routes and status codes, never
+//! session ids or raw model names.
+
+use std::time::Duration;
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+use crate::proxy::record::RequestRecord;
+
+/// Histogram buckets in seconds, from sub-millisecond proxy overhead to minutes-long streams.
+pub const SECONDS_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0, 30.0, 120.0, 600.0,
+];
+
+pub fn describe() {
+    describe_counter!(
+        "compactor_requests_total",
+        "Proxied requests by route and final status."
+    );
+    describe_histogram!(
+        "compactor_upstream_duration_seconds",
+        Unit::Seconds,
+        "Upstream latency: from forwarding until the response body ended."
+    );
+    describe_histogram!(
+        "compactor_upstream_ttfb_seconds",
+        Unit::Seconds,
+        "Upstream time to first byte: from forwarding until the response head arrived."
+    );
+    describe_histogram!(
+        "compactor_overhead_seconds",
+        Unit::Seconds,
+        "Time spent in compactor itself, excluding the upstream."
+    );
+    describe_counter!(
+        "compactor_request_bytes_total",
+        Unit::Bytes,
+        "Request body bytes received from clients."
+    );
+    describe_counter!(
+        "compactor_response_bytes_total",
+        Unit::Bytes,
+        "Response body bytes sent to clients."
+    );
+    describe_gauge!(
+        "compactor_active_streams",
+        "Streamed (SSE) responses in flight."
+    );
+    describe_counter!(
+        "compactor_errors_total",
+        "Errors compactor answered itself, by route and code."
+    );
+}
+
+pub fn request_done(record: &RequestRecord, upstream_latency: Option<Duration>) {
+    let route = record.route;
+    counter!("compactor_requests_total", "route" => route, "status" => status_label(record.status))
+        .increment(1);
+    counter!("compactor_request_bytes_total", "route" => route).increment(record.bytes_in);
+    counter!("compactor_response_bytes_total", "route" => route).increment(record.bytes_out);
+    histogram!("compactor_overhead_seconds", "route" => route)
+        .record(record.overhead.as_secs_f64());
+    if let Some(ttfb) = record.upstream_ttfb {
+        histogram!("compactor_upstream_ttfb_seconds", "route" => route).record(ttfb.as_secs_f64());
+    }
+    if let Some(latency) = upstream_latency {
+        histogram!("compactor_upstream_duration_seconds", "route" => route)
+            .record(latency.as_secs_f64());
+    }
+    if let Some(code) = record.error {
+        counter!("compactor_errors_total", "route" => route, "code" => code).increment(1);
+    }
+}
+
+pub fn stream_started() {
+    gauge!("compactor_active_streams").increment(1.0);
+}
+
+pub fn stream_ended() {
+    gauge!("compactor_active_streams").decrement(1.0);
+}
+
+/// Status codes as static strings, so labels never allocate and stay bounded.
+fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        304 => "304",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        408 => "408",
+        413 => "413",
+        422 => "422",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        529 => "529",
+        s if s < 200 => "1xx",
+        s if s < 300 => "2xx",
+        s if s < 400 => "3xx",
+        s if s < 500 => "4xx",
+        _ => "5xx",
+    }
+}

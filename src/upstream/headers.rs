@@ -1,0 +1,59 @@
+//! Header hygiene at the proxy boundary: hop-by-hop headers never cross it, in either direction.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the ones hyper
+/// manages itself.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including any the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove("proxy-connection");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn drops_hop_by_hop_and_connection_named_headers_but_keeps_auth() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        headers.insert("anthropic-beta", HeaderValue::from_static("a,b"));
+        strip_hop_by_hop(&mut headers);
+        assert!(headers.get("x-private").is_none());
+        assert!(headers.get("keep-alive").is_none());
+        assert!(headers.get(header::CONNECTION).is_none());
+        assert_eq!(headers.get(header::AUTHORIZATION).unwrap(), "Bearer k");
+        assert_eq!(headers.get("anthropic-beta").unwrap(), "a,b");
+    }
+}

@@ -1,0 +1,135 @@
+//! The upstream side: one pooled HTTP client for the process and the building of upstream requests.
+
+pub mod headers;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Request, Response, Uri, Version};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::{BaseUrl, Config, UpstreamConfig};
+use crate::error::ProxyError;
+use crate::route::{ApiFamily, Route};
+
+/// The request body compactor sends upstream: always complete, since it may have been rewritten.
+pub type UpstreamBody = Full<Bytes>;
+
+/// The process-wide pooled client with both upstream bases.
+pub struct Upstreams {
+    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    openai: BaseUrl,
+    anthropic: BaseUrl,
+    first_byte_timeout: Duration,
+    first_byte_timeout_ms: u64,
+}
+
+impl Upstreams {
+    pub fn new(config: &Config) -> Result<Self, std::io::Error> {
+        let upstream: &UpstreamConfig = &config.upstream;
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(upstream.connect_timeout()));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let roots = hyper_rustls::HttpsConnectorBuilder::new();
+        let roots = if upstream.native_roots {
+            roots.with_native_roots()?
+        } else {
+            roots.with_webpki_roots()
+        };
+        let builder = roots.https_or_http().enable_http1();
+        let connector = if upstream.http2 {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.wrap_connector(http)
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Ok(Self {
+            client,
+            openai: upstream.openai.clone(),
+            anthropic: upstream.anthropic.clone(),
+            first_byte_timeout: upstream.first_byte_timeout(),
+            first_byte_timeout_ms: upstream.first_byte_timeout_ms,
+        })
+    }
+
+    pub fn base(&self, family: ApiFamily) -> &BaseUrl {
+        match family {
+            ApiFamily::OpenAi => &self.openai,
+            ApiFamily::Anthropic => &self.anthropic,
+        }
+    }
+
+    /// The upstream request for a client request: base URL joined with path and query, Host set
+    /// for the upstream, hop-by-hop headers dropped, every other header kept in order.
+    pub fn build_request(
+        &self,
+        route: &Route,
+        parts: &Parts,
+        body: Bytes,
+    ) -> Result<Request<UpstreamBody>, ProxyError> {
+        let base = self.base(route.family);
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str())
+            .unwrap_or("/");
+        let uri: Uri = format!("{}{}", base.as_str(), path_and_query)
+            .parse()
+            .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream URL: {e}")))?;
+        let mut headers = parts.headers.clone();
+        headers::strip_hop_by_hop(&mut headers);
+        // The body may be rewritten; hyper sets the length of what is actually sent.
+        headers.remove(header::CONTENT_LENGTH);
+        let host = HeaderValue::from_str(base.authority())
+            .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream host: {e}")))?;
+        headers.insert(header::HOST, host);
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = uri;
+        *request.version_mut() = Version::HTTP_11;
+        *request.headers_mut() = headers;
+        Ok(request)
+    }
+
+    /// Sends a request and waits for the response head, bounded by the first-byte timeout.
+    pub async fn send(
+        &self,
+        family: ApiFamily,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let upstream = self.base(family).as_str().to_string();
+        match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
+            Err(_) => Err(ProxyError::UpstreamTimeout {
+                upstream,
+                timeout_ms: self.first_byte_timeout_ms,
+            }),
+            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable {
+                upstream,
+                reason: describe(&error),
+            }),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+}
+
+/// The innermost cause of a client error, which is what says what actually went wrong.
+fn describe(error: &hyper_util::client::legacy::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
+}

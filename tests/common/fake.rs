@@ -1,0 +1,395 @@
+//! An in-process fake upstream on 127.0.0.1:0 speaking OpenAI chat completions, Anthropic
+//! messages, models and embeddings; it records what it receives and can be told to misbehave.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc};
+
+/// One request as the fake upstream saw it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: http::Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("upstream received JSON")
+    }
+}
+
+/// What the fake answers with.
+pub enum Reply {
+    /// A complete response.
+    Full {
+        status: StatusCode,
+        headers: Vec<(&'static str, String)>,
+        body: Bytes,
+    },
+    /// An SSE stream of these events, sent with the fake's pacing.
+    Stream { events: Vec<String> },
+}
+
+impl Reply {
+    pub fn json(status: u16, body: serde_json::Value) -> Self {
+        Reply::Full {
+            status: StatusCode::from_u16(status).expect("status"),
+            headers: vec![("content-type", "application/json".into())],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+}
+
+/// How the fake paces or breaks its answers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pacing {
+    /// Everything at once.
+    Normal,
+    /// Never answer.
+    Hang,
+    /// Wait this long between stream events.
+    Delay(Duration),
+    /// Send the first event, then wait for [`FakeUpstream::release`] before each next one.
+    Gated,
+    /// Send one event every interval forever, until the receiver goes away.
+    Endless(Duration),
+    /// Send the first event, then go silent forever (keeping the connection open).
+    StallAfterFirst,
+}
+
+type Responder = Arc<dyn Fn(&Received) -> Option<Reply> + Send + Sync>;
+
+struct State {
+    received: Mutex<Vec<Received>>,
+    pacing: Mutex<Pacing>,
+    responder: Mutex<Option<Responder>>,
+    gate: Semaphore,
+    streams_cancelled: AtomicUsize,
+    streams_completed: AtomicUsize,
+}
+
+#[derive(Clone)]
+pub struct FakeUpstream {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+}
+
+impl FakeUpstream {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake upstream");
+        let addr = listener.local_addr().expect("fake addr");
+        let state = Arc::new(State {
+            received: Mutex::new(Vec::new()),
+            pacing: Mutex::new(Pacing::Normal),
+            responder: Mutex::new(None),
+            gate: Semaphore::new(0),
+            streams_cancelled: AtomicUsize::new(0),
+            streams_completed: AtomicUsize::new(0),
+        });
+        let accept_state = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = accept_state.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(handle(state, req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_pacing(&self, pacing: Pacing) {
+        *self.state.pacing.lock().unwrap() = pacing;
+    }
+
+    /// Overrides the built-in answers; returning `None` falls back to them.
+    pub fn respond_with(
+        &self,
+        responder: impl Fn(&Received) -> Option<Reply> + Send + Sync + 'static,
+    ) {
+        *self.state.responder.lock().unwrap() = Some(Arc::new(responder));
+    }
+
+    /// Lets a gated stream send its next event.
+    pub fn release(&self) {
+        self.state.gate.add_permits(1);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> Received {
+        self.received()
+            .pop()
+            .expect("the fake upstream received a request")
+    }
+
+    pub fn streams_cancelled(&self) -> usize {
+        self.state.streams_cancelled.load(Ordering::SeqCst)
+    }
+
+    pub fn streams_completed(&self) -> usize {
+        self.state.streams_completed.load(Ordering::SeqCst)
+    }
+}
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<ChannelBody> {
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let received = Received {
+        method: parts.method,
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        headers: parts.headers,
+        body,
+    };
+    state.received.lock().unwrap().push(received.clone());
+    let pacing = *state.pacing.lock().unwrap();
+    if pacing == Pacing::Hang {
+        std::future::pending::<()>().await;
+    }
+    let responder = state.responder.lock().unwrap().clone();
+    let reply = responder
+        .and_then(|r| r(&received))
+        .unwrap_or_else(|| default_reply(&received));
+    match reply {
+        Reply::Full {
+            status,
+            headers,
+            body,
+        } => {
+            let mut response = Response::new(ChannelBody::full(body));
+            *response.status_mut() = status;
+            for (name, value) in headers {
+                response
+                    .headers_mut()
+                    .insert(name, value.parse().expect("header"));
+            }
+            response
+                .headers_mut()
+                .insert("x-upstream-custom", "yes".parse().expect("header"));
+            response
+        }
+        Reply::Stream { events } => {
+            let (tx, rx) = mpsc::channel::<Bytes>(1);
+            tokio::spawn(send_events(state.clone(), pacing, events, tx));
+            let mut response = Response::new(ChannelBody::Channel(rx));
+            response
+                .headers_mut()
+                .insert("content-type", "text/event-stream".parse().expect("header"));
+            response
+                .headers_mut()
+                .insert("cache-control", "no-cache".parse().expect("header"));
+            response
+                .headers_mut()
+                .insert("x-upstream-custom", "yes".parse().expect("header"));
+            response
+        }
+    }
+}
+
+async fn send_events(
+    state: Arc<State>,
+    pacing: Pacing,
+    events: Vec<String>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let cancelled = || state.streams_cancelled.fetch_add(1, Ordering::SeqCst);
+    for (index, event) in events.iter().enumerate() {
+        if index > 0 {
+            match pacing {
+                Pacing::Delay(d) => tokio::time::sleep(d).await,
+                Pacing::Gated => state.gate.acquire().await.expect("gate").forget(),
+                Pacing::StallAfterFirst => {
+                    tx.closed().await;
+                    cancelled();
+                    return;
+                }
+                _ => {}
+            }
+        }
+        if tx.send(Bytes::from(event.clone())).await.is_err() {
+            cancelled();
+            return;
+        }
+    }
+    if let Pacing::Endless(every) = pacing {
+        loop {
+            tokio::time::sleep(every).await;
+            if tx
+                .send(Bytes::from_static(
+                    b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
+                ))
+                .await
+                .is_err()
+            {
+                cancelled();
+                return;
+            }
+        }
+    }
+    state.streams_completed.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The built-in answers, shaped like the real providers'.
+fn default_reply(received: &Received) -> Reply {
+    let path = received.path_and_query.split('?').next().unwrap_or("");
+    let body: serde_json::Value =
+        serde_json::from_slice(&received.body).unwrap_or(serde_json::Value::Null);
+    let stream = body
+        .get("stream")
+        .and_then(|s| s.as_bool())
+        .unwrap_or(false);
+    if path.ends_with("/chat/completions") {
+        if stream {
+            Reply::Stream {
+                events: openai_stream(&["Hel", "lo"]),
+            }
+        } else {
+            Reply::Full {
+                status: StatusCode::OK,
+                headers: vec![("content-type", "application/json".into()), ("openai-processing-ms", "12".into())],
+                body: Bytes::from_static(
+                    br#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#,
+                ),
+            }
+        }
+    } else if path.ends_with("/v1/messages") {
+        if stream {
+            Reply::Stream {
+                events: anthropic_stream(&["Hel", "lo"]),
+            }
+        } else {
+            Reply::Full {
+                status: StatusCode::OK,
+                headers: vec![("content-type", "application/json".into()), ("request-id", "req_1".into())],
+                body: Bytes::from_static(
+                    br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}"#,
+                ),
+            }
+        }
+    } else if path.ends_with("/v1/models") {
+        Reply::Full {
+            status: StatusCode::OK,
+            headers: vec![("content-type", "application/json".into())],
+            body: Bytes::from_static(br#"{"object":"list","data":[{"id":"gpt-4o","object":"model","created":1715367049,"owned_by":"system"}]}"#),
+        }
+    } else if path.ends_with("/embeddings") {
+        Reply::Full {
+            status: StatusCode::OK,
+            headers: vec![("content-type", "application/json".into())],
+            body: Bytes::from_static(
+                br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023064255,-0.009327292,0.12345678901234567890]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":5,"total_tokens":5}}"#,
+            ),
+        }
+    } else {
+        Reply::Full {
+            status: StatusCode::NOT_FOUND,
+            headers: vec![
+                ("content-type", "application/json".into()),
+                ("x-fake-route", "none".into()),
+            ],
+            body: Bytes::from(format!(r#"{{"error":"no route for {path}"}}"#)),
+        }
+    }
+}
+
+/// An OpenAI chat completions stream with these content deltas, a usage chunk and `[DONE]`.
+pub fn openai_stream(deltas: &[&str]) -> Vec<String> {
+    let mut events = Vec::new();
+    for delta in deltas {
+        events.push(format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}},\"finish_reason\":null}}]}}\n\n",
+            serde_json::Value::from(*delta)
+        ));
+    }
+    events.push("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":2,\"total_tokens\":14}}\n\n".into());
+    events.push("data: [DONE]\n\n".into());
+    events
+}
+
+/// An Anthropic messages stream with these text deltas.
+pub fn anthropic_stream(deltas: &[&str]) -> Vec<String> {
+    let mut events = vec![
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n".to_string(),
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n".to_string(),
+    ];
+    for delta in deltas {
+        events.push(format!(
+            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":{}}}}}\n\n",
+            serde_json::Value::from(*delta)
+        ));
+    }
+    events.push(
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n".into(),
+    );
+    events.push("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}}\n\n".into());
+    events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".into());
+    events
+}
+
+/// A body that is either complete or fed by a channel, so a dropped receiver is observable.
+pub enum ChannelBody {
+    Full(Option<Bytes>),
+    Channel(mpsc::Receiver<Bytes>),
+}
+
+impl ChannelBody {
+    fn full(bytes: Bytes) -> Self {
+        ChannelBody::Full(Some(bytes))
+    }
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            ChannelBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ChannelBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
