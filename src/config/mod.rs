@@ -12,6 +12,9 @@ use figment::providers::{Env, Format, Toml};
 use figment::value::Dict;
 use http::Uri;
 use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::tokens::{Encoding, ModelInfo, ModelTable};
 
 pub use reader::Reader;
 
@@ -36,6 +39,69 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
+    pub tokens: TokensConfig,
+    pub prune: PruneConfig,
+    pub truncate: TruncateConfig,
+    pub repair: RepairConfig,
+    pub session: SessionConfig,
+    pub admin: AdminConfig,
+    /// `[models.NAME]` entries over the built-in table.
+    pub models: BTreeMap<String, ModelInfo>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokensConfig {
+    /// Token counts remembered by content hash.
+    pub cache_entries: u64,
+    /// Fixed estimate for one image or document.
+    pub image_tokens: u32,
+    /// Uncached text above this many bytes is tokenized on a blocking thread.
+    pub blocking_tokenize_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PruneConfig {
+    pub enabled: bool,
+    pub protect_tokens: u32,
+    pub minimum_tokens: u32,
+    pub placeholder: String,
+    pub protected_tools: Vec<String>,
+    pub dedupe: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TruncateConfig {
+    pub enabled: bool,
+    pub tool_output_max_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RepairConfig {
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionConfig {
+    pub store: StoreKind,
+    pub header: String,
+    pub redis_url: String,
+    pub key_prefix: String,
+    pub ttl_secs: u64,
+    pub max_sessions: u64,
+    pub redis_timeout_ms: u64,
+    pub tenant_secret: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AdminConfig {
+    pub token: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -154,10 +220,30 @@ impl Default for Config {
             shutdown: ShutdownConfig {
                 drain_timeout_ms: 30_000,
             },
-            log: LogConfig {
-                format: LogFormat::Text,
-                level: "info".into(),
+            log: LogConfig { format: LogFormat::Text, level: "info".into() },
+            tokens: TokensConfig { cache_entries: 200_000, image_tokens: 1_000, blocking_tokenize_bytes: 65_536 },
+            prune: PruneConfig {
+                enabled: true,
+                protect_tokens: 40_000,
+                minimum_tokens: 20_000,
+                placeholder: "[Old tool result content cleared]".into(),
+                protected_tools: vec!["skill".into()],
+                dedupe: true,
             },
+            truncate: TruncateConfig { enabled: true, tool_output_max_tokens: 10_000 },
+            repair: RepairConfig { enabled: true },
+            session: SessionConfig {
+                store: StoreKind::Memory,
+                header: "x-session-id".into(),
+                redis_url: "redis://127.0.0.1:6379".into(),
+                key_prefix: "compactor".into(),
+                ttl_secs: 7 * 24 * 3600,
+                max_sessions: 100_000,
+                redis_timeout_ms: 250,
+                tenant_secret: String::new(),
+            },
+            admin: AdminConfig { token: String::new() },
+            models: BTreeMap::new(),
         }
     }
 }
@@ -243,7 +329,75 @@ impl Config {
                         })
                 }),
             },
+            tokens: TokensConfig {
+                cache_entries: r.parse("tokens.cache_entries", d.tokens.cache_entries, positive),
+                image_tokens: r.get("tokens.image_tokens", d.tokens.image_tokens),
+                blocking_tokenize_bytes: r.get("tokens.blocking_tokenize_bytes", d.tokens.blocking_tokenize_bytes),
+            },
+            prune: PruneConfig {
+                enabled: r.get("prune.enabled", d.prune.enabled),
+                protect_tokens: r.get("prune.protect_tokens", d.prune.protect_tokens),
+                minimum_tokens: r.get("prune.minimum_tokens", d.prune.minimum_tokens),
+                placeholder: r.parse("prune.placeholder", d.prune.placeholder, |s: String| {
+                    if s.trim().is_empty() { Err("must not be empty".into()) } else { Ok(s) }
+                }),
+                protected_tools: r.get("prune.protected_tools", d.prune.protected_tools),
+                dedupe: r.get("prune.dedupe", d.prune.dedupe),
+            },
+            truncate: TruncateConfig {
+                enabled: r.get("truncate.enabled", d.truncate.enabled),
+                tool_output_max_tokens: r.get("truncate.tool_output_max_tokens", d.truncate.tool_output_max_tokens),
+            },
+            repair: RepairConfig { enabled: r.get("repair.enabled", d.repair.enabled) },
+            session: SessionConfig {
+                store: r.parse("session.store", d.session.store, |s: String| match s.as_str() {
+                    "memory" => Ok(StoreKind::Memory),
+                    "redis" => Ok(StoreKind::Redis),
+                    _ => Err(format!("`{s}` is not one of \"memory\", \"redis\"")),
+                }),
+                header: r.parse("session.header", d.session.header, |s: String| {
+                    http::HeaderName::from_bytes(s.as_bytes())
+                        .map(|_| s.to_ascii_lowercase())
+                        .map_err(|_| format!("`{s}` is not a valid header name"))
+                }),
+                redis_url: r.parse("session.redis_url", d.session.redis_url, |s: String| {
+                    redis::parse_redis_url(&s).map(|_| s.clone()).ok_or_else(|| "not a redis:// URL".to_string())
+                }),
+                key_prefix: r.get("session.key_prefix", d.session.key_prefix),
+                ttl_secs: r.parse("session.ttl_secs", d.session.ttl_secs, positive),
+                max_sessions: r.parse("session.max_sessions", d.session.max_sessions, positive),
+                redis_timeout_ms: r.parse("session.redis_timeout_ms", d.session.redis_timeout_ms, positive),
+                tenant_secret: r.get("session.tenant_secret", d.session.tenant_secret),
+            },
+            admin: AdminConfig { token: r.get("admin.token", d.admin.token) },
+            models: BTreeMap::new(),
         };
+        let mut config = config;
+        for (name, value) in r.table("models") {
+            let key = |field: &str| format!("models.{name}.{field}");
+            let Some(table) = value.into_dict() else {
+                r.problem(&format!("models.{name}"), "expected a table");
+                continue;
+            };
+            let base = ModelTable::default().lookup(&name);
+            let mut sub = Reader::new(figment, table);
+            let info = ModelInfo {
+                context_window: sub.parse("context_window", base.context_window, positive_u32),
+                max_output_tokens: sub.parse("max_output_tokens", base.max_output_tokens, positive_u32),
+                token_factor: sub.parse("token_factor", base.token_factor, |f: f32| {
+                    if f > 0.0 && f < 10.0 { Ok(f) } else { Err("must be between 0 and 10".into()) }
+                }),
+                encoding: sub.parse("encoding", base.encoding, |s: String| match s.as_str() {
+                    "o200k_base" => Ok(Encoding::O200kBase),
+                    "cl100k_base" => Ok(Encoding::Cl100kBase),
+                    _ => Err(format!("`{s}` is not one of \"o200k_base\", \"cl100k_base\"")),
+                }),
+            };
+            for problem in sub.finish_relative() {
+                r.problem(&key(&problem.0), &problem.1);
+            }
+            config.models.insert(name, info);
+        }
         let problems = r.finish();
         if problems.is_empty() {
             Ok(config)
@@ -252,11 +406,20 @@ impl Config {
         }
     }
 
+    /// The model table: built-ins overridden by `[models.NAME]`.
+    pub fn model_table(&self) -> ModelTable {
+        ModelTable::new(self.models.iter().map(|(k, v)| (k.clone(), *v)).collect())
+    }
+
     /// The effective configuration as TOML, for `--check-config`.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self)
             .unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
     }
+}
+
+fn positive_u32(value: u32) -> Result<u32, String> {
+    if value == 0 { Err("must be greater than 0".into()) } else { Ok(value) }
 }
 
 fn positive(value: u64) -> Result<u64, String> {

@@ -10,15 +10,13 @@ pub struct Reader<'a> {
     figment: &'a Figment,
     root: Dict,
     problems: Vec<String>,
+    /// Problems by bare key, for sub-table readers.
+    relative: Vec<(String, String)>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(figment: &'a Figment, root: Dict) -> Self {
-        Self {
-            figment,
-            root,
-            problems: Vec::new(),
-        }
+        Self { figment, root, problems: Vec::new(), relative: Vec::new() }
     }
 
     /// The value at `path` (dot separated), or `default` when absent. A value of the wrong type is
@@ -76,6 +74,7 @@ impl<'a> Reader<'a> {
 
     /// Records a problem found by cross-key validation.
     pub fn problem(&mut self, path: &str, reason: &str) {
+        self.relative.push((path.to_string(), reason.to_string()));
         let source = self.source_of(path);
         self.problems.push(format!("`{path}`{source}: {reason}"));
     }
@@ -89,6 +88,15 @@ impl<'a> Reader<'a> {
             self.problems.push(format!("`{path}`{source}: unknown key"));
         }
         self.problems
+    }
+
+    /// Problems of a sub-table reader as (relative key, reason), for the parent to name in full.
+    pub fn finish_relative(mut self) -> Vec<(String, String)> {
+        let mut unknown = Vec::new();
+        collect_leaves(&self.root, "", &mut unknown);
+        let mut problems: Vec<(String, String)> = std::mem::take(&mut self.relative);
+        problems.extend(unknown.into_iter().map(|key| (key, "unknown key".to_string())));
+        problems
     }
 
     fn take(&mut self, path: &str) -> Option<Value> {

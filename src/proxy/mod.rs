@@ -1,6 +1,7 @@
 //! The request pipeline: route, read body, rewrite, forward, tap the response, record.
 
 pub mod body;
+mod prepare;
 pub mod record;
 
 use std::sync::Arc;
@@ -15,7 +16,10 @@ use hyper::body::Incoming;
 
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::rewrite::{PruneSettings, RewriteSettings, Rewriter};
 use crate::route::Route;
+use crate::session::{Identifier, Store, StoreError};
+use crate::tokens::TokenCounter;
 use crate::upstream::{Upstreams, headers};
 
 pub use body::ResponseBody;
@@ -26,8 +30,12 @@ use record::RequestRecord;
 pub struct Proxy {
     pub config: Arc<Config>,
     pub upstreams: Upstreams,
+    pub rewriter: Rewriter,
+    pub identifier: Identifier,
+    pub store: Store,
     idle_timeout: Duration,
     request_ids: RequestIds,
+    store_warnings: RateLimitedWarning,
 }
 
 impl Proxy {
@@ -35,9 +43,25 @@ impl Proxy {
         Ok(Self {
             upstreams: Upstreams::new(&config)?,
             idle_timeout: config.upstream.idle_timeout(),
+            rewriter: Rewriter::new(
+                rewrite_settings(&config),
+                TokenCounter::new(config.tokens.cache_entries),
+                config.model_table(),
+            ),
+            identifier: Identifier::new(&config.session.header, &config.session.tenant_secret),
+            store: Store::from_config(&config.session),
             config,
             request_ids: RequestIds::new(),
+            store_warnings: RateLimitedWarning::new(Duration::from_secs(10)),
         })
+    }
+
+    /// Logs a session store failure at most once per interval; always counts it.
+    pub(crate) fn warn_store(&self, error: &StoreError) {
+        crate::telemetry::metric::store_error();
+        if self.store_warnings.ready() {
+            tracing::warn!(%error, "session store failed; serving without stored state");
+        }
     }
 
     /// Handles one proxied request end to end; never fails, errors become dialect-shaped responses.
@@ -56,7 +80,13 @@ impl Proxy {
         };
         record.bytes_in = body.len() as u64;
 
-        let upstream_request = match self.upstreams.build_request(&route, &parts, body) {
+        let prepared = self.prepare(route, &parts.headers, body).await;
+        if let Some(report) = &prepared.report {
+            record.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
+        }
+        record.session = prepared.session.as_ref().map(|s| s.key.clone());
+
+        let upstream_request = match self.upstreams.build_request(&route, &parts, prepared.body) {
             Ok(request) => request,
             Err(error) => return self.fail(error, route, record),
         };
@@ -77,6 +107,24 @@ impl Proxy {
             .headers
             .insert("x-compactor-request-id", header_value(&record.request_id));
         record.status = parts.status.as_u16();
+        if let Some(session) = &prepared.session {
+            parts.headers.insert("x-compactor-session", header_value(&session.key));
+            if let Some(update) = prepared.update {
+                let store = self.store.clone();
+                let key = session.key.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = store.update(&key, &update).await {
+                        tracing::debug!(%error, "session update failed");
+                        crate::telemetry::metric::store_error();
+                    }
+                });
+            }
+        }
+        if let Some(report) = &prepared.report {
+            parts.headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
+            parts.headers.insert("x-compactor-tokens-after", HeaderValue::from(report.tokens_after));
+            parts.headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
+        }
         record.streaming = parts
             .headers
             .get(header::CONTENT_TYPE)
@@ -105,6 +153,44 @@ impl Proxy {
         let (mut parts, bytes) = response.into_parts();
         parts.headers.insert("x-compactor-request-id", request_id);
         Response::from_parts(parts, ResponseBody::full_with_record(bytes, record))
+    }
+}
+
+fn rewrite_settings(config: &Config) -> RewriteSettings {
+    RewriteSettings {
+        prune_enabled: config.prune.enabled,
+        dedupe: config.prune.dedupe,
+        prune: PruneSettings {
+            protect_tokens: config.prune.protect_tokens,
+            minimum_tokens: config.prune.minimum_tokens,
+            placeholder: config.prune.placeholder.clone(),
+            protected_tools: config.prune.protected_tools.clone(),
+        },
+        truncate_enabled: config.truncate.enabled,
+        tool_output_max_tokens: config.truncate.tool_output_max_tokens,
+        repair_enabled: config.repair.enabled,
+        image_tokens: config.tokens.image_tokens,
+        blocking_tokenize_bytes: usize::try_from(config.tokens.blocking_tokenize_bytes).unwrap_or(usize::MAX),
+    }
+}
+
+/// Lets a warning through at most once per interval, so a down dependency cannot flood the logs.
+struct RateLimitedWarning {
+    interval_ms: u64,
+    next_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl RateLimitedWarning {
+    fn new(interval: Duration) -> Self {
+        Self { interval_ms: interval.as_millis() as u64, next_ms: AtomicU64::new(0), epoch: Instant::now() }
+    }
+
+    fn ready(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let next = self.next_ms.load(Ordering::Relaxed);
+        now >= next
+            && self.next_ms.compare_exchange(next, now + self.interval_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 }
 

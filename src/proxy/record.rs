@@ -48,6 +48,10 @@ pub struct RequestRecord {
     /// compactor's own error code, when compactor answered instead of the upstream.
     pub error: Option<&'static str>,
     pub streaming: bool,
+    /// The session key, when the request belongs to one.
+    pub session: Option<String>,
+    /// Estimated tokens before and after rewriting, and outputs pruned.
+    pub tokens: Option<(u32, u32, usize)>,
 }
 
 impl RequestRecord {
@@ -66,6 +70,8 @@ impl RequestRecord {
             outcome: Outcome::ClientGone,
             error: None,
             streaming: false,
+            session: None,
+            tokens: None,
         }
     }
 }
@@ -74,6 +80,7 @@ impl Drop for RequestRecord {
     fn drop(&mut self) {
         let upstream_latency = self.forwarded_at.map(|at| at.elapsed());
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
+        let (tokens_before, tokens_after, pruned) = self.tokens.unwrap_or_default();
         tracing::info!(
             request_id = %self.request_id,
             method = %self.method,
@@ -86,6 +93,10 @@ impl Drop for RequestRecord {
             bytes_out = self.bytes_out,
             outcome = %self.outcome.as_str(),
             error = %self.error.unwrap_or("-"),
+            session = %self.session.as_deref().unwrap_or("-"),
+            tokens_before,
+            tokens_after,
+            pruned,
             "request"
         );
         metric::request_done(self, upstream_latency);

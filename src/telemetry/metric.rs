@@ -8,6 +8,7 @@ use metrics::{
 };
 
 use crate::proxy::record::RequestRecord;
+use crate::rewrite::RewriteReport;
 
 /// Histogram buckets in seconds, from sub-millisecond proxy overhead to minutes-long streams.
 pub const SECONDS_BUCKETS: [f64; 18] = [
@@ -16,6 +17,7 @@ pub const SECONDS_BUCKETS: [f64; 18] = [
 ];
 
 pub fn describe() {
+    describe_rewrite();
     describe_counter!(
         "compactor_requests_total",
         "Proxied requests by route and final status."
@@ -53,6 +55,44 @@ pub fn describe() {
         "compactor_errors_total",
         "Errors compactor answered itself, by route and code."
     );
+}
+
+/// Describes the rewrite metrics (called from [`describe`]).
+fn describe_rewrite() {
+    describe_counter!("compactor_rewrites_total", "Rewritable requests by route and outcome (changed, unchanged, unparsed).");
+    describe_counter!("compactor_tokens_saved_total", "Estimated prompt tokens saved, by step (prune, truncate, dedupe).");
+    describe_counter!("compactor_tool_outputs_total", "Tool outputs rewritten, by action (pruned, truncated, deduped, repaired).");
+    describe_counter!("compactor_session_store_errors_total", "Session store reads or writes that failed or timed out.");
+}
+
+pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) {
+    let outcome = if changed { "changed" } else { "unchanged" };
+    counter!("compactor_rewrites_total", "route" => route, "outcome" => outcome).increment(1);
+    for (step, saved) in
+        [("prune", report.saved_by_prune), ("truncate", report.saved_by_truncate), ("dedupe", report.saved_by_dedupe)]
+    {
+        if saved > 0 {
+            counter!("compactor_tokens_saved_total", "step" => step).increment(u64::from(saved));
+        }
+    }
+    for (action, n) in [
+        ("pruned", report.pruned),
+        ("truncated", report.truncated),
+        ("deduped", report.deduped),
+        ("repaired", report.repaired),
+    ] {
+        if n > 0 {
+            counter!("compactor_tool_outputs_total", "action" => action).increment(n as u64);
+        }
+    }
+}
+
+pub fn rewrite_skipped(route: &'static str, reason: &'static str) {
+    counter!("compactor_rewrites_total", "route" => route, "outcome" => reason).increment(1);
+}
+
+pub fn store_error() {
+    counter!("compactor_session_store_errors_total").increment(1);
 }
 
 pub fn request_done(record: &RequestRecord, upstream_latency: Option<Duration>) {

@@ -1,0 +1,140 @@
+//! The neutral view of a conversation that every rewrite policy works on, whatever API it came
+//! from. Policies never change bytes themselves: they mark items (replace, remove) and ask for
+//! inserts; the dialect renders those marks back into its own JSON.
+
+use std::borrow::Cow;
+
+/// Who a message is from, folded to what the policies need to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// System or developer instructions.
+    System,
+    User,
+    Assistant,
+    /// A Chat Completions `tool` (or legacy `function`) message.
+    Tool,
+}
+
+/// One unit of a conversation: a text, a tool call, a tool result, an image...
+#[derive(Debug, Clone)]
+pub struct Item<'a> {
+    /// Index of the message this item belongs to.
+    pub message: usize,
+    /// Index within that message's content blocks, when the dialect has blocks.
+    pub block: Option<usize>,
+    pub kind: Kind<'a>,
+    /// Estimated tokens of this item as it was sent.
+    pub tokens: u32,
+    /// What the policies decided for it.
+    pub edit: Edit,
+}
+
+/// What an item is.
+#[derive(Debug, Clone)]
+pub enum Kind<'a> {
+    /// System or developer text.
+    System { text: Cow<'a, str> },
+    /// User or assistant text.
+    Text { role: Role, text: Cow<'a, str> },
+    /// An assistant's tool call. `id` is `None` for legacy function calls.
+    ToolCall { id: Option<Cow<'a, str>>, name: Cow<'a, str>, arguments: Cow<'a, str> },
+    /// A tool's output. `call_id` is `None` for legacy function results.
+    ToolResult { call_id: Option<Cow<'a, str>>, text: Cow<'a, str>, attachments: u32 },
+    /// An image, document or other attachment outside tool results.
+    Attachment,
+    /// Model reasoning (thinking blocks): kept whole, never edited.
+    Thinking { text: Cow<'a, str> },
+    /// Anything compactor does not understand, kept as it came.
+    Other { raw: &'a str },
+}
+
+/// A policy's decision for one item.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Edit {
+    #[default]
+    Keep,
+    /// Replace a tool result's content with this text (attachments inside it are dropped).
+    Replace(String),
+    /// Leave the item out.
+    Remove,
+}
+
+/// A synthetic tool result for a call that has none, placed by the dialect where its API wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsertResult {
+    /// Index of the tool call item this result answers.
+    pub call_item: usize,
+    pub call_id: String,
+    pub text: String,
+}
+
+/// A parsed conversation: items in order, plus fixed costs (tools, framing).
+#[derive(Debug, Clone, Default)]
+pub struct Conversation<'a> {
+    pub items: Vec<Item<'a>>,
+    pub inserts: Vec<InsertResult>,
+    /// Tokens that policies cannot change: tool definitions, per-message framing.
+    pub fixed_tokens: u32,
+    /// The role of every message, by index.
+    pub roles: Vec<Role>,
+}
+
+impl<'a> Conversation<'a> {
+    /// Tokens as the conversation would be sent now, with every edit applied.
+    pub fn tokens_after(&self, count: impl Fn(&str) -> u32) -> u32 {
+        let items: u32 = self
+            .items
+            .iter()
+            .map(|item| match &item.edit {
+                Edit::Keep => item.tokens,
+                Edit::Replace(text) => count(text) + FRAMING_TOKENS,
+                Edit::Remove => 0,
+            })
+            .sum();
+        let inserted: u32 = self.inserts.iter().map(|i| count(&i.text) + FRAMING_TOKENS).sum();
+        self.fixed_tokens + items + inserted
+    }
+
+    /// Tokens as the client sent it.
+    pub fn tokens_before(&self) -> u32 {
+        self.fixed_tokens + self.items.iter().map(|i| i.tokens).sum::<u32>()
+    }
+
+    /// Whether any policy changed anything.
+    pub fn is_changed(&self) -> bool {
+        !self.inserts.is_empty() || self.items.iter().any(|i| i.edit != Edit::Keep)
+    }
+
+    /// Whether message `index` must be re-rendered.
+    pub fn message_changed(&self, index: usize) -> bool {
+        self.items.iter().any(|i| i.message == index && i.edit != Edit::Keep)
+    }
+
+    /// The name of the tool a call id belongs to.
+    pub fn tool_name(&self, call_id: &str) -> Option<&str> {
+        self.items.iter().find_map(|item| match &item.kind {
+            Kind::ToolCall { id: Some(id), name, .. } if id == call_id => Some(name.as_ref()),
+            _ => None,
+        })
+    }
+}
+
+impl Conversation<'_> {
+    /// The messages where results of assistant message `assistant`'s tool calls belong: the run
+    /// of `tool` messages right after it (Chat Completions), else the next user message
+    /// (Anthropic).
+    pub fn result_zone(&self, assistant: usize) -> std::ops::Range<usize> {
+        let start = assistant + 1;
+        let mut end = start;
+        while self.roles.get(end) == Some(&Role::Tool) {
+            end += 1;
+        }
+        if end == start && self.roles.get(start) == Some(&Role::User) {
+            end = start + 1;
+        }
+        start..end
+    }
+}
+
+/// Per-item overhead of the wire format (role markers, block wrappers), in tokens.
+pub const FRAMING_TOKENS: u32 = 4;

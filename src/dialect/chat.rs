@@ -1,0 +1,175 @@
+//! OpenAI Chat Completions: `messages` with roles system, developer, user, assistant, tool and the
+//! legacy function; content as a string or an array of parts; assistant `tool_calls`.
+
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+
+use super::{Message, ParsedRequest, text_of_parts};
+use crate::conversation::{Edit, Item, Kind, Role};
+use crate::json::{self, RawObject};
+
+pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a RawValue>) -> Option<()> {
+    for (index, raw) in raw_messages.into_iter().enumerate() {
+        let object = RawObject::parse(raw)?;
+        let role_name = object.str("role")?;
+        let content = object.get("content");
+        let blocks = content.filter(|c| c.get().starts_with('[')).and_then(json::as_array);
+        let role = match role_name.as_ref() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" | "function" => Role::Tool,
+            _ => return None,
+        };
+        let items = &mut parsed.conversation.items;
+        let item = |block, kind| Item { message: index, block, kind, tokens: 0, edit: Edit::Keep };
+        match role {
+            Role::Tool => {
+                let call_id = if role_name == "tool" { Some(object.str("tool_call_id")?) } else { None };
+                let (text, attachments) = content_text(content, blocks.as_deref());
+                items.push(item(None, Kind::ToolResult { call_id, text, attachments }));
+            }
+            Role::System => {
+                let (text, _) = content_text(content, blocks.as_deref());
+                parsed.system.push(text.clone());
+                items.push(item(None, Kind::System { text }));
+            }
+            Role::User | Role::Assistant => {
+                match (&blocks, content) {
+                    (Some(parts), _) => {
+                        for (b, part) in parts.iter().enumerate() {
+                            items.push(item(Some(b), part_kind(role, part)));
+                        }
+                    }
+                    (None, Some(text)) if text.get() != "null" => {
+                        items.push(item(None, Kind::Text { role, text: json::as_str(text)? }));
+                    }
+                    _ => {}
+                }
+                if let Some(refusal) = object.str("refusal") {
+                    items.push(item(None, Kind::Text { role, text: refusal }));
+                }
+                if let Some(calls) = object.get("tool_calls").filter(|c| c.get() != "null") {
+                    for (b, call) in json::as_array(calls)?.into_iter().enumerate() {
+                        let call = RawObject::parse(call)?;
+                        let function = call.get("function").and_then(RawObject::parse);
+                        let name = function.as_ref().and_then(|f| f.str("name")).unwrap_or_default();
+                        let arguments = function.as_ref().and_then(|f| f.str("arguments")).unwrap_or_default();
+                        items.push(item(Some(b), Kind::ToolCall { id: Some(call.str("id")?), name, arguments }));
+                    }
+                }
+                if let Some(function) = object.get("function_call").and_then(RawObject::parse) {
+                    let name = function.str("name").unwrap_or_default();
+                    let arguments = function.str("arguments").unwrap_or_default();
+                    items.push(item(None, Kind::ToolCall { id: None, name, arguments }));
+                }
+            }
+        }
+        parsed.messages.push(Message { raw, object, role, blocks });
+    }
+    Some(())
+}
+
+fn content_text<'a>(content: Option<&'a RawValue>, blocks: Option<&[&'a RawValue]>) -> (Cow<'a, str>, u32) {
+    match (blocks, content) {
+        (Some(parts), _) => text_of_parts(parts),
+        (None, Some(raw)) => (json::as_str(raw).unwrap_or_default(), 0),
+        (None, None) => (Cow::Borrowed(""), 0),
+    }
+}
+
+fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
+    let Some(object) = RawObject::parse(part) else { return Kind::Other { raw: part.get() } };
+    match object.str("type").as_deref() {
+        Some("text") => match object.str("text") {
+            Some(text) => Kind::Text { role, text },
+            None => Kind::Other { raw: part.get() },
+        },
+        Some("refusal") => Kind::Text { role, text: object.str("refusal").unwrap_or_default() },
+        Some("image_url") | Some("input_audio") | Some("file") => Kind::Attachment,
+        _ => Kind::Other { raw: part.get() },
+    }
+}
+
+/// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
+pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
+    let conversation = &parsed.conversation;
+    let mut out = String::with_capacity(parsed.body.len());
+    out.push('[');
+    let mut first = true;
+    let mut push = |out: &mut String, text: &str| {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(text);
+    };
+    for (index, message) in parsed.messages.iter().enumerate() {
+        if conversation.message_changed(index) {
+            if let Some(text) = render_message(parsed, index, message) {
+                push(&mut out, &text);
+            }
+        } else {
+            push(&mut out, message.raw.get());
+        }
+        // Synthetic results go right after the last tool message answering this assistant turn.
+        for insert in &conversation.inserts {
+            let assistant = conversation.items[insert.call_item].message;
+            let zone = conversation.result_zone(assistant);
+            let anchor = if conversation.roles.get(zone.start) == Some(&Role::Tool) { zone.end - 1 } else { assistant };
+            if anchor == index {
+                let mut text = String::from(r#"{"role":"tool","tool_call_id":"#);
+                json::push_json_string(&mut text, &insert.call_id);
+                text.push_str(r#","content":"#);
+                json::push_json_string(&mut text, &insert.text);
+                text.push('}');
+                push(&mut out, &text);
+            }
+        }
+    }
+    out.push(']');
+    out
+}
+
+/// A changed message: a tool message with new content, or nothing when removed.
+fn render_message(parsed: &ParsedRequest, index: usize, message: &Message) -> Option<String> {
+    let items: Vec<&Item> = parsed.conversation.items.iter().filter(|i| i.message == index).collect();
+    if items.iter().any(|i| i.edit == Edit::Remove && i.block.is_none()) {
+        return None;
+    }
+    let mut out = String::with_capacity(message.raw.get().len());
+    match message.role {
+        Role::Tool => {
+            let replacement = items.iter().find_map(|i| match &i.edit {
+                Edit::Replace(text) => Some(json::json_string(text)),
+                _ => None,
+            });
+            message.object.write(&mut out, &[], |key| if key == "content" { replacement.clone() } else { None });
+        }
+        _ => {
+            // Part-level edits of user and assistant content.
+            let Some(blocks) = &message.blocks else {
+                return Some(message.raw.get().to_string());
+            };
+            let mut content = String::from("[");
+            let mut first = true;
+            for (b, block) in blocks.iter().enumerate() {
+                let edit = items.iter().find(|i| i.block == Some(b) && !matches!(i.kind, Kind::ToolCall { .. }));
+                let text = match edit.map(|i| &i.edit) {
+                    Some(Edit::Remove) => continue,
+                    Some(Edit::Replace(text)) => format!(r#"{{"type":"text","text":{}}}"#, json::json_string(text)),
+                    _ => block.get().to_string(),
+                };
+                if !first {
+                    content.push(',');
+                }
+                first = false;
+                content.push_str(&text);
+            }
+            content.push(']');
+            message.object.write(&mut out, &[], |key| (key == "content").then(|| content.clone()));
+        }
+    }
+    Some(out)
+}

@@ -1,0 +1,125 @@
+//! API dialects at the edge: parse a request body into the neutral [`Conversation`] and render the
+//! policies' decisions back into the same dialect, re-serializing only what changed.
+
+pub mod anthropic;
+pub mod chat;
+
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+
+use crate::conversation::{Conversation, Role};
+use crate::json::{self, RawObject};
+use crate::route::Endpoint;
+
+/// The request formats compactor can rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    ChatCompletions,
+    AnthropicMessages,
+}
+
+impl Dialect {
+    pub fn of(endpoint: Endpoint) -> Option<Self> {
+        match endpoint {
+            Endpoint::ChatCompletions => Some(Self::ChatCompletions),
+            Endpoint::Messages => Some(Self::AnthropicMessages),
+            _ => None,
+        }
+    }
+}
+
+/// One message of the request, kept raw.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub raw: &'a RawValue,
+    pub object: RawObject<'a>,
+    pub role: Role,
+    /// The content blocks, when content is an array.
+    pub blocks: Option<Vec<&'a RawValue>>,
+}
+
+/// A parsed request: raw parts for rendering, the neutral conversation for the policies.
+#[derive(Debug)]
+pub struct ParsedRequest<'a> {
+    pub dialect: Dialect,
+    pub body: &'a [u8],
+    pub top: RawObject<'a>,
+    pub model: Option<Cow<'a, str>>,
+    pub stream: bool,
+    pub messages: Vec<Message<'a>>,
+    pub conversation: Conversation<'a>,
+    /// System prompt texts, in order (top-level and in-message), for counting and fingerprints.
+    pub system: Vec<Cow<'a, str>>,
+    /// The tool definitions, counted as they are.
+    pub tools: Option<&'a RawValue>,
+}
+
+impl<'a> ParsedRequest<'a> {
+    /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
+    /// the request is forwarded untouched.
+    pub fn parse(dialect: Dialect, body: &'a [u8]) -> Option<Self> {
+        let top: RawObject<'a> = serde_json::from_slice(body).ok()?;
+        let messages_raw = top.get("messages")?;
+        let raw_messages = json::as_array(messages_raw)?;
+        let model = top.str("model");
+        let stream = top.get("stream").is_some_and(|v| v.get() == "true");
+        let tools = top.get("tools");
+        let mut parsed = ParsedRequest {
+            dialect,
+            body,
+            top,
+            model,
+            stream,
+            messages: Vec::with_capacity(raw_messages.len()),
+            conversation: Conversation::default(),
+            system: Vec::new(),
+            tools,
+        };
+        match dialect {
+            Dialect::ChatCompletions => chat::parse_messages(&mut parsed, raw_messages)?,
+            Dialect::AnthropicMessages => anthropic::parse_messages(&mut parsed, raw_messages)?,
+        }
+        parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
+        Some(parsed)
+    }
+
+    /// The new body when policies changed something, `None` when the original bytes stand.
+    pub fn render(&self) -> Option<Vec<u8>> {
+        if !self.conversation.is_changed() {
+            return None;
+        }
+        let messages = match self.dialect {
+            Dialect::ChatCompletions => chat::render_messages(self),
+            Dialect::AnthropicMessages => anthropic::render_messages(self),
+        };
+        let span = json::span_in(self.body, self.top.get("messages")?)?;
+        let mut out = Vec::with_capacity(self.body.len());
+        out.extend_from_slice(&self.body[..span.start]);
+        out.extend_from_slice(messages.as_bytes());
+        out.extend_from_slice(&self.body[span.end..]);
+        Some(out)
+    }
+}
+
+/// Concatenated text of an array of content parts (`{"type":"text","text":…}`), and how many
+/// parts were something else (images, files).
+pub(crate) fn text_of_parts<'a>(parts: &[&'a RawValue]) -> (Cow<'a, str>, u32) {
+    let mut texts: Vec<Cow<'a, str>> = Vec::new();
+    let mut others = 0;
+    for part in parts {
+        let text = RawObject::parse(part).and_then(|o| {
+            let kind = o.str("type");
+            match kind.as_deref() {
+                Some("text") | Some("input_text") | Some("output_text") => o.str("text"),
+                _ => None,
+            }
+        });
+        match text {
+            Some(text) => texts.push(text),
+            None => others += 1,
+        }
+    }
+    let text = if texts.len() == 1 { texts.pop().unwrap_or_default() } else { Cow::Owned(texts.join("\n")) };
+    (text, others)
+}

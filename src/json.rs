@@ -1,0 +1,165 @@
+//! Raw JSON objects: keys in their original order, values as the client's original bytes, so
+//! compactor re-serializes only what it changes.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// A JSON object as ordered `(key, raw value)` pairs borrowed from the request body.
+#[derive(Debug, Clone, Default)]
+pub struct RawObject<'a> {
+    pub fields: Vec<(Cow<'a, str>, &'a RawValue)>,
+}
+
+impl<'a> RawObject<'a> {
+    pub fn parse(raw: &'a RawValue) -> Option<Self> {
+        serde_json::from_str(raw.get()).ok()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+
+    /// A string field, unescaped.
+    pub fn str(&self, key: &str) -> Option<Cow<'a, str>> {
+        self.get(key).and_then(as_str)
+    }
+
+    /// Writes the object with `replace(key)` deciding each field: `Some(text)` writes `text` as the
+    /// value, `None` keeps the original bytes. Fields listed in `drop` are left out.
+    pub fn write(&self, out: &mut String, drop: &[&str], mut replace: impl FnMut(&str) -> Option<String>) {
+        out.push('{');
+        let mut first = true;
+        for (key, value) in &self.fields {
+            if drop.contains(&key.as_ref()) {
+                continue;
+            }
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            push_json_string(out, key);
+            out.push(':');
+            match replace(key) {
+                Some(text) => out.push_str(&text),
+                None => out.push_str(value.get()),
+            }
+        }
+        out.push('}');
+    }
+}
+
+/// Parses a raw value as a string (unescaped), borrowing when there was nothing to unescape.
+pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<CowStr>(raw.get()).ok().map(|s| s.0)
+}
+
+/// A string deserialized borrowed when possible (no escapes), owned otherwise.
+pub struct CowStr<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for CowStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct StrVisitor;
+        impl<'de> Visitor<'de> for StrVisitor {
+            type Value = CowStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(CowStr(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(CowStr(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(CowStr(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(StrVisitor)
+    }
+}
+
+/// Parses a raw value as an array of raw elements.
+pub fn as_array(raw: &RawValue) -> Option<Vec<&RawValue>> {
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// Appends `text` as a JSON string literal.
+pub fn push_json_string(out: &mut String, text: &str) {
+    // serde_json's escaping, without an intermediate allocation per call site.
+    match serde_json::to_string(text) {
+        Ok(quoted) => out.push_str(&quoted),
+        Err(_) => out.push_str("\"\""),
+    }
+}
+
+/// `text` as a JSON string literal.
+pub fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    push_json_string(&mut out, text);
+    out
+}
+
+/// The byte range `raw` occupies inside `body`, when it was borrowed from it.
+pub fn span_in(body: &[u8], raw: &RawValue) -> Option<std::ops::Range<usize>> {
+    let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + raw.get().len();
+    (end <= body.len()).then_some(start..end)
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = RawObject<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(CowStr(key)) = map.next_key::<CowStr<'de>>()? {
+                    let value: &'de RawValue = map.next_value()?;
+                    if fields.iter().any(|(k, _): &(Cow<'de, str>, &RawValue)| k == &key) {
+                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
+                    }
+                    fields.push((key, value));
+                }
+                Ok(RawObject { fields })
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewriting_one_field_keeps_every_other_byte_and_the_key_order() {
+        let body = r#"{"z":1.00000000000000000001,"content":"old","a":{"b" : [1, 2]}}"#;
+        let raw: &RawValue = serde_json::from_str(body).unwrap();
+        let object = RawObject::parse(raw).unwrap();
+        let mut out = String::new();
+        object.write(&mut out, &[], |key| (key == "content").then(|| json_string("new")));
+        assert_eq!(out, r#"{"z":1.00000000000000000001,"content":"new","a":{"b" : [1, 2]}}"#);
+    }
+
+    #[test]
+    fn escaped_strings_are_unescaped() {
+        let raw: &RawValue = serde_json::from_str(r#"{"t":"line\nnext \u00e9"}"#).unwrap();
+        let object = RawObject::parse(raw).unwrap();
+        assert_eq!(object.str("t").unwrap(), "line\nnext é");
+    }
+
+    #[test]
+    fn span_finds_a_borrowed_value_in_its_body() {
+        let body = br#"{"messages": [1,2], "x": 3}"#;
+        let object: RawObject = serde_json::from_slice(body).unwrap();
+        let span = span_in(body, object.get("messages").unwrap()).unwrap();
+        assert_eq!(&body[span], b"[1,2]");
+    }
+}

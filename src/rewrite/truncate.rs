@@ -1,0 +1,98 @@
+//! Cuts huge tool outputs to head + tail, half the budget each, at line boundaries where possible.
+
+use crate::conversation::{Conversation, Edit, Kind};
+
+/// Tokens reserved for the marker and the line-count header.
+const MARKER_BUDGET: u32 = 24;
+
+/// Truncates every text-only tool output over `max_tokens`; returns how many were cut.
+pub fn apply(conversation: &mut Conversation, max_tokens: u32, count: &dyn Fn(&str) -> u32) -> usize {
+    if max_tokens == 0 {
+        return 0;
+    }
+    let mut truncated = 0;
+    for item in &mut conversation.items {
+        let Kind::ToolResult { text, attachments: 0, .. } = &item.kind else { continue };
+        if item.edit != Edit::Keep || count(text) <= max_tokens {
+            continue;
+        }
+        item.edit = Edit::Replace(head_and_tail(text, max_tokens, count));
+        truncated += 1;
+    }
+    truncated
+}
+
+/// `text` cut to about `max_tokens`: its head, a marker saying how much was removed, its tail.
+pub fn head_and_tail(text: &str, max_tokens: u32, count: &dyn Fn(&str) -> u32) -> String {
+    let total = count(text).max(1);
+    let lines = text.lines().count();
+    let budget = max_tokens.saturating_sub(MARKER_BUDGET).max(2);
+    let bytes_per_token = text.len() as f64 / f64::from(total);
+    let mut keep_bytes = (f64::from(budget / 2) * bytes_per_token) as usize;
+    loop {
+        let head = cut_head(text, keep_bytes);
+        let tail = cut_tail(text, keep_bytes);
+        let removed = total.saturating_sub(count(head) + count(tail));
+        let result = if lines > 1 {
+            format!("Total output lines: {lines}\n\n{head}\n…{removed} tokens truncated…\n{tail}")
+        } else {
+            format!("{head}…{removed} tokens truncated…{tail}")
+        };
+        if count(&result) <= max_tokens || keep_bytes == 0 {
+            return result;
+        }
+        keep_bytes = keep_bytes * 4 / 5;
+    }
+}
+
+/// At most `bytes` from the start, ending at a line break when one is near the end.
+fn cut_head(text: &str, bytes: usize) -> &str {
+    let end = text.floor_char_boundary(bytes.min(text.len()));
+    let head = &text[..end];
+    match head.rfind('\n') {
+        Some(at) if at >= end * 3 / 4 => &head[..at],
+        _ => head,
+    }
+}
+
+/// At most `bytes` from the end, starting after a line break when one is near the start.
+fn cut_tail(text: &str, bytes: usize) -> &str {
+    let start = text.ceil_char_boundary(text.len().saturating_sub(bytes));
+    let tail = &text[start..];
+    match tail.find('\n') {
+        Some(at) if at <= tail.len() / 4 => &tail[at + 1..],
+        _ => tail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::{Encoding, tokenize_len};
+
+    fn count(text: &str) -> u32 {
+        tokenize_len(Encoding::O200kBase, text)
+    }
+
+    #[test]
+    fn keeps_head_and_tail_of_a_long_log_and_says_what_was_cut() {
+        let log: String = (0..5000).map(|i| format!("line {i}: compiling crate number {i}\n")).collect();
+        let cut = head_and_tail(&log, 1000, &count);
+        assert!(count(&cut) <= 1000, "{} tokens", count(&cut));
+        assert!(cut.starts_with("Total output lines: 5000\n\nline 0: compiling"));
+        assert!(cut.trim_end().ends_with("line 4999: compiling crate number 4999"));
+        assert!(cut.contains("tokens truncated…"));
+        // Cut at line boundaries: every kept line is whole.
+        for line in cut.lines().skip(2).filter(|l| l.starts_with("line ")) {
+            assert!(line.ends_with(&format!("number {}", line[5..].split(':').next().unwrap())), "{line}");
+        }
+    }
+
+    #[test]
+    fn never_cuts_inside_a_utf8_character() {
+        let text = "é€😀".repeat(20_000);
+        let cut = head_and_tail(&text, 500, &count);
+        assert!(count(&cut) <= 500);
+        assert!(cut.contains("tokens truncated…"));
+    }
+}

@@ -1,0 +1,220 @@
+//! Which conversation a request belongs to, and whose: a session id from the headers agents
+//! already send, else from the body, else a fingerprint of the conversation's opening; scoped by a
+//! keyed hash of the caller's credential so tenants never share state.
+
+use std::borrow::Cow;
+
+use http::HeaderMap;
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::dialect::ParsedRequest;
+use crate::json::RawObject;
+
+/// Session headers agents send, after the configured one: Claude Code, Codex CLI (two spellings,
+/// plus `conversation_id` in some versions), OpenCode.
+const AGENT_HEADERS: [&str; 6] =
+    ["x-claude-code-session-id", "session_id", "session-id", "conversation_id", "x-session-affinity", "x-session-id"];
+
+/// Credentials a request can carry; only their keyed hash is ever kept.
+const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// Where the session id came from (a log field, and part of the hashed key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SessionSource {
+    Header,
+    PromptCacheKey,
+    MetadataUserId,
+    Fingerprint,
+}
+
+impl SessionSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Header => "header",
+            Self::PromptCacheKey => "prompt_cache_key",
+            Self::MetadataUserId => "metadata_user_id",
+            Self::Fingerprint => "fingerprint",
+        }
+    }
+}
+
+/// A tenant-scoped session key, safe to show: it reveals nothing of the credential.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    /// `<tenant hash>.<session hash>`, also the Redis hash tag.
+    pub key: String,
+    pub source: SessionSource,
+}
+
+impl SessionKey {
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+}
+
+/// Identifies sessions; holds the secret that keys tenant hashes.
+#[derive(Clone)]
+pub struct Identifier {
+    header: String,
+    secret: [u8; 32],
+}
+
+impl Identifier {
+    pub fn new(header: &str, tenant_secret: &str) -> Self {
+        // An empty secret still yields stable keys across replicas; operators should set one.
+        let secret = blake3::derive_key("compactor tenant hash v1", tenant_secret.as_bytes());
+        Self { header: header.to_ascii_lowercase(), secret }
+    }
+
+    /// The session of a request.
+    pub fn identify(&self, headers: &HeaderMap, parsed: Option<&ParsedRequest>) -> SessionKey {
+        let tenant = self.tenant(headers);
+        let (source, id) = self.session_id(headers, parsed);
+        let session = xxh3_128(format!("{}\0{id}", source.as_str()).as_bytes());
+        SessionKey { key: format!("{tenant}.{session:032x}"), source }
+    }
+
+    /// Keyed hash of the credential: the same key always maps to the same tenant, and nothing
+    /// about the key can be learned from it.
+    pub fn tenant(&self, headers: &HeaderMap) -> String {
+        let credential = CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name)).map(|v| {
+            let value = v.as_bytes();
+            value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer ")).unwrap_or(value)
+        });
+        match credential {
+            None => "anonymous".to_string(),
+            Some(credential) => {
+                let hash = blake3::keyed_hash(&self.secret, credential);
+                hash.to_hex()[..24].to_string()
+            }
+        }
+    }
+
+    fn session_id<'p>(&self, headers: &HeaderMap, parsed: Option<&'p ParsedRequest>) -> (SessionSource, Cow<'p, str>) {
+        let header = std::iter::once(self.header.as_str())
+            .chain(AGENT_HEADERS)
+            .find_map(|name| headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.trim().is_empty()));
+        if let Some(id) = header {
+            return (SessionSource::Header, Cow::Owned(id.trim().to_string()));
+        }
+        let Some(parsed) = parsed else { return (SessionSource::Fingerprint, Cow::Borrowed("")) };
+        if let Some(key) = parsed.top.str("prompt_cache_key").filter(|k| !k.is_empty()) {
+            return (SessionSource::PromptCacheKey, key);
+        }
+        let user_id = parsed.top.get("metadata").and_then(RawObject::parse).and_then(|m| m.str("user_id"));
+        if let Some(session) = user_id.as_deref().and_then(session_from_user_id) {
+            return (SessionSource::MetadataUserId, Cow::Owned(session));
+        }
+        (SessionSource::Fingerprint, Cow::Owned(fingerprint(parsed)))
+    }
+}
+
+/// Claude Code's `metadata.user_id`: legacy `user_<hash>_account_<uuid>_session_<uuid>`, or a JSON
+/// string `{"device_id":…,"account_uuid":…,"session_id":…}`.
+pub fn session_from_user_id(user_id: &str) -> Option<String> {
+    if user_id.trim_start().starts_with('{') {
+        let value: serde_json::Value = serde_json::from_str(user_id).ok()?;
+        return value.get("session_id")?.as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    }
+    let (_, session) = user_id.rsplit_once("_session_")?;
+    (!session.is_empty()).then(|| session.to_string())
+}
+
+/// A fingerprint of the conversation's opening: system prompt and first user message, ignoring
+/// lines that change on every request (Claude Code's billing header).
+pub fn fingerprint(parsed: &ParsedRequest) -> String {
+    use crate::conversation::{Kind, Role};
+    let mut opening = String::new();
+    for text in &parsed.system {
+        for line in text.lines() {
+            if !line.trim_start().starts_with("x-anthropic-billing-header:") {
+                opening.push_str(line);
+                opening.push('\n');
+            }
+        }
+    }
+    let first_user = parsed.conversation.items.iter().find_map(|item| match &item.kind {
+        Kind::Text { role: Role::User, text } => Some(text.as_ref()),
+        _ => None,
+    });
+    opening.push('\0');
+    opening.push_str(first_user.unwrap_or(""));
+    format!("{:032x}", xxh3_128(opening.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::{Dialect, ParsedRequest};
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn claude_code_user_id_yields_its_session_in_both_forms() {
+        assert_eq!(
+            session_from_user_id("user_abc123_account_11111111-2222_session_33333333-4444").as_deref(),
+            Some("33333333-4444")
+        );
+        assert_eq!(
+            session_from_user_id(r#"{"device_id":"d","account_uuid":"a","session_id":"s-1"}"#).as_deref(),
+            Some("s-1")
+        );
+        assert_eq!(session_from_user_id("user_only"), None);
+    }
+
+    #[test]
+    fn the_same_session_id_under_two_keys_is_two_sessions() {
+        let id = Identifier::new("x-session-id", "secret");
+        let a = id.identify(&headers(&[("x-session-id", "s1"), ("authorization", "Bearer key-a")]), None);
+        let b = id.identify(&headers(&[("x-session-id", "s1"), ("x-api-key", "key-b")]), None);
+        let a2 = id.identify(&headers(&[("x-session-id", "s1"), ("authorization", "Bearer key-a")]), None);
+        assert_ne!(a, b);
+        assert_eq!(a, a2);
+        assert!(!a.key.contains("key-a"));
+    }
+
+    #[test]
+    fn agent_headers_are_recognized_after_the_configured_one() {
+        let id = Identifier::new("x-my-session", "");
+        let mine = id.identify(&headers(&[("x-my-session", "m"), ("session_id", "c")]), None);
+        let codex = id.identify(&headers(&[("session_id", "c")]), None);
+        let codex_dash = id.identify(&headers(&[("session-id", "c")]), None);
+        assert_ne!(mine, codex);
+        assert_eq!(codex, codex_dash);
+        assert_eq!(codex.source, SessionSource::Header);
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_the_per_request_billing_header() {
+        let body = |cch: &str| {
+            format!(
+                r#"{{"model":"claude-sonnet-4-5","system":[{{"type":"text","text":"x-anthropic-billing-header: cc_version=2.0.14; cc_entrypoint=cli; cch={cch}"}},{{"type":"text","text":"You are Claude Code."}}],"messages":[{{"role":"user","content":"fix the bug"}}]}}"#
+            )
+        };
+        let id = Identifier::new("x-session-id", "");
+        let (one, two) = (body("aaaaa"), body("bbbbb"));
+        let first = ParsedRequest::parse(Dialect::AnthropicMessages, one.as_bytes()).unwrap();
+        let second = ParsedRequest::parse(Dialect::AnthropicMessages, two.as_bytes()).unwrap();
+        let a = id.identify(&HeaderMap::new(), Some(&first));
+        assert_eq!(a, id.identify(&HeaderMap::new(), Some(&second)));
+        assert_eq!(a.source, SessionSource::Fingerprint);
+    }
+
+    #[test]
+    fn prompt_cache_key_and_metadata_identify_sessions_without_headers() {
+        let id = Identifier::new("x-session-id", "");
+        let body = r#"{"model":"gpt-4o","prompt_cache_key":"conv-9","messages":[{"role":"user","content":"hi"}]}"#;
+        let parsed = ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).unwrap();
+        assert_eq!(id.identify(&HeaderMap::new(), Some(&parsed)).source, SessionSource::PromptCacheKey);
+        let body = r#"{"model":"claude","metadata":{"user_id":"user_x_account_y_session_z"},"messages":[{"role":"user","content":"hi"}]}"#;
+        let parsed = ParsedRequest::parse(Dialect::AnthropicMessages, body.as_bytes()).unwrap();
+        assert_eq!(id.identify(&HeaderMap::new(), Some(&parsed)).source, SessionSource::MetadataUserId);
+    }
+}

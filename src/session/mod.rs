@@ -1,0 +1,11 @@
+//! Sessions: which conversation a request belongs to, and the state compactor keeps for it so the
+//! next request of the same conversation gets the same rewrite, on any replica.
+
+pub mod identify;
+pub mod memory;
+pub mod state;
+pub mod store;
+
+pub use identify::{Identifier, SessionKey, SessionSource};
+pub use state::{SessionState, SessionUpdate, Usage};
+pub use store::{Store, StoreError};

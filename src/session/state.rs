@@ -1,0 +1,77 @@
+//! What compactor remembers per session, as versioned JSON.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the stored JSON; a record of another version is ignored, never misread.
+pub const STATE_VERSION: u32 = 1;
+
+/// Token usage the upstream reported for the last request of the session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// How many messages (items) that request had, for the hybrid estimate.
+    pub message_count: u64,
+}
+
+/// One compaction: the covered prefix replaced by a summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactionRecord {
+    pub generation: u32,
+    pub summary: String,
+    /// How many messages of the client's history the summary covers.
+    pub covered_messages: u64,
+    /// Hash of those messages' bytes: a history that no longer starts with them does not match.
+    pub covered_hash: String,
+    pub first_kept: u64,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub trigger: String,
+    pub model: String,
+    pub at_unix_ms: u64,
+}
+
+/// Request and savings counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub requests: u64,
+    pub tokens_saved: u64,
+}
+
+/// Everything kept for one session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub version: u32,
+    /// Call ids whose outputs are pruned: once pruned, pruned in every later request.
+    pub pruned: BTreeSet<String>,
+    pub compactions: Vec<CompactionRecord>,
+    pub usage: Option<Usage>,
+    pub counters: Counters,
+}
+
+/// What one request adds to its session; applied off the request's critical path.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionUpdate {
+    pub pruned: Vec<String>,
+    pub usage: Option<Usage>,
+    pub tokens_saved: u64,
+    pub compaction: Option<CompactionRecord>,
+}
+
+impl SessionState {
+    pub fn apply(&mut self, update: &SessionUpdate) {
+        self.version = STATE_VERSION;
+        self.pruned.extend(update.pruned.iter().cloned());
+        if update.usage.is_some() {
+            self.usage = update.usage;
+        }
+        self.counters.requests += 1;
+        self.counters.tokens_saved += update.tokens_saved;
+        if let Some(record) = &update.compaction {
+            self.compactions.push(record.clone());
+        }
+    }
+}
