@@ -89,10 +89,7 @@ impl ProxyError {
         let mut response = Response::new(B::from(self.body(family)));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert("x-compactor-error", HeaderValue::from_static(self.code()));
         response
     }
@@ -104,10 +101,7 @@ mod tests {
 
     #[test]
     fn openai_clients_get_the_openai_error_envelope() {
-        let err = ProxyError::UpstreamTimeout {
-            upstream: "http://x".into(),
-            timeout_ms: 5,
-        };
+        let err = ProxyError::UpstreamTimeout { upstream: "http://x".into(), timeout_ms: 5 };
         let body: serde_json::Value = serde_json::from_slice(&err.body(ApiFamily::OpenAi)).unwrap();
         assert_eq!(body["error"]["code"], "upstream_timeout");
         assert_eq!(body["error"]["type"], "api_error");
@@ -117,8 +111,7 @@ mod tests {
     #[test]
     fn anthropic_clients_get_the_anthropic_error_envelope() {
         let err = ProxyError::BodyTooLarge { limit: 10 };
-        let body: serde_json::Value =
-            serde_json::from_slice(&err.body(ApiFamily::Anthropic)).unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&err.body(ApiFamily::Anthropic)).unwrap();
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "request_too_large");
         assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);

@@ -4,16 +4,16 @@
 //! response, record. Each stage is a module of its own.
 
 pub mod config;
-pub mod error;
-pub mod healthcheck;
-pub mod proxy;
-pub mod route;
-pub mod server;
-pub mod telemetry;
-pub mod upstream;
 pub mod conversation;
 pub mod dialect;
+pub mod error;
+pub mod healthcheck;
 pub mod json;
+pub mod proxy;
 pub mod rewrite;
-pub mod tokens;
+pub mod route;
+pub mod server;
 pub mod session;
+pub mod telemetry;
+pub mod tokens;
+pub mod upstream;

@@ -75,30 +75,15 @@ mod tests {
 
     #[test]
     fn messages_and_below_go_to_anthropic() {
-        assert_eq!(
-            route(Method::POST, "/v1/messages").endpoint,
-            Endpoint::Messages
-        );
-        assert_eq!(
-            route(Method::POST, "/v1/messages/count_tokens").family,
-            ApiFamily::Anthropic
-        );
-        assert_eq!(
-            route(Method::POST, "/v1/messagesx").family,
-            ApiFamily::OpenAi
-        );
+        assert_eq!(route(Method::POST, "/v1/messages").endpoint, Endpoint::Messages);
+        assert_eq!(route(Method::POST, "/v1/messages/count_tokens").family, ApiFamily::Anthropic);
+        assert_eq!(route(Method::POST, "/v1/messagesx").family, ApiFamily::OpenAi);
     }
 
     #[test]
     fn everything_else_goes_to_openai() {
-        assert_eq!(
-            route(Method::POST, "/v1/chat/completions").endpoint,
-            Endpoint::ChatCompletions
-        );
-        assert_eq!(
-            route(Method::POST, "/openai/deployments/x/chat/completions").endpoint,
-            Endpoint::ChatCompletions
-        );
+        assert_eq!(route(Method::POST, "/v1/chat/completions").endpoint, Endpoint::ChatCompletions);
+        assert_eq!(route(Method::POST, "/openai/deployments/x/chat/completions").endpoint, Endpoint::ChatCompletions);
         assert_eq!(route(Method::GET, "/v1/models").family, ApiFamily::OpenAi);
         assert_eq!(route(Method::HEAD, "/").family, ApiFamily::OpenAi);
     }
@@ -106,10 +91,7 @@ mod tests {
     #[test]
     fn anthropic_version_header_marks_an_anthropic_request() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            "anthropic-version",
-            http::HeaderValue::from_static("2023-06-01"),
-        );
+        headers.insert("anthropic-version", http::HeaderValue::from_static("2023-06-01"));
         let route = Route::of(&Method::GET, "/v1/models", &headers);
         assert_eq!(route.family, ApiFamily::Anthropic);
         assert_eq!(route.label(), "anthropic_models");

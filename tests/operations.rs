@@ -12,17 +12,10 @@ use common::*;
 fn check_config_prints_defaults_file_values_and_environment_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
-    std::fs::write(
-        &path,
-        "[upstream]\nopenai = \"http://file:1\"\nanthropic = \"http://file:2\"\n",
-    )
-    .unwrap();
+    std::fs::write(&path, "[upstream]\nopenai = \"http://file:1\"\nanthropic = \"http://file:2\"\n").unwrap();
     let (code, out, err) = run_binary(
         &["--config", path.to_str().unwrap(), "--check-config"],
-        &[
-            ("COMPACTOR_UPSTREAM__ANTHROPIC", "http://env:3"),
-            ("COMPACTOR_LIMITS__MAX_BODY_BYTES", "77"),
-        ],
+        &[("COMPACTOR_UPSTREAM__ANTHROPIC", "http://env:3"), ("COMPACTOR_LIMITS__MAX_BODY_BYTES", "77")],
     );
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("openai = \"http://file:1\""), "{out}");
@@ -36,10 +29,7 @@ fn the_config_file_can_come_from_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
     std::fs::write(&path, "listen = \"0.0.0.0:9999\"\n").unwrap();
-    let (code, out, _) = run_binary(
-        &["--check-config"],
-        &[("COMPACTOR_CONFIG", path.to_str().unwrap())],
-    );
+    let (code, out, _) = run_binary(&["--check-config"], &[("COMPACTOR_CONFIG", path.to_str().unwrap())]);
     assert_eq!(code, Some(0));
     assert!(out.contains("listen = \"0.0.0.0:9999\""), "{out}");
 }
@@ -48,32 +38,20 @@ fn the_config_file_can_come_from_the_environment() {
 fn bad_values_and_unknown_keys_stop_the_start_naming_each_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
-    std::fs::write(
-        &path,
-        "[upstream]\nconnect_timeout_ms = \"soon\"\ntypo_key = 1\n",
-    )
-    .unwrap();
-    let (code, _, err) = run_binary(
-        &["--config", path.to_str().unwrap()],
-        &[("COMPACTOR_LIMITS__MAX_BODY_BYTES", "lots")],
-    );
+    std::fs::write(&path, "[upstream]\nconnect_timeout_ms = \"soon\"\ntypo_key = 1\n").unwrap();
+    let (code, _, err) =
+        run_binary(&["--config", path.to_str().unwrap()], &[("COMPACTOR_LIMITS__MAX_BODY_BYTES", "lots")]);
     assert_eq!(code, Some(2));
     assert!(err.contains("`upstream.connect_timeout_ms`"), "{err}");
     assert!(err.contains("`upstream.typo_key`"), "{err}");
     assert!(err.contains("unknown key"), "{err}");
     assert!(err.contains("`limits.max_body_bytes`"), "{err}");
-    assert!(
-        err.contains("COMPACTOR_LIMITS__MAX_BODY_BYTES"),
-        "the environment variable is named: {err}"
-    );
+    assert!(err.contains("COMPACTOR_LIMITS__MAX_BODY_BYTES"), "the environment variable is named: {err}");
 }
 
 #[test]
 fn an_explicit_config_file_that_does_not_exist_is_an_error() {
-    let (code, _, err) = run_binary(
-        &["--config", "/nonexistent/compactor.toml", "--check-config"],
-        &[],
-    );
+    let (code, _, err) = run_binary(&["--config", "/nonexistent/compactor.toml", "--check-config"], &[]);
     assert_eq!(code, Some(2));
     assert!(err.contains("nonexistent"), "{err}");
 }
@@ -84,53 +62,20 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
     let (code, from_file, err) = run_binary(&["--config", shipped, "--check-config"], &[]);
     assert_eq!(code, Some(0), "{err}");
     let (_, defaults, _) = run_binary(&["--check-config"], &[]);
-    assert_eq!(
-        from_file, defaults,
-        "config/compactor.toml must document the built-in defaults"
-    );
+    assert_eq!(from_file, defaults, "config/compactor.toml must document the built-in defaults");
 }
 
 #[tokio::test]
 async fn health_readiness_and_metrics_are_answered_locally() {
     let fake = FakeUpstream::start().await;
     let proxy = Compactor::start(&fake, "");
-    assert_eq!(
-        send(request("GET", &proxy.url("/healthz"), &[], ""))
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        send(request("GET", &proxy.url("/readyz"), &[], ""))
-            .await
-            .status,
-        200
-    );
-    send(request(
-        "POST",
-        &proxy.url("/v1/chat/completions"),
-        &[("authorization", "Bearer k")],
-        chat_body(false),
-    ))
-    .await;
-    send(request(
-        "POST",
-        &proxy.url("/v1/messages"),
-        &[("x-api-key", "k")],
-        messages_body(true),
-    ))
-    .await;
-    let metrics = send(request("GET", &proxy.url("/metrics"), &[], ""))
-        .await
-        .text();
-    assert!(
-        metrics.contains(r#"compactor_requests_total{route="chat_completions",status="200"} 1"#),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains(r#"compactor_requests_total{route="messages",status="200"} 1"#),
-        "{metrics}"
-    );
+    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
+    assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.status, 200);
+    send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
+    send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true))).await;
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    assert!(metrics.contains(r#"compactor_requests_total{route="chat_completions",status="200"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"compactor_requests_total{route="messages",status="200"} 1"#), "{metrics}");
     for name in [
         "compactor_upstream_ttfb_seconds_bucket",
         "compactor_upstream_duration_seconds_bucket",
@@ -141,7 +86,9 @@ async fn health_readiness_and_metrics_are_answered_locally() {
     ] {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
-    assert!(fake.received().iter().all(|r| !r.path_and_query.contains("healthz") && !r.path_and_query.contains("metrics")));
+    assert!(
+        fake.received().iter().all(|r| !r.path_and_query.contains("healthz") && !r.path_and_query.contains("metrics"))
+    );
 }
 
 #[tokio::test]
@@ -150,12 +97,7 @@ async fn sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
     fake.set_pacing(Pacing::Delay(Duration::from_millis(150)));
     let mut proxy = Compactor::start(&fake, "[shutdown]\ndrain_timeout_ms = 10000\n");
     let response = client()
-        .request(request(
-            "POST",
-            &proxy.url("/v1/messages"),
-            &[("x-api-key", "k")],
-            messages_body(true),
-        ))
+        .request(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true)))
         .await
         .unwrap();
     let mut body = response.into_body();
@@ -164,19 +106,13 @@ async fn sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
     proxy.terminate();
     proxy.wait_for_log("shutting down").await;
     let refused = tokio::net::TcpStream::connect(proxy.addr).await;
-    assert!(
-        refused.is_err(),
-        "new connections must be refused while draining"
-    );
+    assert!(refused.is_err(), "new connections must be refused while draining");
 
     let mut rest = first.to_vec();
     while let Some(chunk) = next_chunk(&mut body, Duration::from_secs(5)).await {
         rest.extend_from_slice(&chunk);
     }
-    assert_eq!(
-        String::from_utf8(rest).unwrap(),
-        fake::anthropic_stream(&["Hel", "lo"]).concat()
-    );
+    assert_eq!(String::from_utf8(rest).unwrap(), fake::anthropic_stream(&["Hel", "lo"]).concat());
     assert_eq!(proxy.wait_exit(Duration::from_secs(10)), Some(0));
 }
 

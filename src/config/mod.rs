@@ -160,10 +160,7 @@ impl BaseUrl {
         if uri.query().is_some() {
             return Err("must not carry a query string".into());
         }
-        Ok(Self {
-            text: raw.trim_end_matches('/').to_string(),
-            authority,
-        })
+        Ok(Self { text: raw.trim_end_matches('/').to_string(), authority })
     }
 
     /// The URL text without a trailing slash, ready to have a request path appended.
@@ -200,26 +197,16 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             upstream: UpstreamConfig {
-                openai: BaseUrl {
-                    text: "https://api.openai.com".into(),
-                    authority: "api.openai.com".into(),
-                },
-                anthropic: BaseUrl {
-                    text: "https://api.anthropic.com".into(),
-                    authority: "api.anthropic.com".into(),
-                },
+                openai: BaseUrl { text: "https://api.openai.com".into(), authority: "api.openai.com".into() },
+                anthropic: BaseUrl { text: "https://api.anthropic.com".into(), authority: "api.anthropic.com".into() },
                 connect_timeout_ms: 10_000,
                 first_byte_timeout_ms: 600_000,
                 idle_timeout_ms: 300_000,
                 http2: false,
                 native_roots: false,
             },
-            limits: LimitsConfig {
-                max_body_bytes: 32 * 1024 * 1024,
-            },
-            shutdown: ShutdownConfig {
-                drain_timeout_ms: 30_000,
-            },
+            limits: LimitsConfig { max_body_bytes: 32 * 1024 * 1024 },
+            shutdown: ShutdownConfig { drain_timeout_ms: 30_000 },
             log: LogConfig { format: LogFormat::Text, level: "info".into() },
             tokens: TokensConfig { cache_entries: 200_000, image_tokens: 1_000, blocking_tokenize_bytes: 65_536 },
             prune: PruneConfig {
@@ -264,11 +251,7 @@ impl Config {
     pub fn load(explicit: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
         if let Some((path, must_exist)) = config_path(explicit) {
-            figment = if must_exist {
-                figment.merge(Toml::file_exact(path))
-            } else {
-                figment.merge(Toml::file(path))
-            };
+            figment = if must_exist { figment.merge(Toml::file_exact(path)) } else { figment.merge(Toml::file(path)) };
         }
         figment = figment.merge(Env::prefixed("COMPACTOR_").split("__").ignore(&["config"]));
         Self::from_figment(&figment)
@@ -281,31 +264,18 @@ impl Config {
         let d = Config::default();
         let config = Config {
             listen: r.parse("listen", d.listen, |s: String| {
-                s.parse::<SocketAddr>()
-                    .map_err(|e| format!("not a socket address ({e}), e.g. 127.0.0.1:8787"))
+                s.parse::<SocketAddr>().map_err(|e| format!("not a socket address ({e}), e.g. 127.0.0.1:8787"))
             }),
             upstream: UpstreamConfig {
-                openai: r.parse("upstream.openai", d.upstream.openai, |s: String| {
-                    BaseUrl::parse(&s)
-                }),
-                anthropic: r.parse("upstream.anthropic", d.upstream.anthropic, |s: String| {
-                    BaseUrl::parse(&s)
-                }),
-                connect_timeout_ms: r.parse(
-                    "upstream.connect_timeout_ms",
-                    d.upstream.connect_timeout_ms,
-                    positive,
-                ),
+                openai: r.parse("upstream.openai", d.upstream.openai, |s: String| BaseUrl::parse(&s)),
+                anthropic: r.parse("upstream.anthropic", d.upstream.anthropic, |s: String| BaseUrl::parse(&s)),
+                connect_timeout_ms: r.parse("upstream.connect_timeout_ms", d.upstream.connect_timeout_ms, positive),
                 first_byte_timeout_ms: r.parse(
                     "upstream.first_byte_timeout_ms",
                     d.upstream.first_byte_timeout_ms,
                     positive,
                 ),
-                idle_timeout_ms: r.parse(
-                    "upstream.idle_timeout_ms",
-                    d.upstream.idle_timeout_ms,
-                    positive,
-                ),
+                idle_timeout_ms: r.parse("upstream.idle_timeout_ms", d.upstream.idle_timeout_ms, positive),
                 http2: r.get("upstream.http2", d.upstream.http2),
                 native_roots: r.get("upstream.native_roots", d.upstream.native_roots),
             },
@@ -324,9 +294,7 @@ impl Config {
                 level: r.parse("log.level", d.log.level, |s: String| {
                     tracing_subscriber::EnvFilter::try_new(&s)
                         .map(|_| s.clone())
-                        .map_err(|e| {
-                            format!("not a log filter ({e}), e.g. \"info\" or \"compactor=debug\"")
-                        })
+                        .map_err(|e| format!("not a log filter ({e}), e.g. \"info\" or \"compactor=debug\""))
                 }),
             },
             tokens: TokensConfig {
@@ -399,11 +367,7 @@ impl Config {
             config.models.insert(name, info);
         }
         let problems = r.finish();
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid(problems))
-        }
+        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
     }
 
     /// The model table: built-ins overridden by `[models.NAME]`.
@@ -413,8 +377,7 @@ impl Config {
 
     /// The effective configuration as TOML, for `--check-config`.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self)
-            .unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
     }
 }
 
@@ -423,11 +386,7 @@ fn positive_u32(value: u32) -> Result<u32, String> {
 }
 
 fn positive(value: u64) -> Result<u64, String> {
-    if value == 0 {
-        Err("must be greater than 0".into())
-    } else {
-        Ok(value)
-    }
+    if value == 0 { Err("must be greater than 0".into()) } else { Ok(value) }
 }
 
 #[cfg(test)]
@@ -454,13 +413,7 @@ mod tests {
         )
         .unwrap_err();
         let text = err.to_string();
-        for key in [
-            "`listen`",
-            "`bogus`",
-            "`upstream.connect_timeout_ms`",
-            "`upstream.openai`",
-            "`log.format`",
-        ] {
+        for key in ["`listen`", "`bogus`", "`upstream.connect_timeout_ms`", "`upstream.openai`", "`log.format`"] {
             assert!(text.contains(key), "{key} missing from: {text}");
         }
     }
@@ -475,9 +428,7 @@ mod tests {
     #[test]
     fn later_layers_override_earlier_ones() {
         let figment = Figment::new()
-            .merge(Toml::string(
-                "[upstream]\nopenai = \"http://127.0.0.1:1\"\nidle_timeout_ms = 5\n",
-            ))
+            .merge(Toml::string("[upstream]\nopenai = \"http://127.0.0.1:1\"\nidle_timeout_ms = 5\n"))
             .merge(Serialized::default("upstream.openai", "http://127.0.0.1:2"));
         let config = Config::from_figment(&figment).unwrap();
         assert_eq!(config.upstream.openai.as_str(), "http://127.0.0.1:2");

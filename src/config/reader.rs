@@ -132,11 +132,7 @@ impl<'a> Reader<'a> {
 
 fn collect_leaves(dict: &Dict, prefix: &str, out: &mut Vec<String>) {
     for (key, value) in dict {
-        let path = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
-        };
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
         match value {
             Value::Dict(_, inner) if !inner.is_empty() => collect_leaves(inner, &path, out),
             Value::Dict(_, _) => {}

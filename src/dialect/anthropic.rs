@@ -93,11 +93,8 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     };
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
-        let owed: Vec<&InsertResult> = if index > 0 && message.role == Role::User {
-            inserts_for(parsed, index - 1)
-        } else {
-            Vec::new()
-        };
+        let owed: Vec<&InsertResult> =
+            if index > 0 && message.role == Role::User { inserts_for(parsed, index - 1) } else { Vec::new() };
         if conversation.message_changed(index) || !owed.is_empty() {
             if let Some(text) = render_message(parsed, index, message, &owed) {
                 push(&mut out, &text);

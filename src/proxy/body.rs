@@ -67,10 +67,7 @@ impl Body for TapBody {
     type Data = Bytes;
     type Error = BodyError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let mut this = self.project();
         if *this.finished {
             return Poll::Ready(None);
@@ -130,19 +127,13 @@ pin_project! {
 
 impl ResponseBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
-        Self::Full {
-            bytes: Some(bytes.into()),
-            record: None,
-        }
+        Self::Full { bytes: Some(bytes.into()), record: None }
     }
 
     pub fn full_with_record(bytes: Bytes, mut record: RequestRecord) -> Self {
         record.bytes_out = bytes.len() as u64;
         record.outcome = Outcome::Complete;
-        Self::Full {
-            bytes: Some(bytes),
-            record: Some(record),
-        }
+        Self::Full { bytes: Some(bytes), record: Some(record) }
     }
 }
 
@@ -156,14 +147,9 @@ impl Body for ResponseBody {
     type Data = Bytes;
     type Error = BodyError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.project() {
-            ResponseBodyProj::Full { bytes, .. } => {
-                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b))))
-            }
+            ResponseBodyProj::Full { bytes, .. } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBodyProj::Upstream { body } => body.poll_frame(cx),
         }
     }
@@ -177,9 +163,7 @@ impl Body for ResponseBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Self::Full { bytes, .. } => {
-                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
-            }
+            Self::Full { bytes, .. } => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Self::Upstream { body } => body.size_hint(),
         }
     }

@@ -67,11 +67,7 @@ impl Proxy {
     /// Handles one proxied request end to end; never fails, errors become dialect-shaped responses.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let route = Route::of(request.method(), request.uri().path(), request.headers());
-        let mut record = RequestRecord::new(
-            self.request_ids.next(),
-            request.method().clone(),
-            route.label(),
-        );
+        let mut record = RequestRecord::new(self.request_ids.next(), request.method().clone(), route.label());
         let (parts, body) = request.into_parts();
 
         let body = match read_body(&parts.headers, body, self.config.limits.max_body_bytes).await {
@@ -103,9 +99,7 @@ impl Proxy {
 
         let (mut parts, incoming) = response.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
-        parts
-            .headers
-            .insert("x-compactor-request-id", header_value(&record.request_id));
+        parts.headers.insert("x-compactor-request-id", header_value(&record.request_id));
         record.status = parts.status.as_u16();
         if let Some(session) = &prepared.session {
             parts.headers.insert("x-compactor-session", header_value(&session.key));
@@ -125,23 +119,14 @@ impl Proxy {
             parts.headers.insert("x-compactor-tokens-after", HeaderValue::from(report.tokens_after));
             parts.headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
         }
-        record.streaming = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        record.streaming =
+            parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         record.overhead += head_at.elapsed();
-        let body = ResponseBody::Upstream {
-            body: TapBody::new(incoming, self.idle_timeout, record),
-        };
+        let body = ResponseBody::Upstream { body: TapBody::new(incoming, self.idle_timeout, record) };
         Response::from_parts(parts, body)
     }
 
-    fn fail(
-        &self,
-        error: ProxyError,
-        route: Route,
-        mut record: RequestRecord,
-    ) -> Response<ResponseBody> {
+    fn fail(&self, error: ProxyError, route: Route, mut record: RequestRecord) -> Response<ResponseBody> {
         tracing::warn!(request_id = %record.request_id, route = route.label(), error = %error, "request failed");
         record.status = error.status().as_u16();
         record.error = Some(error.code());
@@ -195,24 +180,16 @@ impl RateLimitedWarning {
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes (by Content-Length up front).
-async fn read_body(
-    headers: &http::HeaderMap,
-    body: Incoming,
-    limit: u64,
-) -> Result<Bytes, ProxyError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+async fn read_body(headers: &http::HeaderMap, body: Incoming, limit: u64) -> Result<Bytes, ProxyError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(body, limit_usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
-        }
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
         Err(error) => Err(ProxyError::ClientBody(error.to_string())),
     }
 }
@@ -231,10 +208,7 @@ impl RequestIds {
     fn new() -> Self {
         let seed = format!("{:?}{}", std::time::SystemTime::now(), std::process::id());
         let prefix = xxhash_rust::xxh3::xxh3_64(seed.as_bytes()) as u32;
-        Self {
-            prefix,
-            counter: AtomicU64::new(0),
-        }
+        Self { prefix, counter: AtomicU64::new(0) }
     }
 
     fn next(&self) -> String {

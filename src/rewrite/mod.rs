@@ -158,7 +158,8 @@ impl Rewriter {
         }
         if parsed.dialect == Dialect::AnthropicMessages {
             // The top-level system prompt is not an item: policies never touch it.
-            let in_messages = parsed.conversation.items.iter().filter(|i| matches!(i.kind, Kind::System { .. })).count();
+            let in_messages =
+                parsed.conversation.items.iter().filter(|i| matches!(i.kind, Kind::System { .. })).count();
             for text in parsed.system.iter().take(parsed.system.len().saturating_sub(in_messages)) {
                 fixed += count(text) + FRAMING_TOKENS;
             }

@@ -30,15 +30,8 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(
-        config: Arc<Config>,
-        metrics: Option<PrometheusHandle>,
-    ) -> Result<Self, std::io::Error> {
-        Ok(Self {
-            proxy: Proxy::new(config)?,
-            metrics,
-            ready: AtomicBool::new(true),
-        })
+    pub fn new(config: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, std::io::Error> {
+        Ok(Self { proxy: Proxy::new(config)?, metrics, ready: AtomicBool::new(true) })
     }
 
     pub fn is_ready(&self) -> bool {
@@ -63,10 +56,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let drain = Duration::from_millis(state.proxy.config.shutdown.drain_timeout_ms);
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(60));
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(60));
     builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -92,9 +82,7 @@ pub async fn serve(
             let state = state.clone();
             async move { Ok::<_, Infallible>(route(state, request).await) }
         });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -105,10 +93,7 @@ pub async fn serve(
 
     state.ready.store(false, Ordering::Relaxed);
     drop(listener);
-    tracing::info!(
-        drain_timeout_ms = drain.as_millis() as u64,
-        "shutting down: draining in-flight requests"
-    );
+    tracing::info!(drain_timeout_ms = drain.as_millis() as u64, "shutting down: draining in-flight requests");
     match tokio::time::timeout(drain, graceful.shutdown()).await {
         Ok(()) => tracing::info!("all connections drained"),
         Err(_) => tracing::warn!("drain timeout reached; closing remaining connections"),

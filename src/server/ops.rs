@@ -16,10 +16,7 @@ pub fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<Resp
         "/readyz" => Some(if state.is_ready() {
             json(StatusCode::OK, r#"{"status":"ready"}"#.to_string())
         } else {
-            json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                r#"{"status":"shutting_down"}"#.to_string(),
-            )
+            json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"shutting_down"}"#.to_string())
         }),
         "/metrics" => {
             let text = match &state.metrics {
@@ -27,10 +24,7 @@ pub fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<Resp
                 None => String::new(),
             };
             let mut response = Response::new(ResponseBody::full(text));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
             Some(response)
         }
         _ => None,
@@ -40,9 +34,6 @@ pub fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<Resp
 fn json(status: StatusCode, body: String) -> Response<ResponseBody> {
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }

@@ -3,25 +3,20 @@
 
 use std::time::Duration;
 
-use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
-};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::proxy::record::RequestRecord;
 use crate::rewrite::RewriteReport;
 
 /// Histogram buckets in seconds, from sub-millisecond proxy overhead to minutes-long streams.
 pub const SECONDS_BUCKETS: [f64; 18] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    10.0, 30.0, 120.0, 600.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 120.0,
+    600.0,
 ];
 
 pub fn describe() {
     describe_rewrite();
-    describe_counter!(
-        "compactor_requests_total",
-        "Proxied requests by route and final status."
-    );
+    describe_counter!("compactor_requests_total", "Proxied requests by route and final status.");
     describe_histogram!(
         "compactor_upstream_duration_seconds",
         Unit::Seconds,
@@ -37,32 +32,30 @@ pub fn describe() {
         Unit::Seconds,
         "Time spent in compactor itself, excluding the upstream."
     );
-    describe_counter!(
-        "compactor_request_bytes_total",
-        Unit::Bytes,
-        "Request body bytes received from clients."
-    );
-    describe_counter!(
-        "compactor_response_bytes_total",
-        Unit::Bytes,
-        "Response body bytes sent to clients."
-    );
-    describe_gauge!(
-        "compactor_active_streams",
-        "Streamed (SSE) responses in flight."
-    );
-    describe_counter!(
-        "compactor_errors_total",
-        "Errors compactor answered itself, by route and code."
-    );
+    describe_counter!("compactor_request_bytes_total", Unit::Bytes, "Request body bytes received from clients.");
+    describe_counter!("compactor_response_bytes_total", Unit::Bytes, "Response body bytes sent to clients.");
+    describe_gauge!("compactor_active_streams", "Streamed (SSE) responses in flight.");
+    describe_counter!("compactor_errors_total", "Errors compactor answered itself, by route and code.");
 }
 
 /// Describes the rewrite metrics (called from [`describe`]).
 fn describe_rewrite() {
-    describe_counter!("compactor_rewrites_total", "Rewritable requests by route and outcome (changed, unchanged, unparsed).");
-    describe_counter!("compactor_tokens_saved_total", "Estimated prompt tokens saved, by step (prune, truncate, dedupe).");
-    describe_counter!("compactor_tool_outputs_total", "Tool outputs rewritten, by action (pruned, truncated, deduped, repaired).");
-    describe_counter!("compactor_session_store_errors_total", "Session store reads or writes that failed or timed out.");
+    describe_counter!(
+        "compactor_rewrites_total",
+        "Rewritable requests by route and outcome (changed, unchanged, unparsed)."
+    );
+    describe_counter!(
+        "compactor_tokens_saved_total",
+        "Estimated prompt tokens saved, by step (prune, truncate, dedupe)."
+    );
+    describe_counter!(
+        "compactor_tool_outputs_total",
+        "Tool outputs rewritten, by action (pruned, truncated, deduped, repaired)."
+    );
+    describe_counter!(
+        "compactor_session_store_errors_total",
+        "Session store reads or writes that failed or timed out."
+    );
 }
 
 pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) {
@@ -97,18 +90,15 @@ pub fn store_error() {
 
 pub fn request_done(record: &RequestRecord, upstream_latency: Option<Duration>) {
     let route = record.route;
-    counter!("compactor_requests_total", "route" => route, "status" => status_label(record.status))
-        .increment(1);
+    counter!("compactor_requests_total", "route" => route, "status" => status_label(record.status)).increment(1);
     counter!("compactor_request_bytes_total", "route" => route).increment(record.bytes_in);
     counter!("compactor_response_bytes_total", "route" => route).increment(record.bytes_out);
-    histogram!("compactor_overhead_seconds", "route" => route)
-        .record(record.overhead.as_secs_f64());
+    histogram!("compactor_overhead_seconds", "route" => route).record(record.overhead.as_secs_f64());
     if let Some(ttfb) = record.upstream_ttfb {
         histogram!("compactor_upstream_ttfb_seconds", "route" => route).record(ttfb.as_secs_f64());
     }
     if let Some(latency) = upstream_latency {
-        histogram!("compactor_upstream_duration_seconds", "route" => route)
-            .record(latency.as_secs_f64());
+        histogram!("compactor_upstream_duration_seconds", "route" => route).record(latency.as_secs_f64());
     }
     if let Some(code) = record.error {
         counter!("compactor_errors_total", "route" => route, "code" => code).increment(1);

@@ -12,10 +12,7 @@ pub fn init_logging(config: &LogConfig) {
     let filter = EnvFilter::try_new(&config.level).unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only on a terminal: piped logs are read by machines.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(ansi);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi);
     let result = match config.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
@@ -26,9 +23,7 @@ pub fn init_logging(config: &LogConfig) {
 
 /// Installs the global Prometheus recorder and describes every metric compactor emits.
 pub fn init_metrics() -> Result<PrometheusHandle, BuildError> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&metric::SECONDS_BUCKETS)?
-        .install_recorder()?;
+    let handle = PrometheusBuilder::new().set_buckets(&metric::SECONDS_BUCKETS)?.install_recorder()?;
     metric::describe();
     Ok(handle)
 }

@@ -172,6 +172,12 @@ fn normalize(model: &str) -> String {
     name
 }
 
+impl Default for ModelInfo {
+    fn default() -> Self {
+        DEFAULT_MODEL
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,11 +212,5 @@ mod tests {
         assert_eq!(table.lookup("something-else").context_window, 64_000);
         assert_eq!(table.lookup("gpt-4o-mini").context_window, 1_000);
         assert_eq!(ModelTable::default().lookup("something-else").context_window, 128_000);
-    }
-}
-
-impl Default for ModelInfo {
-    fn default() -> Self {
-        DEFAULT_MODEL
     }
 }

@@ -41,10 +41,7 @@ mod tests {
     #[test]
     fn drops_hop_by_hop_and_connection_named_headers_but_keeps_auth() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-private"),
-        );
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-private"));
         headers.insert("x-private", HeaderValue::from_static("1"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));

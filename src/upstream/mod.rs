@@ -39,17 +39,10 @@ impl Upstreams {
         http.set_nodelay(true);
         http.enforce_http(false);
         let roots = hyper_rustls::HttpsConnectorBuilder::new();
-        let roots = if upstream.native_roots {
-            roots.with_native_roots()?
-        } else {
-            roots.with_webpki_roots()
-        };
+        let roots = if upstream.native_roots { roots.with_native_roots()? } else { roots.with_webpki_roots() };
         let builder = roots.https_or_http().enable_http1();
-        let connector = if upstream.http2 {
-            builder.enable_http2().wrap_connector(http)
-        } else {
-            builder.wrap_connector(http)
-        };
+        let connector =
+            if upstream.http2 { builder.enable_http2().wrap_connector(http) } else { builder.wrap_connector(http) };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -79,11 +72,7 @@ impl Upstreams {
         body: Bytes,
     ) -> Result<Request<UpstreamBody>, ProxyError> {
         let base = self.base(route.family);
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .map(|pq| pq.as_str())
-            .unwrap_or("/");
+        let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
         let uri: Uri = format!("{}{}", base.as_str(), path_and_query)
             .parse()
             .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream URL: {e}")))?;
@@ -110,14 +99,8 @@ impl Upstreams {
     ) -> Result<Response<Incoming>, ProxyError> {
         let upstream = self.base(family).as_str().to_string();
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout {
-                upstream,
-                timeout_ms: self.first_byte_timeout_ms,
-            }),
-            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable {
-                upstream,
-                reason: describe(&error),
-            }),
+            Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout_ms: self.first_byte_timeout_ms }),
+            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, reason: describe(&error) }),
             Ok(Ok(response)) => Ok(response),
         }
     }

@@ -37,11 +37,7 @@ impl Received {
 /// What the fake answers with.
 pub enum Reply {
     /// A complete response.
-    Full {
-        status: StatusCode,
-        headers: Vec<(&'static str, String)>,
-        body: Bytes,
-    },
+    Full { status: StatusCode, headers: Vec<(&'static str, String)>, body: Bytes },
     /// An SSE stream of these events, sent with the fake's pacing.
     Stream { events: Vec<String> },
 }
@@ -92,9 +88,7 @@ pub struct FakeUpstream {
 
 impl FakeUpstream {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind fake upstream");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake upstream");
         let addr = listener.local_addr().expect("fake addr");
         let state = Arc::new(State {
             received: Mutex::new(Vec::new()),
@@ -134,11 +128,17 @@ impl FakeUpstream {
     }
 
     /// Overrides the built-in answers; returning `None` falls back to them.
-    pub fn respond_with(
-        &self,
-        responder: impl Fn(&Received) -> Option<Reply> + Send + Sync + 'static,
-    ) {
+    pub fn respond_with(&self, responder: impl Fn(&Received) -> Option<Reply> + Send + Sync + 'static) {
         *self.state.responder.lock().unwrap() = Some(Arc::new(responder));
+    }
+
+    /// Rejects requests with broken tool pairing exactly as OpenAI and Anthropic do.
+    pub fn strict_pairing(&self) {
+        self.respond_with(|received| {
+            let body: serde_json::Value = serde_json::from_slice(&received.body).ok()?;
+            let path = received.path_and_query.split('?').next().unwrap_or("");
+            super::strict::pairing_error(path, &body).map(|error| Reply::json(400, error))
+        });
     }
 
     /// Lets a gated stream send its next event.
@@ -151,9 +151,7 @@ impl FakeUpstream {
     }
 
     pub fn last(&self) -> Received {
-        self.received()
-            .pop()
-            .expect("the fake upstream received a request")
+        self.received().pop().expect("the fake upstream received a request")
     }
 
     pub fn streams_cancelled(&self) -> usize {
@@ -167,18 +165,10 @@ impl FakeUpstream {
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<ChannelBody> {
     let (parts, body) = request.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     let received = Received {
         method: parts.method,
-        path_and_query: parts
-            .uri
-            .path_and_query()
-            .map(|p| p.to_string())
-            .unwrap_or_default(),
+        path_and_query: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
         headers: parts.headers,
         body,
     };
@@ -188,51 +178,30 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Chann
         std::future::pending::<()>().await;
     }
     let responder = state.responder.lock().unwrap().clone();
-    let reply = responder
-        .and_then(|r| r(&received))
-        .unwrap_or_else(|| default_reply(&received));
+    let reply = responder.and_then(|r| r(&received)).unwrap_or_else(|| default_reply(&received));
     match reply {
-        Reply::Full {
-            status,
-            headers,
-            body,
-        } => {
+        Reply::Full { status, headers, body } => {
             let mut response = Response::new(ChannelBody::full(body));
             *response.status_mut() = status;
             for (name, value) in headers {
-                response
-                    .headers_mut()
-                    .insert(name, value.parse().expect("header"));
+                response.headers_mut().insert(name, value.parse().expect("header"));
             }
-            response
-                .headers_mut()
-                .insert("x-upstream-custom", "yes".parse().expect("header"));
+            response.headers_mut().insert("x-upstream-custom", "yes".parse().expect("header"));
             response
         }
         Reply::Stream { events } => {
             let (tx, rx) = mpsc::channel::<Bytes>(1);
             tokio::spawn(send_events(state.clone(), pacing, events, tx));
             let mut response = Response::new(ChannelBody::Channel(rx));
-            response
-                .headers_mut()
-                .insert("content-type", "text/event-stream".parse().expect("header"));
-            response
-                .headers_mut()
-                .insert("cache-control", "no-cache".parse().expect("header"));
-            response
-                .headers_mut()
-                .insert("x-upstream-custom", "yes".parse().expect("header"));
+            response.headers_mut().insert("content-type", "text/event-stream".parse().expect("header"));
+            response.headers_mut().insert("cache-control", "no-cache".parse().expect("header"));
+            response.headers_mut().insert("x-upstream-custom", "yes".parse().expect("header"));
             response
         }
     }
 }
 
-async fn send_events(
-    state: Arc<State>,
-    pacing: Pacing,
-    events: Vec<String>,
-    tx: mpsc::Sender<Bytes>,
-) {
+async fn send_events(state: Arc<State>, pacing: Pacing, events: Vec<String>, tx: mpsc::Sender<Bytes>) {
     let cancelled = || state.streams_cancelled.fetch_add(1, Ordering::SeqCst);
     for (index, event) in events.iter().enumerate() {
         if index > 0 {
@@ -255,13 +224,7 @@ async fn send_events(
     if let Pacing::Endless(every) = pacing {
         loop {
             tokio::time::sleep(every).await;
-            if tx
-                .send(Bytes::from_static(
-                    b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
-                ))
-                .await
-                .is_err()
-            {
+            if tx.send(Bytes::from_static(b"event: ping\ndata: {\"type\":\"ping\"}\n\n")).await.is_err() {
                 cancelled();
                 return;
             }
@@ -273,17 +236,11 @@ async fn send_events(
 /// The built-in answers, shaped like the real providers'.
 fn default_reply(received: &Received) -> Reply {
     let path = received.path_and_query.split('?').next().unwrap_or("");
-    let body: serde_json::Value =
-        serde_json::from_slice(&received.body).unwrap_or(serde_json::Value::Null);
-    let stream = body
-        .get("stream")
-        .and_then(|s| s.as_bool())
-        .unwrap_or(false);
+    let body: serde_json::Value = serde_json::from_slice(&received.body).unwrap_or(serde_json::Value::Null);
+    let stream = body.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
     if path.ends_with("/chat/completions") {
         if stream {
-            Reply::Stream {
-                events: openai_stream(&["Hel", "lo"]),
-            }
+            Reply::Stream { events: openai_stream(&["Hel", "lo"]) }
         } else {
             Reply::Full {
                 status: StatusCode::OK,
@@ -295,9 +252,7 @@ fn default_reply(received: &Received) -> Reply {
         }
     } else if path.ends_with("/v1/messages") {
         if stream {
-            Reply::Stream {
-                events: anthropic_stream(&["Hel", "lo"]),
-            }
+            Reply::Stream { events: anthropic_stream(&["Hel", "lo"]) }
         } else {
             Reply::Full {
                 status: StatusCode::OK,
@@ -324,10 +279,7 @@ fn default_reply(received: &Received) -> Reply {
     } else {
         Reply::Full {
             status: StatusCode::NOT_FOUND,
-            headers: vec![
-                ("content-type", "application/json".into()),
-                ("x-fake-route", "none".into()),
-            ],
+            headers: vec![("content-type", "application/json".into()), ("x-fake-route", "none".into())],
             body: Bytes::from(format!(r#"{{"error":"no route for {path}"}}"#)),
         }
     }
@@ -359,9 +311,7 @@ pub fn anthropic_stream(deltas: &[&str]) -> Vec<String> {
             serde_json::Value::from(*delta)
         ));
     }
-    events.push(
-        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n".into(),
-    );
+    events.push("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n".into());
     events.push("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}}\n\n".into());
     events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".into());
     events
@@ -383,10 +333,7 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             ChannelBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ChannelBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod fake;
+pub mod strict;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -30,13 +31,7 @@ pub struct Compactor {
 impl Compactor {
     /// Starts compactor pointing both upstreams at `fake`, plus `extra` TOML.
     pub fn start(fake: &FakeUpstream, extra: &str) -> Self {
-        Self::start_with(
-            &format!(
-                "[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{extra}",
-                fake.url()
-            ),
-            &[],
-        )
+        Self::start_with(&format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{extra}", fake.url()), &[])
     }
 
     /// Starts compactor with exactly this TOML and these environment variables.
@@ -46,11 +41,7 @@ impl Compactor {
         let toml = format!("listen = \"127.0.0.1:0\"\n{toml}");
         std::fs::write(&path, toml).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_compactor"));
-        command
-            .arg("--config")
-            .arg(&path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.arg("--config").arg(&path).stdout(Stdio::piped()).stderr(Stdio::piped());
         for (key, _) in std::env::vars() {
             if key.starts_with("COMPACTOR_") {
                 command.env_remove(key);
@@ -82,12 +73,7 @@ impl Compactor {
                 panic!("compactor did not start: {:?}", logs.lock().unwrap());
             }
         };
-        Self {
-            addr,
-            child,
-            logs,
-            _dir: dir,
-        }
+        Self { addr, child, logs, _dir: dir }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -105,11 +91,7 @@ impl Compactor {
             if let Some(line) = self.logs().into_iter().find(|l| l.contains(needle)) {
                 return line;
             }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {needle:?}: {:?}",
-                self.logs()
-            );
+            assert!(Instant::now() < deadline, "no log line with {needle:?}: {:?}", self.logs());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -155,12 +137,7 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, 
         }
     }
     let dir = tempfile::tempdir().unwrap();
-    let output = command
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let output = command.args(args).envs(env.iter().copied()).current_dir(dir.path()).output().unwrap();
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -175,12 +152,7 @@ pub fn client() -> HttpClient {
 }
 
 /// A request with headers and a body, ready to send.
-pub fn request(
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Request<Full<Bytes>> {
+pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Request<Full<Bytes>> {
     let mut builder = Request::builder().method(method).uri(url);
     for (name, value) in headers {
         builder = builder.header(*name, *value);
@@ -197,8 +169,7 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -219,19 +190,13 @@ pub async fn send(request: Request<Full<Bytes>>) -> Answer {
 pub async fn collect(response: Response<Incoming>) -> Answer {
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("whole body").to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
+    Answer { status: parts.status, headers: parts.headers, body }
 }
 
 /// Reads the next data frame of a streamed body, within `within`.
 pub async fn next_chunk(body: &mut Incoming, within: Duration) -> Option<Bytes> {
     loop {
-        let frame = tokio::time::timeout(within, body.frame())
-            .await
-            .expect("a chunk in time")?;
+        let frame = tokio::time::timeout(within, body.frame()).await.expect("a chunk in time")?;
         if let Ok(data) = frame.expect("frame").into_data() {
             return Some(data);
         }

@@ -1,0 +1,327 @@
+//! The rewrite policies on hand-built conversations in both dialects: what goes upstream shrinks,
+//! everything else keeps its bytes, and tool pairs always hold.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+
+use compactor::dialect::Dialect;
+use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter, Rewritten};
+use compactor::tokens::{ModelTable, TokenCounter};
+use serde_json::{Value, json};
+
+const PLACEHOLDER: &str = "[Old tool result content cleared]";
+
+fn settings() -> RewriteSettings {
+    RewriteSettings {
+        prune_enabled: true,
+        dedupe: true,
+        prune: PruneSettings {
+            protect_tokens: 400,
+            minimum_tokens: 200,
+            placeholder: PLACEHOLDER.into(),
+            protected_tools: vec!["skill".into()],
+        },
+        truncate_enabled: true,
+        tool_output_max_tokens: 2_000,
+        repair_enabled: true,
+        image_tokens: 1_000,
+        blocking_tokenize_bytes: 1 << 20,
+    }
+}
+
+fn rewriter(settings: RewriteSettings) -> Rewriter {
+    Rewriter::new(settings, TokenCounter::new(10_000), ModelTable::default())
+}
+
+fn rewrite(dialect: Dialect, body: &Value) -> (Rewritten, Value) {
+    rewrite_with(&rewriter(settings()), dialect, body, &BTreeSet::new())
+}
+
+fn rewrite_with(rewriter: &Rewriter, dialect: Dialect, body: &Value, pruned: &BTreeSet<String>) -> (Rewritten, Value) {
+    let bytes = serde_json::to_vec(body).unwrap();
+    let rewritten = rewriter.rewrite_body(dialect, &bytes, pruned).expect("parses");
+    let after = match &rewritten.body {
+        Some(new) => serde_json::from_slice(new).expect("the rewritten body is JSON"),
+        None => body.clone(),
+    };
+    (rewritten, after)
+}
+
+/// About `tokens` tokens of distinct text.
+fn output(tag: &str, tokens: usize) -> String {
+    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
+}
+
+fn chat_turns(outputs: &[(&str, &str, String)]) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test."}),
+    ];
+    for (id, tool, text) in outputs {
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": tool, "arguments": "{\"path\":\"src/lib.rs\"}"}}
+        ]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+    }
+    json!({"model": "gpt-4o", "temperature": 0.2, "messages": messages, "tools": [
+        {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}
+    ]})
+}
+
+fn anthropic_turns(outputs: &[(&str, &str, Value)]) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "Fix the failing test."})];
+    for (id, tool, content) in outputs {
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Let me look.", "signature": "EqQBCkYIBxgCKkD+sig/=="},
+            {"type": "tool_use", "id": id, "name": tool, "input": {"file_path": "/src/lib.rs", "limit": 2000}}
+        ]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": content, "cache_control": {"type": "ephemeral"}}
+        ]}));
+    }
+    json!({"model": "claude-sonnet-4-5", "max_tokens": 32000, "system": [{"type": "text", "text": "You are Claude Code."}], "messages": messages})
+}
+
+fn tool_texts_chat(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().map(str::to_string).unwrap_or_else(|| m["content"].to_string()))
+        .collect()
+}
+
+#[test]
+fn an_ordinary_request_is_left_alone() {
+    let body = chat_turns(&[("call_1", "read_file", output("a", 100))]);
+    let (rewritten, _) = rewrite(Dialect::ChatCompletions, &body);
+    assert!(rewritten.body.is_none(), "nothing to do must mean the original bytes");
+    assert_eq!(rewritten.report.tokens_before, rewritten.report.tokens_after);
+    assert!(rewritten.report.tokens_before > 100);
+}
+
+#[test]
+fn prunes_old_tool_outputs_but_keeps_the_newest_window() {
+    let outputs: Vec<_> = (0..8).map(|i| (format!("call_{i}"), "read_file", output(&format!("f{i}"), 150))).collect();
+    let outputs: Vec<(&str, &str, String)> = outputs.iter().map(|(a, b, c)| (a.as_str(), *b, c.clone())).collect();
+    let body = chat_turns(&outputs);
+    let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
+    let texts = tool_texts_chat(&after);
+    // The newest ~400 tokens (three outputs, the third crossing the edge) stay whole.
+    assert_eq!(&texts[5..], &[outputs[5].2.clone(), outputs[6].2.clone(), outputs[7].2.clone()]);
+    assert!(texts[..5].iter().all(|t| t == PLACEHOLDER), "{texts:?}");
+    assert_eq!(rewritten.report.pruned, 5);
+    assert_eq!(rewritten.report.pruned_call_ids, ["call_4", "call_3", "call_2", "call_1", "call_0"]);
+    assert!(rewritten.report.tokens_after < rewritten.report.tokens_before);
+    // User and assistant messages are untouched.
+    let before = body["messages"].as_array().unwrap();
+    let after_messages = after["messages"].as_array().unwrap();
+    for (b, a) in before.iter().zip(after_messages) {
+        if b["role"] != "tool" {
+            assert_eq!(a, b);
+        }
+    }
+}
+
+#[test]
+fn nothing_is_pruned_until_the_prunable_total_reaches_the_minimum() {
+    let body = chat_turns(&[("call_0", "read_file", output("old", 100)), ("call_1", "read_file", output("new", 450))]);
+    let (rewritten, _) = rewrite(Dialect::ChatCompletions, &body);
+    assert!(rewritten.body.is_none(), "100 prunable tokens are under the 200 minimum");
+}
+
+#[test]
+fn outputs_of_protected_tools_are_never_pruned() {
+    let body = chat_turns(&[
+        ("call_0", "skill", output("skill", 300)),
+        ("call_1", "read_file", output("old", 300)),
+        ("call_2", "read_file", output("new", 450)),
+    ]);
+    let (_, after) = rewrite(Dialect::ChatCompletions, &body);
+    let texts = tool_texts_chat(&after);
+    assert_eq!(texts[0], output("skill", 300));
+    assert_eq!(texts[1], PLACEHOLDER);
+}
+
+#[test]
+fn an_output_pruned_once_stays_pruned_even_inside_the_window() {
+    let body = chat_turns(&[("call_0", "read_file", output("a", 100)), ("call_1", "read_file", output("b", 100))]);
+    let pruned: BTreeSet<String> = ["call_1".to_string()].into();
+    let (rewritten, after) = rewrite_with(&rewriter(settings()), Dialect::ChatCompletions, &body, &pruned);
+    assert_eq!(tool_texts_chat(&after), [output("a", 100), PLACEHOLDER.to_string()]);
+    assert_eq!(rewritten.report.pruned_call_ids, ["call_1"]);
+}
+
+#[test]
+fn anthropic_tool_results_are_pruned_with_their_images_and_keep_cache_control() {
+    let old = json!([{"type": "text", "text": output("old", 300)}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]);
+    let body = anthropic_turns(&[
+        ("toolu_0", "Read", old),
+        ("toolu_1", "Read", json!(output("mid", 150))),
+        ("toolu_2", "Read", json!(output("new", 450))),
+    ]);
+    let (rewritten, after) = rewrite(Dialect::AnthropicMessages, &body);
+    let first = &after["messages"][2]["content"][0];
+    assert_eq!(first["content"], PLACEHOLDER);
+    assert_eq!(first["tool_use_id"], "toolu_0");
+    assert_eq!(first["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(after["messages"][4]["content"][0]["content"], PLACEHOLDER);
+    assert_eq!(after["messages"][6]["content"][0]["content"], output("new", 450));
+    // Thinking blocks with signatures arrive exactly as sent.
+    assert_eq!(after["messages"][1], body["messages"][1]);
+    assert_eq!(rewritten.report.pruned, 2);
+}
+
+#[test]
+fn a_huge_tool_output_keeps_head_and_tail_in_both_dialects() {
+    let huge = output("log", 6_000);
+    let chat = chat_turns(&[("call_0", "run", huge.clone())]);
+    let (rewritten, after) = rewrite(Dialect::ChatCompletions, &chat);
+    let text = &tool_texts_chat(&after)[0];
+    assert!(text.starts_with("Total output lines: "), "{}", &text[..80]);
+    assert!(text.contains("log line 0 ok"));
+    assert!(text.trim_end().ends_with(huge.trim_end().lines().last().unwrap()));
+    assert!(text.contains("tokens truncated…"));
+    assert_eq!(rewritten.report.truncated, 1);
+    assert!(rewritten.report.saved_by_truncate > 3_000);
+
+    let anthropic = anthropic_turns(&[("toolu_0", "Bash", json!(huge))]);
+    let (_, after) = rewrite(Dialect::AnthropicMessages, &anthropic);
+    let text = after["messages"][2]["content"][0]["content"].as_str().unwrap();
+    assert!(text.contains("tokens truncated…"));
+}
+
+#[test]
+fn an_older_copy_of_a_repeated_output_points_to_the_newer_one() {
+    let same = output("same file", 120);
+    let body = chat_turns(&[
+        ("call_0", "read_file", same.clone()),
+        ("call_1", "read_file", output("other", 50)),
+        ("call_2", "read_file", same.clone()),
+    ]);
+    let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
+    let texts = tool_texts_chat(&after);
+    assert!(texts[0].contains("call_2"), "{}", texts[0]);
+    assert_eq!(texts[2], same);
+    assert_eq!(rewritten.report.deduped, 1);
+}
+
+#[test]
+fn chat_repair_adds_missing_results_and_drops_orphans_and_moves_misplaced_ones() {
+    let body = json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+            {"id": "call_c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "a"},
+        {"role": "tool", "tool_call_id": "call_zzz", "content": "orphan"},
+        {"role": "user", "content": "and?"},
+        {"role": "tool", "tool_call_id": "call_c", "content": "late c"}
+    ]});
+    let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
+    let messages = after["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "tool", "tool", "user"]);
+    let results: Vec<(&str, &str)> =
+        messages[2..5].iter().map(|m| (m["tool_call_id"].as_str().unwrap(), m["content"].as_str().unwrap())).collect();
+    assert_eq!(results, [("call_a", "a"), ("call_b", "aborted"), ("call_c", "late c")]);
+    assert_eq!(rewritten.report.repaired, 4);
+}
+
+#[test]
+fn anthropic_repair_puts_results_first_in_the_next_user_message_or_a_new_one() {
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_a", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "interrupted"}, {"type": "tool_result", "tool_use_id": "toolu_gone", "content": "x"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}, {"type": "tool_use", "id": "toolu_b", "name": "Bash", "input": {}}]}
+    ]});
+    let (_, after) = rewrite(Dialect::AnthropicMessages, &body);
+    let messages = after["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 5);
+    assert_eq!(
+        messages[2]["content"],
+        json!([{"type": "tool_result", "tool_use_id": "toolu_a", "content": "aborted", "is_error": true}, {"type": "text", "text": "interrupted"}])
+    );
+    assert_eq!(messages[4]["role"], "user");
+    assert_eq!(messages[4]["content"][0]["tool_use_id"], "toolu_b");
+}
+
+#[test]
+fn parallel_tool_calls_keep_each_result_with_its_call() {
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}},
+            {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {}}
+        ]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "two"}]}
+    ]});
+    let (_, after) = rewrite(Dialect::AnthropicMessages, &body);
+    let content = after["messages"][2]["content"].as_array().unwrap();
+    let ids: Vec<&str> = content.iter().map(|b| b["tool_use_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["toolu_2", "toolu_1"]);
+}
+
+#[test]
+fn untouched_messages_keep_their_exact_bytes_in_a_changed_request() {
+    // Odd spacing and long numbers: only a byte-preserving rewrite keeps them.
+    let body = format!(
+        r#"{{"model":"gpt-4o","temperature":0.10000000000000001,"messages":[{{"role":"user","content":"hi",  "x":1.0e5}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_0","type":"function","function":{{"name":"r","arguments":"{{}}"}}}}]}},{{"role":"tool","tool_call_id":"call_0","content":{}}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_1","type":"function","function":{{"name":"r","arguments":"{{}}"}}}}]}},{{"role":"tool","tool_call_id":"call_1","content":{}}}],"stream":true}}"#,
+        serde_json::to_string(&output("old", 300)).unwrap(),
+        serde_json::to_string(&output("new", 500)).unwrap()
+    );
+    let rewritten =
+        rewriter(settings()).rewrite_body(Dialect::ChatCompletions, body.as_bytes(), &BTreeSet::new()).unwrap();
+    let new = String::from_utf8(rewritten.body.unwrap()).unwrap();
+    assert!(new.starts_with(
+        r#"{"model":"gpt-4o","temperature":0.10000000000000001,"messages":[{"role":"user","content":"hi",  "x":1.0e5},"#
+    ));
+    assert!(new.contains(&format!(r#"{{"role":"tool","tool_call_id":"call_0","content":"{PLACEHOLDER}"}}"#)));
+    assert!(new.ends_with(r#"],"stream":true}"#));
+}
+
+#[test]
+fn rewriting_a_rewritten_request_changes_nothing() {
+    let outputs: Vec<(String, &str, String)> =
+        (0..6).map(|i| (format!("toolu_{i}"), "Read", output(&format!("f{i}"), 200 + i * 400))).collect();
+    let outputs: Vec<(&str, &str, Value)> = outputs.iter().map(|(a, b, c)| (a.as_str(), *b, json!(c))).collect();
+    let body = anthropic_turns(&outputs);
+    let rewriter = rewriter(settings());
+    let (first, after) = rewrite_with(&rewriter, Dialect::AnthropicMessages, &body, &BTreeSet::new());
+    assert!(first.body.is_some());
+    let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
+    let again = rewriter.rewrite_body(Dialect::AnthropicMessages, first.body.as_ref().unwrap(), &pruned).unwrap();
+    assert!(again.body.is_none(), "a second pass must find nothing to do");
+    let _ = after;
+}
+
+#[test]
+fn a_body_that_is_not_the_dialect_is_not_rewritten() {
+    let rewriter = rewriter(settings());
+    for body in [
+        &b"not json"[..],
+        br#"{"model":"x"}"#,
+        br#"{"messages":"nope"}"#,
+        br#"{"messages":[{"role":"wizard","content":"x"}]}"#,
+    ] {
+        assert!(rewriter.rewrite_body(Dialect::ChatCompletions, body, &BTreeSet::new()).is_none());
+        assert!(rewriter.rewrite_body(Dialect::AnthropicMessages, body, &BTreeSet::new()).is_none());
+    }
+}
+
+#[test]
+fn content_part_arrays_and_refusals_are_counted_and_kept() {
+    let body = json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+        {"role": "assistant", "content": "sure", "refusal": null},
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]}
+    ]});
+    let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
+    assert!(rewritten.body.is_none());
+    assert_eq!(after, body);
+    assert!(rewritten.report.tokens_before >= 1_000, "the image counts as a fixed estimate");
+}

@@ -1,0 +1,232 @@
+//! Properties of every rewrite, for any generated conversation in either dialect: tool calls stay
+//! paired, user and assistant text is untouched, the estimate never grows beyond what repair must
+//! add, and rewriting the rewritten request changes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+
+use compactor::dialect::Dialect;
+use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter};
+use compactor::tokens::{ModelTable, TokenCounter};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone)]
+enum Turn {
+    User(String),
+    Assistant(String),
+    /// Tool calls with output sizes; `None` = the result is missing.
+    Tools(Vec<Option<usize>>),
+    /// A result whose call never existed.
+    Orphan(usize),
+}
+
+fn turn() -> impl Strategy<Value = Turn> {
+    prop_oneof![
+        3 => "[a-z ]{1,40}".prop_map(Turn::User),
+        2 => "[a-z ]{1,40}".prop_map(Turn::Assistant),
+        6 => prop::collection::vec(prop::option::weighted(0.9, 0usize..1500), 1..4).prop_map(Turn::Tools),
+        1 => (0usize..200).prop_map(Turn::Orphan),
+    ]
+}
+
+fn text_of(size: usize, seed: usize) -> String {
+    (0..size / 5).map(|i| format!("r{seed} w{i}\n")).collect()
+}
+
+fn chat_body(turns: &[Turn]) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": "sys"})];
+    let mut call = 0;
+    for turn in turns {
+        match turn {
+            Turn::User(t) => messages.push(json!({"role": "user", "content": t})),
+            Turn::Assistant(t) => messages.push(json!({"role": "assistant", "content": t})),
+            Turn::Tools(results) => {
+                let ids: Vec<String> = results
+                    .iter()
+                    .map(|_| {
+                        call += 1;
+                        format!("call_{call}")
+                    })
+                    .collect();
+                let calls: Vec<Value> = ids
+                    .iter()
+                    .map(|id| json!({"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}))
+                    .collect();
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                for (id, size) in ids.iter().zip(results) {
+                    if let Some(size) = size {
+                        messages.push(json!({"role": "tool", "tool_call_id": id, "content": text_of(*size, call)}));
+                    }
+                }
+            }
+            Turn::Orphan(size) => {
+                messages.push(json!({"role": "tool", "tool_call_id": "call_ghost", "content": text_of(*size, 0)}))
+            }
+        }
+    }
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+fn anthropic_body(turns: &[Turn]) -> Value {
+    let mut messages: Vec<Value> = Vec::new();
+    let mut call = 0;
+    for turn in turns {
+        match turn {
+            Turn::User(t) => messages.push(json!({"role": "user", "content": [{"type": "text", "text": t}]})),
+            Turn::Assistant(t) => messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": t}]})),
+            Turn::Tools(results) => {
+                let ids: Vec<String> = results.iter().map(|_| { call += 1; format!("toolu_{call}") }).collect();
+                let uses: Vec<Value> = ids.iter().map(|id| json!({"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "ls"}})).collect();
+                messages.push(json!({"role": "assistant", "content": uses}));
+                let blocks: Vec<Value> = ids
+                    .iter()
+                    .zip(results)
+                    .filter_map(|(id, size)| size.map(|s| json!({"type": "tool_result", "tool_use_id": id, "content": text_of(s, call)})))
+                    .collect();
+                if !blocks.is_empty() {
+                    messages.push(json!({"role": "user", "content": blocks}));
+                }
+            }
+            Turn::Orphan(size) => messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_ghost", "content": text_of(*size, 0)}]})),
+        }
+    }
+    json!({"model": "claude-sonnet-4-5", "max_tokens": 1000, "messages": messages})
+}
+
+/// Every call answered exactly once where the API wants it, and no result anywhere else.
+fn assert_paired(dialect: Dialect, body: &Value) {
+    let messages = body["messages"].as_array().unwrap();
+    let mut answered_positions = BTreeSet::new();
+    for (i, message) in messages.iter().enumerate() {
+        if message["role"] != "assistant" {
+            continue;
+        }
+        let calls: Vec<&str> = match dialect {
+            Dialect::ChatCompletions => message["tool_calls"]
+                .as_array()
+                .map(|c| c.iter().map(|c| c["id"].as_str().unwrap()).collect())
+                .unwrap_or_default(),
+            Dialect::AnthropicMessages => message["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .map(|b| b["id"].as_str().unwrap())
+                .collect(),
+        };
+        if calls.is_empty() {
+            continue;
+        }
+        let mut results: Vec<&str> = Vec::new();
+        match dialect {
+            Dialect::ChatCompletions => {
+                for (j, next) in messages.iter().enumerate().skip(i + 1) {
+                    if next["role"] != "tool" {
+                        break;
+                    }
+                    answered_positions.insert((j, 0));
+                    results.push(next["tool_call_id"].as_str().unwrap());
+                }
+            }
+            Dialect::AnthropicMessages => {
+                let next = &messages[i + 1];
+                assert_eq!(next["role"], "user", "a tool_use must be followed by a user message");
+                let blocks = next["content"].as_array().unwrap();
+                let leading = blocks.iter().take_while(|b| b["type"] == "tool_result").count();
+                assert!(blocks[leading..].iter().all(|b| b["type"] != "tool_result"), "tool_result blocks come first");
+                for (k, block) in blocks[..leading].iter().enumerate() {
+                    answered_positions.insert((i + 1, k));
+                    results.push(block["tool_use_id"].as_str().unwrap());
+                }
+            }
+        }
+        let mut sorted_calls = calls.clone();
+        sorted_calls.sort();
+        results.sort();
+        assert_eq!(sorted_calls, results, "calls and results of message {i}");
+    }
+    for (j, message) in messages.iter().enumerate() {
+        match dialect {
+            Dialect::ChatCompletions if message["role"] == "tool" => {
+                assert!(answered_positions.contains(&(j, 0)), "orphan tool message {j}")
+            }
+            Dialect::AnthropicMessages => {
+                for (k, block) in
+                    message["content"].as_array().map(|b| b.as_slice()).unwrap_or_default().iter().enumerate()
+                {
+                    if block["type"] == "tool_result" {
+                        assert!(answered_positions.contains(&(j, k)), "orphan tool_result {j}.{k}");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// User and assistant text, in order.
+fn texts(body: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for message in body["messages"].as_array().unwrap() {
+        if message["role"] == "tool" {
+            continue;
+        }
+        match &message["content"] {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(blocks) => out
+                .extend(blocks.iter().filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap().to_string())),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn rewriter() -> Rewriter {
+    let settings = RewriteSettings {
+        prune_enabled: true,
+        dedupe: true,
+        prune: PruneSettings {
+            protect_tokens: 500,
+            minimum_tokens: 300,
+            placeholder: "[cleared]".into(),
+            protected_tools: vec![],
+        },
+        truncate_enabled: true,
+        tool_output_max_tokens: 600,
+        repair_enabled: true,
+        image_tokens: 1000,
+        blocking_tokenize_bytes: 1 << 20,
+    };
+    Rewriter::new(settings, TokenCounter::new(100_000), ModelTable::default())
+}
+
+fn check(dialect: Dialect, body: Value) {
+    let rewriter = rewriter();
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let first = rewriter.rewrite_body(dialect, &bytes, &BTreeSet::new()).unwrap();
+    let out_bytes = first.body.clone().unwrap_or(bytes.clone());
+    let out: Value = serde_json::from_slice(&out_bytes).unwrap();
+    assert_paired(dialect, &out);
+    assert_eq!(texts(&out), texts(&body), "user and assistant text must be untouched");
+    // Repair may add a short synthetic result per unanswered call; nothing else may grow.
+    let allowance = first.report.repaired as u32 * 12;
+    assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);
+    let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
+    let second = rewriter.rewrite_body(dialect, &out_bytes, &pruned).unwrap();
+    assert!(second.body.is_none(), "rewriting the rewritten request must change nothing");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chat_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
+        check(Dialect::ChatCompletions, chat_body(&turns));
+    }
+
+    #[test]
+    fn anthropic_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
+        check(Dialect::AnthropicMessages, anthropic_body(&turns));
+    }
+}

@@ -1,0 +1,177 @@
+//! Rewriting through the proxy: a strict upstream that rejects broken tool pairs as the providers
+//! do, pruning that stays put across the turns of a session, and the figures clients can see.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const PLACEHOLDER: &str = "[Old tool result content cleared]";
+const SMALL_WINDOWS: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n";
+
+fn output(tag: &str, tokens: usize) -> String {
+    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
+}
+
+fn chat(outputs: &[(&str, String)]) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "Fix the build."})];
+    for (id, text) in outputs {
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+    }
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+async fn post(proxy: &Compactor, path: &str, session: &str, body: &Value) -> Answer {
+    send(request(
+        "POST",
+        &proxy.url(path),
+        &[
+            ("authorization", "Bearer sk-user"),
+            ("x-api-key", "sk-user"),
+            ("x-session-id", session),
+            ("content-type", "application/json"),
+        ],
+        serde_json::to_vec(body).unwrap(),
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn broken_tool_pairs_are_repaired_before_a_strict_upstream_sees_them() {
+    let fake = FakeUpstream::start().await;
+    fake.strict_pairing();
+    let proxy = Compactor::start(&fake, "");
+    let openai = json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+        {"role": "user", "content": "stop, do something else"},
+        {"role": "tool", "tool_call_id": "call_ghost", "content": "orphan"}
+    ]});
+    let anthropic = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "interrupted"}]}
+    ]});
+
+    // The fake really is strict: straight to it, both are rejected with the providers' words.
+    let direct = send(request(
+        "POST",
+        &format!("{}/v1/chat/completions", fake.url()),
+        &[],
+        serde_json::to_vec(&openai).unwrap(),
+    ))
+    .await;
+    assert_eq!(direct.status, 400);
+    assert!(direct.text().contains("did not have response messages: call_1"));
+    let direct =
+        send(request("POST", &format!("{}/v1/messages", fake.url()), &[], serde_json::to_vec(&anthropic).unwrap()))
+            .await;
+    assert_eq!(direct.status, 400);
+    assert!(direct.text().contains("without `tool_result` blocks immediately after"));
+
+    let through = post(&proxy, "/v1/chat/completions", "s1", &openai).await;
+    assert_eq!(through.status, 200, "{}", through.text());
+    let sent = fake.last().json();
+    assert_eq!(sent["messages"][2], json!({"role": "tool", "tool_call_id": "call_1", "content": "aborted"}));
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 4, "the orphan is gone");
+
+    let through = post(&proxy, "/v1/messages", "s2", &anthropic).await;
+    assert_eq!(through.status, 200, "{}", through.text());
+    assert_eq!(fake.last().json()["messages"][2]["content"][0]["tool_use_id"], "toolu_1");
+}
+
+#[tokio::test]
+async fn pruning_is_visible_in_headers_and_untouched_messages_arrive_byte_identical() {
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, SMALL_WINDOWS);
+    let body = chat(&[("call_a", output("a", 200)), ("call_b", output("b", 200)), ("call_c", output("c", 400))]);
+    let client_bytes = serde_json::to_vec(&body).unwrap();
+    let answer = post(&proxy, "/v1/chat/completions", "s", &body).await;
+    assert_eq!(answer.status, 200);
+    let before: u32 = answer.header("x-compactor-tokens-before").unwrap().parse().unwrap();
+    let after: u32 = answer.header("x-compactor-tokens-after").unwrap().parse().unwrap();
+    assert!(after < before, "{after} < {before}");
+    assert_eq!(answer.header("x-compactor-pruned"), Some("2"));
+    assert!(answer.header("x-compactor-session").is_some());
+
+    let upstream = fake.last();
+    let sent = upstream.json();
+    assert_eq!(sent["messages"][2]["content"], PLACEHOLDER);
+    assert_eq!(sent["messages"][4]["content"], PLACEHOLDER);
+    // Every message the policies did not touch is the client's exact bytes.
+    let client = String::from_utf8(client_bytes).unwrap();
+    let forwarded = String::from_utf8(upstream.body.to_vec()).unwrap();
+    for index in [0usize, 1, 3, 5, 6] {
+        let raw = serde_json::to_string(&body["messages"][index]).unwrap();
+        assert!(client.contains(&raw) && forwarded.contains(&raw), "message {index} changed");
+    }
+
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    assert!(metrics.contains(r#"compactor_tool_outputs_total{action="pruned"} 2"#), "{metrics}");
+    assert!(metrics.contains(r#"compactor_tokens_saved_total{step="prune"}"#), "{metrics}");
+    let line = proxy.wait_for_log("route=chat_completions").await;
+    assert!(line.contains("pruned=2"), "{line}");
+}
+
+#[tokio::test]
+async fn pruning_is_monotonic_across_the_turns_of_a_session() {
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, SMALL_WINDOWS);
+    let mut outputs = vec![("call_a", output("a", 200)), ("call_b", output("b", 200)), ("call_c", output("c", 400))];
+    post(&proxy, "/v1/chat/completions", "agent-1", &chat(&outputs)).await;
+    let first = fake.last().json();
+    assert_eq!(first["messages"][2]["content"], PLACEHOLDER);
+
+    // Next turn: the same history plus one more call. The rewritten prefix is byte-stable.
+    outputs.push(("call_d", output("d", 50)));
+    post(&proxy, "/v1/chat/completions", "agent-1", &chat(&outputs)).await;
+    let second = fake.last();
+    let first_messages: Vec<String> =
+        first["messages"].as_array().unwrap().iter().map(|m| serde_json::to_string(m).unwrap()).collect();
+    let second_json = second.json();
+    for (index, message) in first_messages.iter().enumerate() {
+        assert_eq!(&serde_json::to_string(&second_json["messages"][index]).unwrap(), message, "message {index} moved");
+    }
+
+    // The agent rewinds to an early point: on their own these outputs would not be pruned, but
+    // the session remembers they were.
+    let rewound = chat(&outputs[..2]);
+    post(&proxy, "/v1/chat/completions", "agent-1", &rewound).await;
+    let sent = fake.last().json();
+    assert_eq!(sent["messages"][2]["content"], PLACEHOLDER);
+    assert_eq!(sent["messages"][4]["content"], PLACEHOLDER);
+    // Another session with the same history starts afresh.
+    post(&proxy, "/v1/chat/completions", "agent-2", &rewound).await;
+    assert_eq!(fake.last().body, serde_json::to_vec(&rewound).unwrap());
+}
+
+#[tokio::test]
+async fn each_step_can_be_turned_off() {
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(
+        &fake,
+        &format!("{SMALL_WINDOWS}enabled = false\n[truncate]\nenabled = false\n[repair]\nenabled = false\n"),
+    );
+    let body = chat(&[("call_a", output("a", 200)), ("call_b", output("b", 200)), ("call_c", output("c", 12_000))]);
+    let answer = post(&proxy, "/v1/chat/completions", "s", &body).await;
+    assert_eq!(fake.last().body, serde_json::to_vec(&body).unwrap());
+    assert_eq!(answer.header("x-compactor-pruned"), Some("0"));
+}
+
+#[tokio::test]
+async fn a_body_compactor_cannot_parse_is_forwarded_as_it_came() {
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, "");
+    for body in [
+        &b"{not json"[..],
+        br#"{"model":"gpt-4o","messages":"oops"}"#,
+        br#"{"model":"gpt-4o","input":"responses-style"}"#,
+    ] {
+        send(request("POST", &proxy.url("/v1/chat/completions"), &[], body)).await;
+        assert_eq!(fake.last().body, body);
+        send(request("POST", &proxy.url("/v1/messages"), &[], body)).await;
+        assert_eq!(fake.last().body, body);
+    }
+}
