@@ -92,6 +92,7 @@ pub struct SessionConfig {
     pub store: StoreKind,
     pub header: String,
     pub redis_url: String,
+    pub redis_cluster: bool,
     pub key_prefix: String,
     pub ttl_secs: u64,
     pub max_sessions: u64,
@@ -223,6 +224,7 @@ impl Default for Config {
                 store: StoreKind::Memory,
                 header: "x-session-id".into(),
                 redis_url: "redis://127.0.0.1:6379".into(),
+                redis_cluster: false,
                 key_prefix: "compactor".into(),
                 ttl_secs: 7 * 24 * 3600,
                 max_sessions: 100_000,
@@ -329,8 +331,13 @@ impl Config {
                         .map_err(|_| format!("`{s}` is not a valid header name"))
                 }),
                 redis_url: r.parse("session.redis_url", d.session.redis_url, |s: String| {
-                    redis::parse_redis_url(&s).map(|_| s.clone()).ok_or_else(|| "not a redis:// URL".to_string())
+                    if s.split(',').all(|url| redis::parse_redis_url(url.trim()).is_some()) {
+                        Ok(s)
+                    } else {
+                        Err("not a redis:// URL (or a comma-separated list of them for a cluster)".to_string())
+                    }
                 }),
+                redis_cluster: r.get("session.redis_cluster", d.session.redis_cluster),
                 key_prefix: r.get("session.key_prefix", d.session.key_prefix),
                 ttl_secs: r.parse("session.ttl_secs", d.session.ttl_secs, positive),
                 max_sessions: r.parse("session.max_sessions", d.session.max_sessions, positive),

@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
 use super::record::{Outcome, RequestRecord};
+use super::usage::UsageTap;
 use crate::telemetry::metric;
 
 /// Errors a response body can end with; hyper then aborts the connection so the client sees a
@@ -34,6 +35,7 @@ pin_project! {
         idle_timeout: Duration,
         last_frame: Instant,
         record: RequestRecord,
+        usage: Option<UsageTap>,
         finished: bool,
     }
 
@@ -48,7 +50,7 @@ pin_project! {
 }
 
 impl TapBody {
-    pub fn new(inner: Incoming, idle_timeout: Duration, record: RequestRecord) -> Self {
+    pub fn new(inner: Incoming, idle_timeout: Duration, record: RequestRecord, usage: Option<UsageTap>) -> Self {
         if record.streaming {
             metric::stream_started();
         }
@@ -58,6 +60,7 @@ impl TapBody {
             idle_timeout,
             last_frame: Instant::now(),
             record,
+            usage,
             finished: false,
         }
     }
@@ -78,6 +81,9 @@ impl Body for TapBody {
                     *this.last_frame = Instant::now();
                     if let Some(data) = frame.data_ref() {
                         this.record.bytes_out += data.len() as u64;
+                        if let Some(tap) = this.usage.as_mut() {
+                            tap.observe(data);
+                        }
                     }
                     return Poll::Ready(Some(Ok(frame)));
                 }
@@ -89,6 +95,9 @@ impl Body for TapBody {
                 Poll::Ready(None) => {
                     *this.finished = true;
                     this.record.outcome = Outcome::Complete;
+                    if let Some(tap) = this.usage.take() {
+                        this.record.set_usage(tap.finish());
+                    }
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}

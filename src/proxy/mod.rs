@@ -3,6 +3,7 @@
 pub mod body;
 mod prepare;
 pub mod record;
+pub mod usage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +26,7 @@ use crate::upstream::{Upstreams, headers};
 pub use body::ResponseBody;
 use body::TapBody;
 use record::RequestRecord;
+use usage::{Framing, UsageTap};
 
 /// What the pipeline needs for every request, built once at start.
 pub struct Proxy {
@@ -81,11 +83,24 @@ impl Proxy {
             record.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
         record.session = prepared.session.as_ref().map(|s| s.key.clone());
+        if let (Some(session), Some(update)) = (&prepared.session, prepared.update.clone()) {
+            record.session_write = Some(record::SessionWrite {
+                store: self.store.clone(),
+                key: session.key.clone(),
+                update,
+                message_count: prepared.report.as_ref().map_or(0, |r| r.message_count as u64),
+            });
+        }
+        let tap_usage = prepared.session.is_some();
 
-        let upstream_request = match self.upstreams.build_request(&route, &parts, prepared.body) {
+        let mut upstream_request = match self.upstreams.build_request(&route, &parts, prepared.body) {
             Ok(request) => request,
             Err(error) => return self.fail(error, route, record),
         };
+        if tap_usage {
+            // The usage tap reads the response: ask for it uncompressed.
+            upstream_request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
 
         let forwarded_at = Instant::now();
         record.overhead = forwarded_at - record.started;
@@ -103,16 +118,6 @@ impl Proxy {
         record.status = parts.status.as_u16();
         if let Some(session) = &prepared.session {
             parts.headers.insert("x-compactor-session", header_value(&session.key));
-            if let Some(update) = prepared.update {
-                let store = self.store.clone();
-                let key = session.key.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = store.update(&key, &update).await {
-                        tracing::debug!(%error, "session update failed");
-                        crate::telemetry::metric::store_error();
-                    }
-                });
-            }
         }
         if let Some(report) = &prepared.report {
             parts.headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
@@ -121,8 +126,10 @@ impl Proxy {
         }
         record.streaming =
             parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let usage = (tap_usage && parts.status.is_success())
+            .then(|| UsageTap::new(if record.streaming { Framing::EventStream } else { Framing::Json }));
         record.overhead += head_at.elapsed();
-        let body = ResponseBody::Upstream { body: TapBody::new(incoming, self.idle_timeout, record) };
+        let body = ResponseBody::Upstream { body: TapBody::new(incoming, self.idle_timeout, record, usage) };
         Response::from_parts(parts, body)
     }
 

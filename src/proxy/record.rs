@@ -2,7 +2,17 @@
 
 use std::time::{Duration, Instant};
 
+use crate::session::{SessionUpdate, Store, Usage};
 use crate::telemetry::metric;
+
+/// What a request adds to its session, written when the response is done (off its path).
+pub struct SessionWrite {
+    pub store: Store,
+    pub key: String,
+    pub update: SessionUpdate,
+    /// Messages in the request as the client sent it, stored with the usage.
+    pub message_count: u64,
+}
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +39,6 @@ impl Outcome {
 }
 
 /// Everything the log line and the metrics of one request need; emitted once, on drop.
-#[derive(Debug)]
 pub struct RequestRecord {
     pub request_id: String,
     pub method: http::Method,
@@ -52,6 +61,7 @@ pub struct RequestRecord {
     pub session: Option<String>,
     /// Estimated tokens before and after rewriting, and outputs pruned.
     pub tokens: Option<(u32, u32, usize)>,
+    pub session_write: Option<SessionWrite>,
 }
 
 impl RequestRecord {
@@ -72,6 +82,15 @@ impl RequestRecord {
             streaming: false,
             session: None,
             tokens: None,
+            session_write: None,
+        }
+    }
+
+    /// The usage the upstream reported, to store with the session.
+    pub fn set_usage(&mut self, usage: Option<Usage>) {
+        if let (Some(write), Some(mut usage)) = (self.session_write.as_mut(), usage) {
+            usage.message_count = write.message_count;
+            write.update.usage = Some(usage);
         }
     }
 }
@@ -100,5 +119,16 @@ impl Drop for RequestRecord {
             "request"
         );
         metric::request_done(self, upstream_latency);
+        if let Some(write) = self.session_write.take() {
+            // Off the request's path; a failure only costs the next request its stored state.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(error) = write.store.update(&write.key, &write.update).await {
+                        tracing::debug!(%error, "session update failed");
+                        metric::store_error();
+                    }
+                });
+            }
+        }
     }
 }

@@ -41,7 +41,7 @@ impl AppState {
 
 /// Routes a request: compactor's own endpoints first, then the proxy.
 async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<ResponseBody> {
-    if let Some(response) = ops::answer(&state, &request) {
+    if let Some(response) = ops::answer(&state, &request).await {
         return response;
     }
     state.proxy.handle(request).await

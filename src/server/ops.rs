@@ -1,28 +1,29 @@
-//! compactor's own endpoints: liveness, readiness and Prometheus metrics. They never reach upstream.
+//! compactor's own endpoints: liveness, readiness, Prometheus metrics and the admin API. They never
+//! reach the upstream.
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
 use super::AppState;
+use crate::error::ProxyError;
 use crate::proxy::ResponseBody;
+use crate::route::ApiFamily;
+use crate::session::Store;
 
-/// Answers `/healthz`, `/readyz` and `/metrics`; `None` for every other request.
-pub fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<ResponseBody>> {
+/// Answers compactor's own paths; `None` for every request meant for the upstream.
+pub async fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<ResponseBody>> {
+    let path = request.uri().path();
+    if let Some(rest) = path.strip_prefix("/admin/") {
+        return Some(admin(state, request, rest).await);
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return None;
     }
-    match request.uri().path() {
-        "/healthz" => Some(json(StatusCode::OK, r#"{"status":"ok"}"#.to_string())),
-        "/readyz" => Some(if state.is_ready() {
-            json(StatusCode::OK, r#"{"status":"ready"}"#.to_string())
-        } else {
-            json(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"shutting_down"}"#.to_string())
-        }),
+    match path {
+        "/healthz" => Some(json(StatusCode::OK, serde_json::json!({"status": "ok"}))),
+        "/readyz" => Some(readiness(state).await),
         "/metrics" => {
-            let text = match &state.metrics {
-                Some(handle) => handle.render(),
-                None => String::new(),
-            };
+            let text = state.metrics.as_ref().map(|handle| handle.render()).unwrap_or_default();
             let mut response = Response::new(ResponseBody::full(text));
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
             Some(response)
@@ -31,8 +32,79 @@ pub fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<Resp
     }
 }
 
-fn json(status: StatusCode, body: String) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::full(body));
+/// Ready unless shutting down; a session store that is down makes it degraded, not failing,
+/// because requests are still served without stored state.
+async fn readiness(state: &AppState) -> Response<ResponseBody> {
+    if !state.is_ready() {
+        return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "shutting_down"}));
+    }
+    let store = &state.proxy.store;
+    match store.health().await {
+        Ok(()) => json(
+            StatusCode::OK,
+            serde_json::json!({"status": "ready", "session_store": store.kind(), "store_status": "up"}),
+        ),
+        Err(error) => json(
+            StatusCode::OK,
+            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": error.to_string()}),
+        ),
+    }
+}
+
+/// `GET|DELETE /admin/sessions/{key}`: a session's stored state, or forgetting it.
+async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Response<ResponseBody> {
+    let token = &state.proxy.config.admin.token;
+    if token.is_empty() {
+        return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+        return ProxyError::Unauthorized.into_response(ApiFamily::OpenAi);
+    }
+    let Some(key) = rest.strip_prefix("sessions/").filter(|k| !k.is_empty() && !k.contains('/')) else {
+        return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
+    };
+    let store: &Store = &state.proxy.store;
+    match *request.method() {
+        Method::GET => match store.load(key).await {
+            Ok(session)
+                if session.counters.requests == 0 && session.pruned.is_empty() && session.compactions.is_empty() =>
+            {
+                ProxyError::NotFound.into_response(ApiFamily::OpenAi)
+            }
+            Ok(session) => {
+                json(StatusCode::OK, serde_json::json!({"session": key, "store": store.kind(), "state": session}))
+            }
+            Err(error) => {
+                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
+            }
+        },
+        Method::DELETE => match store.forget(key).await {
+            Ok(existed) => json(StatusCode::OK, serde_json::json!({"session": key, "forgotten": existed})),
+            Err(error) => {
+                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
+            }
+        },
+        _ => {
+            let mut response =
+                json(StatusCode::METHOD_NOT_ALLOWED, serde_json::json!({"error": {"message": "use GET or DELETE"}}));
+            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, DELETE"));
+            response
+        }
+    }
+}
+
+/// Compares without an early exit, so the token cannot be guessed byte by byte from timing.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response

@@ -3,6 +3,7 @@
 
 pub mod identify;
 pub mod memory;
+pub mod redis;
 pub mod state;
 pub mod store;
 

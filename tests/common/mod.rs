@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod fake;
+pub mod redis_server;
 pub mod strict;
 
 use std::io::{BufRead, BufReader};

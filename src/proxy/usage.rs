@@ -1,0 +1,186 @@
+//! The tap on a response: reads the token usage the upstream reports, from a plain JSON body or
+//! from SSE events as they pass, without holding back a single byte.
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::session::Usage;
+
+/// Largest body or SSE line the tap looks at; beyond it the usage is simply not read.
+const MAX_BUFFER: usize = 4 << 20;
+
+/// How the response body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Json,
+    EventStream,
+}
+
+/// Accumulates what it needs from each data frame; the frame itself is forwarded untouched.
+#[derive(Debug)]
+pub struct UsageTap {
+    framing: Framing,
+    buffer: Vec<u8>,
+    overflowed: bool,
+    usage: Option<Usage>,
+}
+
+impl UsageTap {
+    pub fn new(framing: Framing) -> Self {
+        Self { framing, buffer: Vec::new(), overflowed: false, usage: None }
+    }
+
+    pub fn observe(&mut self, chunk: &Bytes) {
+        match self.framing {
+            Framing::Json => {
+                if self.buffer.len() + chunk.len() > MAX_BUFFER {
+                    self.overflowed = true;
+                    self.buffer = Vec::new();
+                } else if !self.overflowed {
+                    self.buffer.extend_from_slice(chunk);
+                }
+            }
+            Framing::EventStream => {
+                let mut rest: &[u8] = chunk;
+                while let Some(at) = rest.iter().position(|b| *b == b'\n') {
+                    if self.overflowed {
+                        self.overflowed = false;
+                    } else {
+                        self.buffer.extend_from_slice(&rest[..at]);
+                        let line = std::mem::take(&mut self.buffer);
+                        self.line(&line);
+                    }
+                    rest = &rest[at + 1..];
+                }
+                if self.buffer.len() + rest.len() > MAX_BUFFER {
+                    self.overflowed = true;
+                    self.buffer.clear();
+                } else if !self.overflowed {
+                    self.buffer.extend_from_slice(rest);
+                }
+            }
+        }
+    }
+
+    /// The usage seen, once the body has ended.
+    pub fn finish(mut self) -> Option<Usage> {
+        if self.framing == Framing::Json
+            && !self.overflowed
+            && let Ok(value) = serde_json::from_slice::<Value>(&self.buffer)
+        {
+            merge(&mut self.usage, &value);
+        }
+        self.usage
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        let Some(data) = line.strip_prefix(b"data:") else { return };
+        // Only events that mention usage are worth parsing.
+        if !contains(data, b"\"usage\"") {
+            return;
+        }
+        if let Ok(value) = serde_json::from_slice::<Value>(data) {
+            merge(&mut self.usage, &value);
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Folds one event's usage in: OpenAI chat (`usage` at the top), Anthropic (`message.usage` in
+/// `message_start`, `usage` in `message_delta`), Responses (`response.usage`).
+fn merge(usage: &mut Option<Usage>, event: &Value) {
+    let found = ["usage", "message", "response"].iter().find_map(|key| match *key {
+        "usage" => event.get("usage").filter(|u| u.is_object()),
+        _ => event.get(*key).and_then(|m| m.get("usage")).filter(|u| u.is_object()),
+    });
+    let Some(reported) = found else { return };
+    let number = |path: &[&str]| {
+        let mut value = reported;
+        for key in path {
+            value = value.get(*key)?;
+        }
+        value.as_u64()
+    };
+    let current = usage.get_or_insert_with(Usage::default);
+    let anthropic_cache =
+        number(&["cache_read_input_tokens"]).unwrap_or(0) + number(&["cache_creation_input_tokens"]).unwrap_or(0);
+    if let Some(prompt) = number(&["prompt_tokens"]) {
+        current.prompt_tokens = prompt;
+    } else if let Some(input) = number(&["input_tokens"]) {
+        // Anthropic's input_tokens excludes cache reads and writes; the prompt is their sum.
+        let is_responses = reported.get("input_tokens_details").is_some();
+        current.prompt_tokens = if is_responses { input } else { input + anthropic_cache };
+    }
+    if let Some(cached) = number(&["prompt_tokens_details", "cached_tokens"])
+        .or_else(|| number(&["input_tokens_details", "cached_tokens"]))
+        .or_else(|| number(&["cache_read_input_tokens"]))
+    {
+        current.cached_tokens = cached;
+    }
+    if let Some(output) = number(&["completion_tokens"]).or_else(|| number(&["output_tokens"])) {
+        current.output_tokens = output;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(framing: Framing, chunks: &[&str]) -> Option<Usage> {
+        let mut tap = UsageTap::new(framing);
+        for chunk in chunks {
+            tap.observe(&Bytes::copy_from_slice(chunk.as_bytes()));
+        }
+        tap.finish()
+    }
+
+    #[test]
+    fn reads_openai_usage_from_a_plain_body_split_anywhere() {
+        let usage = feed(
+            Framing::Json,
+            &[
+                r#"{"id":"x","usage":{"prompt_tokens":120,"completion_tokens":7,"#,
+                r#""prompt_tokens_details":{"cached_tokens":64}}}"#,
+            ],
+        )
+        .unwrap();
+        assert_eq!((usage.prompt_tokens, usage.cached_tokens, usage.output_tokens), (120, 64, 7));
+    }
+
+    #[test]
+    fn reads_anthropic_usage_from_message_start_and_message_delta_across_chunk_boundaries() {
+        let usage = feed(
+            Framing::EventStream,
+            &[
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":90,",
+                "\"cache_creation_input_tokens\":0,\"output_tokens\":1}}}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n",
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":42}}\n\n",
+            ],
+        )
+        .unwrap();
+        assert_eq!((usage.prompt_tokens, usage.cached_tokens, usage.output_tokens), (100, 90, 42));
+    }
+
+    #[test]
+    fn reads_the_final_openai_usage_chunk_and_responses_completed() {
+        let chat = feed(
+            Framing::EventStream,
+            &["data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n"],
+        );
+        assert_eq!(chat.unwrap().prompt_tokens, 5);
+        let responses = feed(
+            Framing::EventStream,
+            &["event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":300,\"input_tokens_details\":{\"cached_tokens\":200},\"output_tokens\":9}}}\n\n"],
+        )
+        .unwrap();
+        assert_eq!((responses.prompt_tokens, responses.cached_tokens, responses.output_tokens), (300, 200, 9));
+    }
+
+    #[test]
+    fn a_stream_without_usage_reports_none() {
+        assert_eq!(feed(Framing::EventStream, &["data: {\"choices\":[]}\n\n"]), None);
+    }
+}

@@ -1,0 +1,246 @@
+//! Sessions, against both stores: decisions outlive a request and a process, tenants never share
+//! state, Redis trouble never stops the proxy, and the admin API shows what was decided.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::*;
+use serde_json::{Value, json};
+
+const PLACEHOLDER: &str = "[Old tool result content cleared]";
+const WINDOWS: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n[admin]\ntoken = \"admin-secret\"\n";
+
+fn output(tag: &str, tokens: usize) -> String {
+    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
+}
+
+fn history(calls: usize) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "Fix the build."})];
+    for i in 0..calls {
+        let id = format!("call_{i}");
+        let size = if i == calls - 1 { 400 } else { 200 };
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output(&id, size)}));
+    }
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+/// The first two calls only, as an agent that rewound would send: not prunable on its own.
+fn rewound() -> Value {
+    let full = history(3);
+    json!({"model": "gpt-4o", "messages": full["messages"].as_array().unwrap()[..5]})
+}
+
+async fn post(proxy: &Compactor, key: &str, session: &str, body: &Value) -> Answer {
+    send(request(
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("authorization", &format!("Bearer {key}")), ("x-session-id", session)],
+        serde_json::to_vec(body).unwrap(),
+    ))
+    .await
+}
+
+/// Waits until the pruned-ness of the rewound history through `proxy` is `expected`.
+async fn rewound_is_pruned(fake: &FakeUpstream, proxy: &Compactor, key: &str, session: &str) -> bool {
+    post(proxy, key, session, &rewound()).await;
+    fake.last().json()["messages"][2]["content"] == PLACEHOLDER
+}
+
+async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Runs `test` against the memory store and, when Redis is available, the Redis store.
+async fn with_each_store(test: impl AsyncFn(&str, Option<&RedisServer>)) {
+    test("", None).await;
+    if let Some(redis) = RedisServer::start() {
+        test(&redis.config(), Some(&redis)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_session_remembers_what_was_pruned_and_tenants_never_share_it() {
+    with_each_store(async |store, _| {
+        let fake = FakeUpstream::start().await;
+        let proxy = Compactor::start(&fake, &format!("{WINDOWS}{store}"));
+        let answer = post(&proxy, "key-a", "shared-id", &history(3)).await;
+        assert_eq!(answer.header("x-compactor-pruned"), Some("2"));
+        let session = answer.header("x-compactor-session").unwrap().to_string();
+        assert!(!session.contains("key-a"));
+        assert!(eventually(async || rewound_is_pruned(&fake, &proxy, "key-a", "shared-id").await).await);
+        // Same session id under another credential: another tenant, nothing shared.
+        assert!(!rewound_is_pruned(&fake, &proxy, "key-b", "shared-id").await);
+        let other = post(&proxy, "key-b", "shared-id", &rewound()).await;
+        assert_ne!(other.header("x-compactor-session").unwrap(), session);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_admin_api_shows_and_forgets_a_session_and_never_reaches_upstream() {
+    with_each_store(async |store, _| {
+        let fake = FakeUpstream::start().await;
+        let proxy = Compactor::start(&fake, &format!("{WINDOWS}{store}"));
+        let mut streamed = history(3);
+        streamed["stream"] = json!(true);
+        let answer = post(&proxy, "key-a", "s1", &streamed).await;
+        let session = answer.header("x-compactor-session").unwrap().to_string();
+        let admin = |method: &str, token: &str| {
+            request(method, &proxy.url(&format!("/admin/sessions/{session}")), &[("authorization", token)], "")
+        };
+        let upstream_requests = fake.received().len();
+
+        assert_eq!(send(admin("GET", "Bearer wrong")).await.status, 401);
+        assert_eq!(send(request("GET", &proxy.url(&format!("/admin/sessions/{session}")), &[], "")).await.status, 401);
+        let mut state = Value::Null;
+        assert!(
+            eventually(async || {
+                state = send(admin("GET", "Bearer admin-secret")).await.json();
+                state["state"]["usage"]["prompt_tokens"] == 12
+            })
+            .await,
+            "{state}"
+        );
+        assert_eq!(state["state"]["pruned"], json!(["call_0", "call_1"]));
+        assert_eq!(state["state"]["usage"]["output_tokens"], 2, "usage read from the stream's final chunk");
+        assert!(state["state"]["counters"]["tokens_saved"].as_u64().unwrap() > 0);
+
+        let forgotten = send(admin("DELETE", "Bearer admin-secret")).await;
+        assert_eq!(forgotten.json()["forgotten"], true);
+        assert_eq!(send(admin("GET", "Bearer admin-secret")).await.status, 404);
+        assert_eq!(fake.received().len(), upstream_requests, "admin requests must not reach the upstream");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn without_an_admin_token_the_admin_api_does_not_exist() {
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, "");
+    let answer = send(request("GET", &proxy.url("/admin/sessions/x"), &[("authorization", "Bearer ")], "")).await;
+    assert_eq!(answer.status, 404);
+    assert!(fake.received().is_empty());
+}
+
+#[tokio::test]
+async fn usage_capture_does_not_delay_stream_chunks() {
+    with_each_store(async |store, _| {
+        let fake = FakeUpstream::start().await;
+        fake.set_pacing(Pacing::Gated);
+        let proxy = Compactor::start(&fake, store);
+        let body = messages_body(true);
+        let response = client()
+            .request(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k"), ("x-session-id", "s")], body))
+            .await
+            .unwrap();
+        let mut body = response.into_body();
+        let first = next_chunk(&mut body, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(first, fake::anthropic_stream(&["Hel", "lo"])[0].as_bytes());
+        for _ in 0..10 {
+            fake.release();
+        }
+        while next_chunk(&mut body, Duration::from_secs(5)).await.is_some() {}
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_replicas_sharing_redis_apply_each_others_decisions() {
+    let Some(redis) = RedisServer::start() else { return };
+    let fake = FakeUpstream::start().await;
+    let config = format!("{WINDOWS}{}", redis.config());
+    let one = Compactor::start(&fake, &config);
+    let two = Compactor::start(&fake, &config);
+    assert!(!rewound_is_pruned(&fake, &two, "key", "s").await, "nothing decided yet");
+    post(&one, "key", "s", &history(3)).await;
+    assert!(eventually(async || rewound_is_pruned(&fake, &two, "key", "s").await).await);
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_and_one_session_shares_one_hash_tag() {
+    let Some(redis) = RedisServer::start() else { return };
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, &format!("{WINDOWS}{}\nttl_secs = 3600\n", redis.config()));
+    let answer = post(&proxy, "key", "s", &history(3)).await;
+    let session = answer.header("x-compactor-session").unwrap().to_string();
+    assert!(eventually(async || redis.keys().len() >= 2).await, "{:?}", redis.keys());
+    let mut connection = redis.connection();
+    for key in redis.keys() {
+        let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut connection).unwrap();
+        assert!(ttl > 0 && ttl <= 3600, "{key} has TTL {ttl}");
+        assert!(key.contains(&format!("{{{session}}}")), "{key} lacks the session's hash tag");
+    }
+}
+
+#[tokio::test]
+async fn redis_going_away_never_stops_the_proxy_and_state_returns_with_it() {
+    let Some(mut redis) = RedisServer::start() else { return };
+    if !redis.can_restart() {
+        return;
+    }
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, &format!("{WINDOWS}{}", redis.config()));
+    assert_eq!(post(&proxy, "key", "s", &history(3)).await.status, 200);
+
+    redis.stop();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let answer = post(&proxy, "key", "s", &history(3)).await;
+        assert_eq!(answer.status, 200);
+        assert!(started.elapsed() < Duration::from_secs(2), "a request waited on Redis");
+        // Without stored state the policies still prune what they can on their own.
+        assert_eq!(answer.header("x-compactor-pruned"), Some("2"));
+    }
+    let ready = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["status"], "degraded");
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    assert!(metrics.contains("compactor_session_store_errors_total"), "{metrics}");
+
+    redis.restart();
+    assert!(redis.keys().is_empty());
+    assert!(
+        eventually(async || {
+            post(&proxy, "key", "s", &history(3)).await;
+            redis.keys().iter().any(|k| k.ends_with(":pruned"))
+        })
+        .await,
+        "state is written again once Redis is back"
+    );
+    assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.json()["status"], "ready");
+}
+
+#[tokio::test]
+async fn the_session_lock_has_one_owner_at_a_time() {
+    use compactor::config::{Config, StoreKind};
+    use compactor::session::Store;
+    let Some(redis) = RedisServer::start() else { return };
+    let mut config = Config::default().session;
+    config.store = StoreKind::Redis;
+    config.redis_url = redis.url.clone();
+    config.key_prefix = redis.prefix.clone();
+    let memory = Store::from_config(&Config::default().session);
+    let shared = Store::from_config(&config);
+    for store in [memory, shared] {
+        assert!(eventually(async || store.health().await.is_ok()).await);
+        let hold = Duration::from_millis(300);
+        assert!(store.try_lock("s", "replica-a", hold).await.unwrap());
+        assert!(!store.try_lock("s", "replica-b", hold).await.unwrap(), "{}", store.kind());
+        assert!(!store.unlock("s", "replica-b").await.unwrap(), "only the owner releases");
+        assert!(store.unlock("s", "replica-a").await.unwrap());
+        assert!(store.try_lock("s", "replica-b", hold).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(store.try_lock("s", "replica-a", hold).await.unwrap(), "an abandoned lock expires");
+    }
+}
