@@ -50,10 +50,10 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(mut connection) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection()) {
-                if redis::cmd("PING").query::<String>(&mut connection).is_ok() {
-                    return;
-                }
+            if let Ok(mut connection) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+                && redis::cmd("PING").query::<String>(&mut connection).is_ok()
+            {
+                return;
             }
             assert!(Instant::now() < deadline, "redis-server did not come up");
             std::thread::sleep(Duration::from_millis(20));
