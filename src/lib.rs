@@ -17,3 +17,4 @@ pub mod session;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;
+pub mod overflow;

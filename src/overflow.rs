@@ -1,0 +1,252 @@
+//! Recognizes "context length exceeded" in every provider's words: structured codes first, then
+//! message patterns, never a rate limit or an output-cap error that merely looks alike. Reads the
+//! window and prompt size the error names, so compactor can learn the real limit and pick the
+//! cheapest fix.
+
+use std::sync::LazyLock;
+
+use regex::{Regex, RegexSet};
+use serde_json::Value;
+
+/// What an overflow error said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Overflow {
+    /// The window the provider named.
+    pub limit: Option<u64>,
+    /// The prompt tokens the provider counted.
+    pub prompt_tokens: Option<u64>,
+    /// The output tokens requested, when the error counts them against the window.
+    pub max_tokens: Option<u64>,
+}
+
+impl Overflow {
+    /// True when the prompt alone fits: lowering max_tokens is enough.
+    pub fn prompt_fits(&self) -> bool {
+        matches!((self.prompt_tokens, self.limit, self.max_tokens), (Some(p), Some(l), Some(_)) if p < l)
+    }
+}
+
+/// Codes that mean overflow whatever the message says.
+const OVERFLOW_CODES: [&str; 3] = ["context_length_exceeded", "exceed_context_size_error", "input_too_large"];
+/// Codes and phrases of rate limits and quotas: never an overflow.
+const RATE_LIMIT_CODES: [&str; 5] =
+    ["rate_limit_exceeded", "rate_limit_error", "resource_exhausted", "throttlingexception", "insufficient_quota"];
+const RATE_LIMIT_PHRASES: [&str; 7] = [
+    "tokens per min",
+    "tokens per day",
+    "(tpm)",
+    "rate limit",
+    "please wait before trying again",
+    "exceeded your current quota",
+    "too many requests",
+];
+
+static OVERFLOW_PHRASES: LazyLock<RegexSet> = LazyLock::new(|| {
+    RegexSet::new([
+        r"maximum context length",
+        r"context length exceeded",
+        r"context_length_exceeded",
+        r"prompt is too long",
+        r"prompt too long",
+        r"exceed(s|ed)? (the )?context (limit|window|length|size)",
+        r"exceeds the (available|maximum) context",
+        r"input is too long",
+        r"input token count .*exceeds the maximum",
+        r"input token count is \d+ but model only supports",
+        r"is longer than the model'?s context length",
+        r"model'?s context length is only",
+        r"context length of only \d+",
+        r"too large for model with \d+ maximum context length",
+        r"maximum prompt length is",
+        r"input tokens exceed the configured limit",
+        r"`inputs` tokens \+ `max_new_tokens` must be",
+        r"`inputs` must have less than \d+ tokens",
+        r"too many tokens: total number of tokens",
+        r"cannot truncate prompt with n_keep",
+        r"input length exceeds the context length",
+        r"your input exceeds the context window",
+        r"exceeds budget",
+        r"reduce the length of the (messages|input)",
+    ])
+    .unwrap_or_else(|_| RegexSet::empty())
+});
+
+/// Output-cap errors: the prompt is fine, the requested output is not allowed.
+const OUTPUT_CAP_PHRASES: [&str; 5] = [
+    "maximum allowed number of output tokens",
+    "max_tokens is too large",
+    "maximum tokens you requested exceeds",
+    "`max_completion_tokens` must be less than or equal",
+    "completion tokens, whereas you provided",
+];
+/// Phrases that name the context window: they win over output-cap look-alikes.
+const CONTEXT_PHRASES: [&str; 3] = ["context length", "context limit", "context window"];
+
+static LIMIT: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    compile(&[
+        r"exceed context limit: \d+ \+ \d+ > (\d+)",
+        r"tokens > (\d+) maximum",
+        r"maximum context length(?: is| of)?:? ?(\d+)",
+        r"with (\d+) maximum context length",
+        r"maximum number of tokens allowed \((\d+)\)",
+        r"only supports up to (\d+)",
+        r"available context size \((\d+) tokens\)",
+        r"context length of only (\d+)",
+        r"n_ctx \((\d+)\)",
+        r"must have less than (\d+) tokens",
+        r"must be <= (\d+)",
+        r"context length \((\d+) tokens\)",
+        r"context length is only (\d+)",
+        r"maximum prompt length is (\d+)",
+        r"exceeds budget \((\d+) tokens\)",
+        r"configured limit of (\d+)",
+        r"cannot exceed (\d+)",
+    ])
+});
+
+static PROMPT: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    compile(&[
+        r"exceed context limit: (\d+) \+",
+        r"prompt is too long: (\d+)",
+        r"resulted in (\d+) tokens",
+        r"\((\d+) in the messages",
+        r"\((\d+) in your prompt",
+        r"input token count \((\d+)\)",
+        r"input token count is (\d+)",
+        r"request \((\d+) tokens\)",
+        r"keep the first (\d+) tokens",
+        r"n_keep \((\d+)\)",
+        r"given: (\d+)",
+        r"prompt contains (\d+) tokens",
+        r"the input \((\d+) tokens\)",
+        r"you passed (\d+) input tokens",
+        r"has (\d+) input tokens",
+        r"contains at least (\d+) input tokens",
+        r"request contains (\d+) tokens",
+        r"current message \((\d+) tokens\)",
+        r"\((\d+) of text input",
+    ])
+});
+
+static MAX_TOKENS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    compile(&[
+        r"exceed context limit: \d+ \+ (\d+)",
+        r"(\d+) in the completion",
+        r"(\d+) for the completion",
+        r"requested (\d+) output tokens",
+        r"and (\d+) `max_new_tokens`",
+        r"too large: (\d+)\. this model's maximum context",
+        r"(\d+) in the output",
+    ])
+});
+
+fn compile(patterns: &[&str]) -> Vec<Regex> {
+    patterns.iter().filter_map(|p| Regex::new(p).ok()).collect()
+}
+
+fn first_number(patterns: &[Regex], text: &str) -> Option<u64> {
+    patterns.iter().find_map(|re| re.captures(text)?.get(1)?.as_str().parse().ok())
+}
+
+/// Detects overflow errors; holds the user's extra patterns.
+#[derive(Debug, Clone, Default)]
+pub struct OverflowDetector {
+    extra: Vec<Regex>,
+}
+
+impl OverflowDetector {
+    /// `extra` are case-insensitive regular expressions (`compaction.extra_overflow_patterns`).
+    pub fn new(extra: &[String]) -> Result<Self, regex::Error> {
+        let extra = extra.iter().map(|p| Regex::new(&format!("(?i){p}"))).collect::<Result<_, _>>()?;
+        Ok(Self { extra })
+    }
+
+    /// Whether a response (status and body; SSE text for errors inside a 200 stream) is an overflow.
+    pub fn detect(&self, status: u16, body: &[u8]) -> Option<Overflow> {
+        if status == 429 || (200..300).contains(&status) && !looks_like_event_stream(body) {
+            return None;
+        }
+        let mut found = Found::default();
+        match serde_json::from_slice::<Value>(body) {
+            Ok(value) => found.walk(&value, 0),
+            Err(_) => {
+                let text = String::from_utf8_lossy(body);
+                for line in text.lines() {
+                    let payload = line.strip_prefix("data:").or_else(|| line.strip_prefix("error:")).map(str::trim);
+                    match payload.and_then(|p| serde_json::from_str::<Value>(p).ok()) {
+                        Some(value) => found.walk(&value, 0),
+                        None if (200..300).contains(&status) => {}
+                        None => found.texts.push(line.to_string()),
+                    }
+                }
+            }
+        }
+        let text = found.texts.join("\n").to_lowercase();
+        let codes: Vec<String> = found.codes.iter().map(|c| c.to_lowercase()).collect();
+        if codes.iter().any(|c| RATE_LIMIT_CODES.contains(&c.as_str()))
+            || RATE_LIMIT_PHRASES.iter().any(|p| text.contains(p))
+        {
+            return None;
+        }
+        let coded = codes.iter().any(|c| OVERFLOW_CODES.contains(&c.as_str()));
+        let names_window = CONTEXT_PHRASES.iter().any(|p| text.contains(p));
+        if !coded && !names_window && OUTPUT_CAP_PHRASES.iter().any(|p| text.contains(p)) {
+            return None;
+        }
+        let matched = coded || OVERFLOW_PHRASES.is_match(&text) || self.extra.iter().any(|re| re.is_match(&text));
+        if !matched {
+            return None;
+        }
+        Some(Overflow {
+            limit: first_number(&LIMIT, &text).or(found.n_ctx),
+            prompt_tokens: first_number(&PROMPT, &text).or(found.n_prompt_tokens),
+            max_tokens: first_number(&MAX_TOKENS, &text),
+        })
+    }
+}
+
+fn looks_like_event_stream(body: &[u8]) -> bool {
+    let start = &body[..body.len().min(512)];
+    start.starts_with(b"data:")
+        || start.starts_with(b"event:")
+        || start.starts_with(b"error:")
+        || start.starts_with(b":")
+        || start.windows(6).any(|w| w == b"\ndata:")
+}
+
+/// Strings and numbers gathered from an error body.
+#[derive(Default)]
+struct Found {
+    texts: Vec<String>,
+    codes: Vec<String>,
+    n_ctx: Option<u64>,
+    n_prompt_tokens: Option<u64>,
+}
+
+impl Found {
+    fn walk(&mut self, value: &Value, depth: usize) {
+        if depth > 6 {
+            return;
+        }
+        match value {
+            Value::Array(items) => items.iter().for_each(|v| self.walk(v, depth + 1)),
+            Value::Object(map) => {
+                for (key, value) in map {
+                    match (key.as_str(), value) {
+                        ("message" | "error" | "detail" | "msg", Value::String(s)) => self.texts.push(s.clone()),
+                        ("raw", Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                            Ok(inner) => self.walk(&inner, depth + 1),
+                            Err(_) => self.texts.push(s.clone()),
+                        },
+                        ("code" | "type" | "status" | "__type", Value::String(s)) => self.codes.push(s.clone()),
+                        ("n_ctx", Value::Number(n)) => self.n_ctx = n.as_u64(),
+                        ("n_prompt_tokens", Value::Number(n)) => self.n_prompt_tokens = n.as_u64(),
+                        (_, Value::Object(_) | Value::Array(_)) => self.walk(value, depth + 1),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
