@@ -42,15 +42,15 @@ fn every_provider_fixture_is_recognized_and_no_lookalike_is() {
             continue;
         }
         if let Some(found) = found {
-            if let Some(limit) = fixture["limit_tokens"].as_u64() {
-                if found.limit != Some(limit) {
-                    wrong.push(format!("{name}: limit {:?} != {limit}", found.limit));
-                }
+            if let Some(limit) = fixture["limit_tokens"].as_u64()
+                && found.limit != Some(limit)
+            {
+                wrong.push(format!("{name}: limit {:?} != {limit}", found.limit));
             }
-            if let Some(prompt) = fixture["prompt_tokens"].as_u64() {
-                if found.prompt_tokens != Some(prompt) {
-                    wrong.push(format!("{name}: prompt {:?} != {prompt}", found.prompt_tokens));
-                }
+            if let Some(prompt) = fixture["prompt_tokens"].as_u64()
+                && found.prompt_tokens != Some(prompt)
+            {
+                wrong.push(format!("{name}: prompt {:?} != {prompt}", found.prompt_tokens));
             }
         }
     }
