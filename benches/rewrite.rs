@@ -1,1 +1,107 @@
-fn main() {}
+//! Criterion benchmarks of the rewrite stage on long recorded agent conversations: parse, count,
+//! truncate, dedupe, prune, repair and render, with the token cache warm (the usual next turn) and
+//! cold (limited by the tokenizer), against tiktoken-rs alone.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::hint::black_box;
+
+use compactor::config::Config;
+use compactor::dialect::{Dialect, ParsedRequest};
+use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter};
+use compactor::tokens::{Encoding, ModelTable, TokenCounter, tokenize_len};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+fn settings() -> RewriteSettings {
+    let config = Config::default();
+    RewriteSettings {
+        prune_enabled: true,
+        dedupe: true,
+        prune: PruneSettings {
+            protect_tokens: config.prune.protect_tokens,
+            minimum_tokens: config.prune.minimum_tokens,
+            placeholder: config.prune.placeholder.clone(),
+            protected_tools: config.prune.protected_tools.clone(),
+        },
+        truncate_enabled: true,
+        tool_output_max_tokens: config.truncate.tool_output_max_tokens,
+        repair_enabled: true,
+        image_tokens: config.tokens.image_tokens,
+        blocking_tokenize_bytes: usize::MAX,
+    }
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/fixtures/conversations/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every text the counter sees in a request, for the tokenizer-alone comparison.
+fn texts(dialect: Dialect, body: &[u8]) -> Vec<String> {
+    use compactor::conversation::Kind;
+    let parsed = ParsedRequest::parse(dialect, body).unwrap();
+    parsed
+        .conversation
+        .items
+        .iter()
+        .flat_map(|item| match &item.kind {
+            Kind::System { text }
+            | Kind::Text { text, .. }
+            | Kind::Thinking { text }
+            | Kind::ToolResult { text, .. } => {
+                vec![text.to_string()]
+            }
+            Kind::ToolCall { name, arguments, .. } => vec![name.to_string(), arguments.to_string()],
+            Kind::Other { raw } => vec![raw.to_string()],
+            Kind::Attachment => vec![],
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    for (name, dialect) in [
+        ("anthropic_claude_code_long.json", Dialect::AnthropicMessages),
+        ("openai_chat_agent_long.json", Dialect::ChatCompletions),
+    ] {
+        let body = fixture(name);
+        let none = BTreeSet::new();
+        let label = name.trim_end_matches(".json");
+        let mut group = c.benchmark_group(label);
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.sample_size(20);
+
+        let warm = Rewriter::new(settings(), TokenCounter::new(1_000_000), ModelTable::default());
+        let first = warm.rewrite_body(dialect, &body, &none).unwrap();
+        eprintln!(
+            "{label}: {} bytes, {} messages, tokens {} -> {} (pruned {}, truncated {}, deduped {})",
+            body.len(),
+            first.report.message_count,
+            first.report.tokens_before,
+            first.report.tokens_after,
+            first.report.pruned,
+            first.report.truncated,
+            first.report.deduped
+        );
+        group.bench_function("rewrite_warm_cache", |b| {
+            b.iter(|| black_box(warm.rewrite_body(dialect, black_box(&body), &none)))
+        });
+
+        group.bench_function("rewrite_cold_cache", |b| {
+            b.iter_batched(
+                || Rewriter::new(settings(), TokenCounter::new(1_000_000), ModelTable::default()),
+                |cold| black_box(cold.rewrite_body(dialect, &body, &none)),
+                criterion::BatchSize::PerIteration,
+            )
+        });
+
+        let all = texts(dialect, &body);
+        group.bench_function("tiktoken_alone", |b| {
+            b.iter(|| all.iter().map(|t| tokenize_len(Encoding::O200kBase, t)).sum::<u32>())
+        });
+        group.bench_function("parse_only", |b| b.iter(|| black_box(ParsedRequest::parse(dialect, &body))));
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -3,12 +3,14 @@
 //! A request flows one way through named stages: route, read body, rewrite, forward, tap the
 //! response, record. Each stage is a module of its own.
 
+pub mod compaction;
 pub mod config;
 pub mod conversation;
 pub mod dialect;
 pub mod error;
 pub mod healthcheck;
 pub mod json;
+pub mod overflow;
 pub mod proxy;
 pub mod rewrite;
 pub mod route;
@@ -17,4 +19,3 @@ pub mod session;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;
-pub mod overflow;

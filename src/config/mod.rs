@@ -14,6 +14,7 @@ use http::Uri;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+use crate::compaction::CompactionSettings;
 use crate::tokens::{Encoding, ModelInfo, ModelTable};
 
 pub use reader::Reader;
@@ -45,6 +46,7 @@ pub struct Config {
     pub repair: RepairConfig,
     pub session: SessionConfig,
     pub admin: AdminConfig,
+    pub compaction: CompactionSettings,
     /// `[models.NAME]` entries over the built-in table.
     pub models: BTreeMap<String, ModelInfo>,
 }
@@ -232,6 +234,7 @@ impl Default for Config {
                 tenant_secret: String::new(),
             },
             admin: AdminConfig { token: String::new() },
+            compaction: CompactionSettings::default(),
             models: BTreeMap::new(),
         }
     }
@@ -345,6 +348,7 @@ impl Config {
                 tenant_secret: r.get("session.tenant_secret", d.session.tenant_secret),
             },
             admin: AdminConfig { token: r.get("admin.token", d.admin.token) },
+            compaction: compaction_settings(&mut r, d.compaction),
             models: BTreeMap::new(),
         };
         let mut config = config;
@@ -385,6 +389,48 @@ impl Config {
     /// The effective configuration as TOML, for `--check-config`.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+    }
+}
+
+fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSettings {
+    let non_empty = |s: String| if s.trim().is_empty() { Err("must not be empty".to_string()) } else { Ok(s) };
+    CompactionSettings {
+        auto: r.get("compaction.auto", d.auto),
+        threshold: r.parse("compaction.threshold", d.threshold, |t: f64| {
+            if t > 0.0 && t <= 1.0 { Ok(t) } else { Err("must be in (0, 1]".into()) }
+        }),
+        max_retries: r.get("compaction.max_retries", d.max_retries),
+        model: r.get("compaction.model", d.model),
+        summary_max_tokens: r.parse("compaction.summary_max_tokens", d.summary_max_tokens, positive_u32),
+        keep_recent_tokens: r.parse("compaction.keep_recent_tokens", d.keep_recent_tokens, positive_u32),
+        user_message_max_tokens: r.get("compaction.user_message_max_tokens", d.user_message_max_tokens),
+        summary_prefix: r.get("compaction.summary_prefix", d.summary_prefix),
+        system_prompt: r.parse("compaction.system_prompt", d.system_prompt, non_empty),
+        instruction: r.parse("compaction.instruction", d.instruction, non_empty),
+        emergency_protect_tokens: r.get("compaction.emergency_protect_tokens", d.emergency_protect_tokens),
+        min_output_tokens: r.parse("compaction.min_output_tokens", d.min_output_tokens, positive_u32),
+        transcript_output_tokens: r.parse(
+            "compaction.transcript_output_tokens",
+            d.transcript_output_tokens,
+            positive_u32,
+        ),
+        summary_timeout_ms: r.parse("compaction.summary_timeout_ms", d.summary_timeout_ms, positive),
+        lock_wait_ms: r.get("compaction.lock_wait_ms", d.lock_wait_ms),
+        max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
+        agent_markers: r
+            .get::<Vec<String>>("compaction.agent_markers", d.agent_markers)
+            .into_iter()
+            .map(|m| m.to_lowercase())
+            .collect(),
+        extra_overflow_patterns: r.parse(
+            "compaction.extra_overflow_patterns",
+            d.extra_overflow_patterns,
+            |p: Vec<String>| {
+                crate::overflow::OverflowDetector::new(&p)
+                    .map(|_| p.clone())
+                    .map_err(|e| format!("not a valid pattern: {e}"))
+            },
+        ),
     }
 }
 

@@ -93,12 +93,57 @@ impl<'a> ParsedRequest<'a> {
             Dialect::ChatCompletions => chat::render_messages(self),
             Dialect::AnthropicMessages => anthropic::render_messages(self),
         };
-        let span = json::span_in(self.body, self.top.get("messages")?)?;
+        self.splice(&[("messages", messages)])
+    }
+
+    /// The body with these top-level fields replaced (or appended when absent); every other byte
+    /// stays as the client sent it.
+    pub fn splice(&self, fields: &[(&str, String)]) -> Option<Vec<u8>> {
+        let mut edits: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+        let mut appended = String::new();
+        for (key, value) in fields {
+            match self.top.get(key) {
+                Some(raw) => edits.push((json::span_in(self.body, raw)?, value.clone())),
+                None => {
+                    appended.push(',');
+                    json::push_json_string(&mut appended, key);
+                    appended.push(':');
+                    appended.push_str(value);
+                }
+            }
+        }
+        if !appended.is_empty() {
+            let close = self.body.iter().rposition(|b| *b == b'}')?;
+            edits.push((close..close, appended));
+        }
+        edits.sort_by_key(|(span, _)| span.start);
         let mut out = Vec::with_capacity(self.body.len());
-        out.extend_from_slice(&self.body[..span.start]);
-        out.extend_from_slice(messages.as_bytes());
-        out.extend_from_slice(&self.body[span.end..]);
+        let mut at = 0;
+        for (span, text) in edits {
+            out.extend_from_slice(&self.body[at..span.start]);
+            out.extend_from_slice(text.as_bytes());
+            at = span.end;
+        }
+        out.extend_from_slice(&self.body[at..]);
         Some(out)
+    }
+
+    /// The number of leading system/developer messages, which every rebuild keeps first.
+    pub fn lead(&self) -> usize {
+        self.messages.iter().take_while(|m| m.role == Role::System).count()
+    }
+
+    /// The output budget the client asked for, and the field it used.
+    pub fn max_tokens(&self) -> Option<(&'static str, u64)> {
+        ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .into_iter()
+            .find_map(|key| self.top.get(key).and_then(|v| v.get().parse::<u64>().ok()).map(|n| (key, n)))
+    }
+
+    /// Tokens of message `index` as counted (items plus framing).
+    pub fn message_tokens(&self, index: usize) -> u32 {
+        self.conversation.items.iter().filter(|i| i.message == index).map(|i| i.tokens).sum::<u32>()
+            + crate::conversation::FRAMING_TOKENS
     }
 }
 

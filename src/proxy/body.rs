@@ -36,6 +36,8 @@ pin_project! {
         last_frame: Instant,
         record: RequestRecord,
         usage: Option<UsageTap>,
+        // Bytes compactor already read while holding the stream; sent first.
+        prefix: Option<Bytes>,
         finished: bool,
     }
 
@@ -50,7 +52,13 @@ pin_project! {
 }
 
 impl TapBody {
-    pub fn new(inner: Incoming, idle_timeout: Duration, record: RequestRecord, usage: Option<UsageTap>) -> Self {
+    pub fn new(
+        inner: Incoming,
+        idle_timeout: Duration,
+        record: RequestRecord,
+        usage: Option<UsageTap>,
+        prefix: Option<Bytes>,
+    ) -> Self {
         if record.streaming {
             metric::stream_started();
         }
@@ -61,6 +69,7 @@ impl TapBody {
             last_frame: Instant::now(),
             record,
             usage,
+            prefix: prefix.filter(|p| !p.is_empty()),
             finished: false,
         }
     }
@@ -74,6 +83,13 @@ impl Body for TapBody {
         let mut this = self.project();
         if *this.finished {
             return Poll::Ready(None);
+        }
+        if let Some(prefix) = this.prefix.take() {
+            this.record.bytes_out += prefix.len() as u64;
+            if let Some(tap) = this.usage.as_mut() {
+                tap.observe(&prefix);
+            }
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         loop {
             match this.inner.as_mut().poll_frame(cx) {
@@ -115,11 +131,22 @@ impl Body for TapBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished || self.inner.is_end_stream()
+        self.prefix.is_none() && (self.finished || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.prefix {
+            None => self.inner.size_hint(),
+            Some(prefix) => {
+                let inner = self.inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + prefix.len() as u64);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + prefix.len() as u64);
+                }
+                hint
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod body;
 mod prepare;
 pub mod record;
+mod recover;
 pub mod usage;
 
 use std::sync::Arc;
@@ -15,8 +16,10 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use crate::compaction::CompactionSettings;
 use crate::config::Config;
 use crate::error::ProxyError;
+use crate::overflow::OverflowDetector;
 use crate::rewrite::{PruneSettings, RewriteSettings, Rewriter};
 use crate::route::Route;
 use crate::session::{Identifier, Store, StoreError};
@@ -25,7 +28,9 @@ use crate::upstream::{Upstreams, headers};
 
 pub use body::ResponseBody;
 use body::TapBody;
+use prepare::Prepared;
 use record::RequestRecord;
+use recover::Inspected;
 use usage::{Framing, UsageTap};
 
 /// What the pipeline needs for every request, built once at start.
@@ -35,6 +40,8 @@ pub struct Proxy {
     pub rewriter: Rewriter,
     pub identifier: Identifier,
     pub store: Store,
+    pub compaction: CompactionSettings,
+    pub detector: OverflowDetector,
     idle_timeout: Duration,
     request_ids: RequestIds,
     store_warnings: RateLimitedWarning,
@@ -52,6 +59,9 @@ impl Proxy {
             ),
             identifier: Identifier::new(&config.session.header, &config.session.tenant_secret),
             store: Store::from_config(&config.session),
+            compaction: config.compaction.clone(),
+            detector: OverflowDetector::new(&config.compaction.extra_overflow_patterns)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
             config,
             request_ids: RequestIds::new(),
             store_warnings: RateLimitedWarning::new(Duration::from_secs(10)),
@@ -78,7 +88,7 @@ impl Proxy {
         };
         record.bytes_in = body.len() as u64;
 
-        let prepared = self.prepare(route, &parts.headers, body).await;
+        let prepared = self.prepare(route, &parts, body).await;
         if let Some(report) = &prepared.report {
             record.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
@@ -93,44 +103,53 @@ impl Proxy {
         }
         let tap_usage = prepared.session.is_some();
 
-        let mut upstream_request = match self.upstreams.build_request(&route, &parts, prepared.body) {
-            Ok(request) => request,
-            Err(error) => return self.fail(error, route, record),
-        };
-        if tap_usage {
-            // The usage tap reads the response: ask for it uncompressed.
-            upstream_request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        }
-
         let forwarded_at = Instant::now();
         record.overhead = forwarded_at - record.started;
         record.forwarded_at = Some(forwarded_at);
-        let response = match self.upstreams.send(route.family, upstream_request).await {
-            Ok(response) => response,
+        let Prepared { body, session, report, recovery, compacted, .. } = prepared;
+        let forwarded = match self.forward(route, &parts, body, recovery).await {
+            Ok(forwarded) => forwarded,
             Err(error) => return self.fail(error, route, record),
         };
         let head_at = Instant::now();
         record.upstream_ttfb = Some(head_at - forwarded_at);
 
-        let (mut parts, incoming) = response.into_parts();
-        headers::strip_hop_by_hop(&mut parts.headers);
-        parts.headers.insert("x-compactor-request-id", header_value(&record.request_id));
-        record.status = parts.status.as_u16();
-        if let Some(session) = &prepared.session {
-            parts.headers.insert("x-compactor-session", header_value(&session.key));
+        let (mut response_parts, incoming, held) = match forwarded.inspected {
+            Inspected::Pass { parts, body, held } => (parts, Some(body), held),
+            Inspected::Buffered { parts, body } | Inspected::Overflow { parts, body, .. } => (parts, None, Some(body)),
+        };
+        let headers = &mut response_parts.headers;
+        headers::strip_hop_by_hop(headers);
+        headers.insert("x-compactor-request-id", header_value(&record.request_id));
+        record.status = response_parts.status.as_u16();
+        if let Some(session) = &session {
+            headers.insert("x-compactor-session", header_value(&session.key));
         }
-        if let Some(report) = &prepared.report {
-            parts.headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
-            parts.headers.insert("x-compactor-tokens-after", HeaderValue::from(report.tokens_after));
-            parts.headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
+        if let Some(report) = &report {
+            let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
+            headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
+            headers.insert("x-compactor-tokens-after", HeaderValue::from(after));
+            headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
+            headers.insert("x-compactor-retries", HeaderValue::from(forwarded.retries));
+            record.tokens = Some((report.tokens_before, after, report.pruned));
+        }
+        if let Some(generation) = forwarded.compacted.or(compacted) {
+            headers.insert("x-compactor-compacted", HeaderValue::from(generation));
         }
         record.streaming =
-            parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let usage = (tap_usage && parts.status.is_success())
-            .then(|| UsageTap::new(if record.streaming { Framing::EventStream } else { Framing::Json }));
+            headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         record.overhead += head_at.elapsed();
-        let body = ResponseBody::Upstream { body: TapBody::new(incoming, self.idle_timeout, record, usage) };
-        Response::from_parts(parts, body)
+        let Some(incoming) = incoming else {
+            // compactor read the whole (error) body: send it on exactly as it came.
+            headers.remove(header::TRANSFER_ENCODING);
+            let bytes = held.unwrap_or_default();
+            record.outcome = record::Outcome::Complete;
+            return Response::from_parts(response_parts, ResponseBody::full_with_record(bytes, record));
+        };
+        let usage = (tap_usage && response_parts.status.is_success())
+            .then(|| UsageTap::new(if record.streaming { Framing::EventStream } else { Framing::Json }));
+        let body = ResponseBody::Upstream { body: TapBody::new(incoming, self.idle_timeout, record, usage, held) };
+        Response::from_parts(response_parts, body)
     }
 
     fn fail(&self, error: ProxyError, route: Route, mut record: RequestRecord) -> Response<ResponseBody> {

@@ -48,6 +48,10 @@ pub struct RewriteReport {
     pub model: ModelInfo,
     /// Messages in the request as the client sent it.
     pub message_count: usize,
+    /// The output budget the client asked for (`max_tokens` and its siblings).
+    pub max_tokens: Option<u64>,
+    /// Raw tokens of each message as forwarded, for the hybrid estimate.
+    pub message_tokens: Vec<u32>,
 }
 
 /// The outcome: a new body when something changed.
@@ -71,27 +75,61 @@ impl Rewriter {
 
     /// Rewrites a parsed request; `pruned_before` holds the session's earlier pruning decisions.
     pub async fn rewrite(&self, parsed: &mut ParsedRequest<'_>, pruned_before: &BTreeSet<String>) -> Rewritten {
+        self.rewrite_with(parsed, pruned_before, &self.settings).await
+    }
+
+    /// Like [`Rewriter::rewrite`] with other settings (the overflow ladder prunes harder).
+    pub async fn rewrite_with(
+        &self,
+        parsed: &mut ParsedRequest<'_>,
+        pruned_before: &BTreeSet<String>,
+        settings: &RewriteSettings,
+    ) -> Rewritten {
+        let model = self.count(parsed).await;
+        self.apply(parsed, model, pruned_before, settings)
+    }
+
+    /// Counts every item's tokens (tokenizing what the cache lacks off the async workers).
+    pub async fn count(&self, parsed: &mut ParsedRequest<'_>) -> ModelInfo {
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
         self.warm_cache(parsed, model.encoding).await;
-        self.apply(parsed, model, pruned_before)
+        self.count_items(parsed, model.encoding);
+        model
     }
 
     /// Parses and rewrites in one go, on the calling thread (tests, benchmarks). `None` when the
     /// body is not `dialect`.
+    /// Scales a raw count by the model's vendor factor.
+    pub fn scaled(tokens: u32, model: ModelInfo) -> u32 {
+        scale(tokens, model.token_factor)
+    }
+
     pub fn rewrite_body(&self, dialect: Dialect, body: &[u8], pruned_before: &BTreeSet<String>) -> Option<Rewritten> {
         let mut parsed = ParsedRequest::parse(dialect, body)?;
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
-        Some(self.apply(&mut parsed, model, pruned_before))
+        self.count_items(&mut parsed, model.encoding);
+        Some(self.apply(&mut parsed, model, pruned_before, &self.settings))
     }
 
-    fn apply(&self, parsed: &mut ParsedRequest, model: ModelInfo, pruned_before: &BTreeSet<String>) -> Rewritten {
+    /// Runs the policies on a counted request.
+    fn apply(
+        &self,
+        parsed: &mut ParsedRequest,
+        model: ModelInfo,
+        pruned_before: &BTreeSet<String>,
+        settings: &RewriteSettings,
+    ) -> Rewritten {
         let encoding = model.encoding;
         let count = |text: &str| self.counter.count(encoding, text);
-        self.count_items(parsed, encoding);
-        let settings = &self.settings;
+        let mut report = RewriteReport {
+            model,
+            message_count: parsed.messages.len(),
+            max_tokens: parsed.max_tokens().map(|(_, n)| n),
+            ..Default::default()
+        };
+        let message_count = parsed.messages.len();
         let conversation = &mut parsed.conversation;
         let before = conversation.tokens_before();
-        let mut report = RewriteReport { model, message_count: parsed.messages.len(), ..Default::default() };
 
         let mut last = before;
         let mut step = |conversation: &Conversation, saved: &mut u32| {
@@ -117,6 +155,17 @@ impl Rewriter {
             report.repaired = repair::apply(conversation);
         }
         let after = conversation.tokens_after(count);
+        let mut per_message = vec![FRAMING_TOKENS; message_count];
+        for item in &conversation.items {
+            if let Some(slot) = per_message.get_mut(item.message) {
+                *slot += match &item.edit {
+                    crate::conversation::Edit::Keep => item.tokens,
+                    crate::conversation::Edit::Replace(text) => count(text) + FRAMING_TOKENS,
+                    crate::conversation::Edit::Remove => 0,
+                };
+            }
+        }
+        report.message_tokens = per_message;
         report.tokens_before = scale(before, model.token_factor);
         report.tokens_after = scale(after, model.token_factor);
         report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);
@@ -146,7 +195,7 @@ impl Rewriter {
     }
 
     /// Fills in every item's tokens and the conversation's fixed cost.
-    fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
+    pub fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
         let count = |text: &str| self.counter.count(encoding, text);
         let image = self.settings.image_tokens;
         for item in &mut parsed.conversation.items {

@@ -123,7 +123,14 @@ impl RedisStore {
             pruned: pruned.into_iter().collect(),
             compactions,
             usage,
-            counters: Counters { requests: counter("requests"), tokens_saved: counter("tokens_saved") },
+            counters: Counters {
+                requests: counter("requests"),
+                tokens_saved: counter("tokens_saved"),
+                compaction_failures: counter("compaction_failures"),
+                failures_at_messages: counter("failures_at_messages"),
+                compact_requested: counter("compact_requested"),
+                learned_window: counter("learned_window"),
+            },
         })
     }
 
@@ -138,7 +145,22 @@ impl RedisStore {
         if let Some(usage) = &update.usage {
             pipeline.set(&keys[1], Versioned::json(usage)).ignore();
         }
-        pipeline.hincr(&keys[2], "requests", 1).ignore();
+        if update.count_request {
+            pipeline.hincr(&keys[2], "requests", 1).ignore();
+        }
+        if update.clear_usage {
+            pipeline.del(&keys[1]).ignore();
+        }
+        if let Some((failures, at)) = update.breaker {
+            pipeline.hset(&keys[2], "compaction_failures", failures).ignore();
+            pipeline.hset(&keys[2], "failures_at_messages", at).ignore();
+        }
+        if let Some(requested) = update.compact_requested {
+            pipeline.hset(&keys[2], "compact_requested", u64::from(requested)).ignore();
+        }
+        if let Some(window) = update.learned_window {
+            pipeline.hset(&keys[2], "learned_window", window).ignore();
+        }
         if update.tokens_saved > 0 {
             pipeline.hincr(&keys[2], "tokens_saved", update.tokens_saved).ignore();
         }

@@ -56,6 +56,14 @@ fn describe_rewrite() {
         "compactor_session_store_errors_total",
         "Session store reads or writes that failed or timed out."
     );
+    describe_counter!("compactor_overflows_total", "Context-overflow errors seen from upstreams, by route.");
+    describe_counter!("compactor_retries_total", "Retries after an overflow, by route.");
+    describe_counter!(
+        "compactor_compactions_total",
+        "Compactions by trigger (overflow, threshold, admin) and outcome."
+    );
+    describe_histogram!("compactor_summary_call_seconds", Unit::Seconds, "Latency of summary calls.");
+    describe_counter!("compactor_summary_tokens_total", "Estimated tokens sent to and received from summary calls.");
 }
 
 pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) {
@@ -82,6 +90,26 @@ pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) 
 
 pub fn rewrite_skipped(route: &'static str, reason: &'static str) {
     counter!("compactor_rewrites_total", "route" => route, "outcome" => reason).increment(1);
+}
+
+pub fn overflow_seen(route: &'static str) {
+    counter!("compactor_overflows_total", "route" => route).increment(1);
+}
+
+pub fn retry(route: &'static str) {
+    counter!("compactor_retries_total", "route" => route).increment(1);
+}
+
+pub fn compaction(trigger: &'static str, outcome: &'static str) {
+    counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).increment(1);
+}
+
+pub fn summary_latency(elapsed: Duration) {
+    histogram!("compactor_summary_call_seconds").record(elapsed.as_secs_f64());
+}
+
+pub fn summary_tokens(direction: &'static str, tokens: u64) {
+    counter!("compactor_summary_tokens_total", "direction" => direction).increment(tokens);
 }
 
 pub fn store_error() {

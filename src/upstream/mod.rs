@@ -91,6 +91,10 @@ impl Upstreams {
         Ok(request)
     }
 
+    pub fn first_byte_timeout(&self) -> Duration {
+        self.first_byte_timeout
+    }
+
     /// Sends a request and waits for the response head, bounded by the first-byte timeout.
     pub async fn send(
         &self,

@@ -1,0 +1,147 @@
+//! Where to cut, what to keep, and the rebuilt conversation: lead system messages, the summary,
+//! the user's own messages from the summarized part, then the recent turns verbatim.
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::conversation::{Kind, Role};
+use crate::dialect::ParsedRequest;
+use crate::json;
+use crate::rewrite::truncate::head_and_tail;
+use crate::session::state::CompactionRecord;
+
+/// Hash of the first `count` messages, ignoring `cache_control` markers (agents move them from turn
+/// to turn, and they change nothing of the conversation).
+pub fn prefix_hash(parsed: &ParsedRequest, count: usize) -> String {
+    let mut hasher = Xxh3::new();
+    for message in parsed.messages.iter().take(count) {
+        let raw = message.raw.get();
+        if raw.contains("\"cache_control\"") {
+            if let Ok(mut value) = serde_json::from_str::<serde_json::Value>(raw) {
+                strip_cache_control(&mut value);
+                hasher.update(value.to_string().as_bytes());
+            }
+        } else {
+            hasher.update(raw.as_bytes());
+        }
+        hasher.update(b"\0");
+    }
+    format!("{:032x}", hasher.digest128())
+}
+
+fn strip_cache_control(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.shift_remove("cache_control");
+            map.values_mut().for_each(strip_cache_control);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_cache_control),
+        _ => {}
+    }
+}
+
+/// Whether the conversation may be cut right before message `index` with every tool pair intact:
+/// a user turn that carries no tool results, or an assistant turn (its results follow it).
+fn is_boundary(parsed: &ParsedRequest, index: usize) -> bool {
+    let role = parsed.messages[index].role;
+    let carries_results = parsed
+        .conversation
+        .items
+        .iter()
+        .any(|item| item.message == index && matches!(item.kind, Kind::ToolResult { .. }));
+    matches!(role, Role::User | Role::Assistant) && !carries_results
+}
+
+/// The first message to keep verbatim: about `keep_recent_tokens` from the end, at a clean turn
+/// boundary, strictly after `after` (the previous cut) so there is something new to summarize.
+pub fn choose_cut(parsed: &ParsedRequest, keep_recent_tokens: u32, after: usize) -> Option<usize> {
+    let count = parsed.messages.len();
+    let lower = after.max(parsed.lead()) + 1;
+    if count < 2 || lower > count - 1 {
+        return None;
+    }
+    let mut kept = 0u32;
+    let mut target = count - 1;
+    for index in (lower..count).rev() {
+        kept = kept.saturating_add(parsed.message_tokens(index));
+        if kept >= keep_recent_tokens {
+            target = index;
+            break;
+        }
+    }
+    let before = (lower..=target).rev().find(|&i| is_boundary(parsed, i));
+    before.or_else(|| (target + 1..count).find(|&i| is_boundary(parsed, i)))
+}
+
+/// Indices of the user's own messages in `lead..cut`, newest first up to `budget` tokens, returned
+/// oldest first, so the user's intent is never summarized away.
+pub fn user_messages(parsed: &ParsedRequest, cut: usize, budget: u32) -> Vec<u32> {
+    let mut chosen = Vec::new();
+    let mut used = 0u32;
+    for index in (parsed.lead()..cut).rev() {
+        if parsed.messages[index].role != Role::User || user_text(parsed, index).is_none() {
+            continue;
+        }
+        let tokens = parsed.message_tokens(index);
+        if used + tokens > budget {
+            break;
+        }
+        used += tokens;
+        chosen.push(index as u32);
+    }
+    chosen.reverse();
+    chosen
+}
+
+/// The text of a message that is only the user's words (no tool results), attachments left out.
+fn user_text(parsed: &ParsedRequest, index: usize) -> Option<String> {
+    let mut texts = Vec::new();
+    for item in parsed.conversation.items.iter().filter(|i| i.message == index) {
+        match &item.kind {
+            Kind::Text { text, .. } => texts.push(text.as_ref()),
+            Kind::Attachment | Kind::Other { .. } => {}
+            _ => return None,
+        }
+    }
+    (!texts.is_empty()).then(|| texts.join("\n"))
+}
+
+/// The rebuilt request body for `record` applied to this conversation.
+pub fn rebuild(
+    parsed: &ParsedRequest,
+    record: &CompactionRecord,
+    prefix: &str,
+    count: &dyn Fn(&str) -> u32,
+) -> Option<Vec<u8>> {
+    let cut = usize::try_from(record.covered_messages).ok()?;
+    let mut messages: Vec<String> = parsed.messages[..parsed.lead()].iter().map(|m| m.raw.get().to_string()).collect();
+    messages.push(user_message(&format!("{prefix}{}", record.summary)));
+    let limit = record.truncate_user_tokens;
+    let shorten =
+        |text: String| if limit > 0 && count(&text) > limit { head_and_tail(&text, limit, count) } else { text };
+    for &index in &record.user_messages {
+        let text = user_text(parsed, index as usize)?;
+        messages.push(user_message(&shorten(text)));
+    }
+    for (index, message) in parsed.messages.iter().enumerate().skip(cut) {
+        // The aggressive rung also cuts oversized user messages of the kept tail.
+        match user_text(parsed, index) {
+            Some(text) if limit > 0 && message.role == Role::User && count(&text) > limit => {
+                messages.push(user_message(&shorten(text)))
+            }
+            _ => messages.push(message.raw.get().to_string()),
+        }
+    }
+    parsed.splice(&[("messages", format!("[{}]", messages.join(",")))])
+}
+
+fn user_message(text: &str) -> String {
+    format!(r#"{{"role":"user","content":{}}}"#, json::json_string(text))
+}
+
+/// The newest stored record whose covered prefix this conversation still starts with.
+pub fn matching_record<'r>(parsed: &ParsedRequest, records: &'r [CompactionRecord]) -> Option<&'r CompactionRecord> {
+    records.iter().rev().find(|record| {
+        let covered = record.covered_messages as usize;
+        covered > 0 && covered < parsed.messages.len() && prefix_hash(parsed, covered) == record.covered_hash
+    })
+}
