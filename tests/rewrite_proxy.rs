@@ -175,3 +175,61 @@ async fn a_body_compactor_cannot_parse_is_forwarded_as_it_came() {
         assert_eq!(fake.last().body, body);
     }
 }
+
+fn conversation_fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/tests/fixtures/conversations/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+#[tokio::test]
+async fn recorded_agent_conversations_shrink_and_still_pass_a_strict_upstream() {
+    let fake = FakeUpstream::start().await;
+    fake.strict_pairing();
+    let proxy = Compactor::start(&fake, "");
+    for (name, path) in [
+        ("anthropic_claude_code_long.json", "/v1/messages?beta=true"),
+        ("openai_chat_agent_long.json", "/v1/chat/completions"),
+    ] {
+        let body = conversation_fixture(name);
+        let answer =
+            send(request("POST", &proxy.url(path), &[("x-api-key", "k"), ("authorization", "Bearer k")], body.clone()))
+                .await;
+        assert_eq!(answer.status, 200, "{name}: {}", answer.text());
+        let before: u32 = answer.header("x-compactor-tokens-before").unwrap().parse().unwrap();
+        let after: u32 = answer.header("x-compactor-tokens-after").unwrap().parse().unwrap();
+        assert!(before > 150_000, "{name}: {before}");
+        assert!(after < before * 3 / 4, "{name}: {before} -> {after}");
+        let sent = fake.last();
+        assert!(sent.body.len() < body.len());
+        let client: Value = serde_json::from_slice(&body).unwrap();
+        let forwarded = sent.json();
+        let (client_messages, sent_messages) =
+            (client["messages"].as_array().unwrap(), forwarded["messages"].as_array().unwrap());
+        assert_eq!(client_messages.len(), sent_messages.len());
+        for (c, s) in client_messages.iter().zip(sent_messages) {
+            if c["role"] == "assistant" {
+                // Assistant turns (thinking blocks with signatures, tool calls) arrive untouched.
+                assert_eq!(c, s);
+            }
+        }
+        let text = String::from_utf8_lossy(&sent.body);
+        for marker in ["ZEPHYR-LANTERN-42", "COBALT-HERON-19", "FINAL-KESTREL-55"] {
+            assert!(text.contains(marker), "{name}: user text with {marker} must survive");
+        }
+    }
+}
+
+#[tokio::test]
+async fn recorded_broken_pairs_are_repaired_for_a_strict_upstream() {
+    let fake = FakeUpstream::start().await;
+    fake.strict_pairing();
+    let proxy = Compactor::start(&fake, "");
+    for (name, path) in
+        [("anthropic_broken_pairs.json", "/v1/messages"), ("openai_broken_pairs.json", "/v1/chat/completions")]
+    {
+        let body = conversation_fixture(name);
+        let direct = send(request("POST", &format!("{}{path}", fake.url()), &[], body.clone())).await;
+        assert_eq!(direct.status, 400, "{name} must be broken to begin with");
+        let answer = send(request("POST", &proxy.url(path), &[("x-api-key", "k")], body)).await;
+        assert_eq!(answer.status, 200, "{name}: {}", answer.text());
+    }
+}

@@ -363,7 +363,7 @@ impl Proxy {
         }
         tracing::info!(
             session = %rec.key,
-            trigger,
+            trigger = %trigger,
             generation,
             tokens_before = record.tokens_before,
             tokens_after = record.tokens_after,

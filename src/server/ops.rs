@@ -8,7 +8,7 @@ use super::AppState;
 use crate::error::ProxyError;
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
-use crate::session::Store;
+use crate::session::{SessionUpdate, Store};
 
 /// Answers compactor's own paths; `None` for every request meant for the upstream.
 pub async fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<ResponseBody>> {
@@ -51,7 +51,8 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
     }
 }
 
-/// `GET|DELETE /admin/sessions/{key}`: a session's stored state, or forgetting it.
+/// `GET|DELETE /admin/sessions/{key}`: a session's stored state, or forgetting it;
+/// `POST /admin/sessions/{key}/compact`: compact it on its next request.
 async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Response<ResponseBody> {
     let token = &state.proxy.config.admin.token;
     if token.is_empty() {
@@ -65,10 +66,23 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
     if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
         return ProxyError::Unauthorized.into_response(ApiFamily::OpenAi);
     }
-    let Some(key) = rest.strip_prefix("sessions/").filter(|k| !k.is_empty() && !k.contains('/')) else {
+    let store: &Store = &state.proxy.store;
+    if let Some(key) = rest.strip_prefix("sessions/").and_then(|k| k.strip_suffix("/compact")).filter(|k| valid_key(k))
+    {
+        if request.method() != Method::POST {
+            return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
+        }
+        let update = SessionUpdate { compact_requested: Some(true), ..Default::default() };
+        return match store.update(key, &update).await {
+            Ok(()) => json(StatusCode::ACCEPTED, serde_json::json!({"session": key, "compact_on_next_request": true})),
+            Err(error) => {
+                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
+            }
+        };
+    }
+    let Some(key) = rest.strip_prefix("sessions/").filter(|k| valid_key(k)) else {
         return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
     };
-    let store: &Store = &state.proxy.store;
     match *request.method() {
         Method::GET => match store.load(key).await {
             Ok(session)
@@ -96,6 +110,10 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
             response
         }
     }
+}
+
+fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.')
 }
 
 /// Compares without an early exit, so the token cannot be guessed byte by byte from timing.

@@ -47,6 +47,9 @@ pub struct RedisStore {
     timeout: Duration,
 }
 
+/// Compaction records kept per session.
+pub const MAX_RECORDS: usize = 20;
+
 /// Deletes the lock only when the caller still owns it.
 const RELEASE_LOCK: &str =
     r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) else return 0 end"#;
@@ -166,6 +169,8 @@ impl RedisStore {
         }
         if let Some(record) = &update.compaction {
             pipeline.rpush(&keys[3], Versioned::json(record)).ignore();
+            // The newest records are the ones that can still match; keep a bounded lineage.
+            pipeline.ltrim(&keys[3], -(MAX_RECORDS as isize), -1).ignore();
         }
         // Every key of the session gets (or keeps) the TTL: refreshed on use.
         for key in &keys {

@@ -114,6 +114,8 @@ impl SessionState {
         self.counters.tokens_saved += update.tokens_saved;
         if let Some(record) = &update.compaction {
             self.compactions.push(record.clone());
+            let excess = self.compactions.len().saturating_sub(super::redis::MAX_RECORDS);
+            self.compactions.drain(..excess);
         }
     }
 }

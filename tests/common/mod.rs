@@ -4,6 +4,7 @@
 pub mod fake;
 pub mod redis_server;
 pub mod strict;
+pub mod window;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
