@@ -32,7 +32,10 @@ pub fn head_and_tail(text: &str, max_tokens: u32, count: &dyn Fn(&str) -> u32) -
     loop {
         let head = cut_head(text, keep_bytes);
         let tail = cut_tail(text, keep_bytes);
-        let removed = total.saturating_sub(count(head) + count(tail));
+        // Estimated by bytes, so the pieces need no tokenizing of their own: only the result is
+        // counted, once, to check it fits.
+        let removed_bytes = text.len().saturating_sub(head.len() + tail.len());
+        let removed = (f64::from(total) * removed_bytes as f64 / text.len().max(1) as f64).round() as u32;
         let result = if lines > 1 {
             format!("Total output lines: {lines}\n\n{head}\n…{removed} tokens truncated…\n{tail}")
         } else {
