@@ -77,6 +77,17 @@ pub struct Conversation<'a> {
     pub fixed_tokens: u32,
     /// The role of every message, by index.
     pub roles: Vec<Role>,
+    pub pairing: Pairing,
+}
+
+/// Where a dialect wants tool results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pairing {
+    /// Right after the calling turn (Chat Completions, Anthropic).
+    #[default]
+    Adjacent,
+    /// Anywhere after the call (Responses).
+    AnywhereAfter,
 }
 
 impl<'a> Conversation<'a> {
@@ -125,6 +136,9 @@ impl Conversation<'_> {
     /// (Anthropic).
     pub fn result_zone(&self, assistant: usize) -> std::ops::Range<usize> {
         let start = assistant + 1;
+        if self.pairing == Pairing::AnywhereAfter {
+            return start..self.roles.len();
+        }
         let mut end = start;
         while self.roles.get(end) == Some(&Role::Tool) {
             end += 1;

@@ -94,8 +94,69 @@ fn anthropic_body(turns: &[Turn]) -> Value {
     json!({"model": "claude-sonnet-4-5", "max_tokens": 1000, "messages": messages})
 }
 
+fn responses_body(turns: &[Turn]) -> Value {
+    let mut input =
+        vec![json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sys"}]})];
+    let mut call = 0;
+    for turn in turns {
+        match turn {
+            Turn::User(t) => {
+                input.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]}))
+            }
+            Turn::Assistant(t) => input
+                .push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]})),
+            Turn::Tools(results) => {
+                let ids: Vec<String> = results
+                    .iter()
+                    .map(|_| {
+                        call += 1;
+                        format!("call_{call}")
+                    })
+                    .collect();
+                input.push(json!({"type": "reasoning", "id": format!("rs_{call}"), "summary": [], "encrypted_content": "gAAAAB"}));
+                for id in &ids {
+                    input.push(json!({"type": "function_call", "call_id": id, "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"}));
+                }
+                for (id, size) in ids.iter().zip(results) {
+                    if let Some(size) = size {
+                        input.push(
+                            json!({"type": "function_call_output", "call_id": id, "output": text_of(*size, call)}),
+                        );
+                    }
+                }
+            }
+            Turn::Orphan(size) => input
+                .push(json!({"type": "function_call_output", "call_id": "call_ghost", "output": text_of(*size, 0)})),
+        }
+    }
+    json!({"model": "gpt-5-codex", "instructions": null, "input": input, "store": false, "stream": true})
+}
+
+/// Responses: every call has exactly one output after it, and no output lacks its call.
+fn assert_paired_responses(body: &Value) {
+    let input = body["input"].as_array().unwrap();
+    for (i, item) in input.iter().enumerate() {
+        if item["type"] == "function_call" {
+            let id = item["call_id"].as_str().unwrap();
+            let outputs =
+                input[i + 1..].iter().filter(|o| o["type"] == "function_call_output" && o["call_id"] == id).count();
+            assert_eq!(outputs, 1, "call {id}");
+        }
+        if item["type"] == "function_call_output" {
+            let id = item["call_id"].as_str().unwrap();
+            assert!(
+                input[..i].iter().any(|c| c["type"] == "function_call" && c["call_id"] == id),
+                "orphan output {id}"
+            );
+        }
+    }
+}
+
 /// Every call answered exactly once where the API wants it, and no result anywhere else.
 fn assert_paired(dialect: Dialect, body: &Value) {
+    if dialect == Dialect::Responses {
+        return assert_paired_responses(body);
+    }
     let messages = body["messages"].as_array().unwrap();
     let mut answered_positions = BTreeSet::new();
     for (i, message) in messages.iter().enumerate() {
@@ -114,6 +175,7 @@ fn assert_paired(dialect: Dialect, body: &Value) {
                 .filter(|b| b["type"] == "tool_use")
                 .map(|b| b["id"].as_str().unwrap())
                 .collect(),
+            Dialect::Responses => unreachable!("checked above"),
         };
         if calls.is_empty() {
             continue;
@@ -140,6 +202,7 @@ fn assert_paired(dialect: Dialect, body: &Value) {
                     results.push(block["tool_use_id"].as_str().unwrap());
                 }
             }
+            Dialect::Responses => unreachable!("checked above"),
         }
         let mut sorted_calls = calls.clone();
         sorted_calls.sort();
@@ -168,7 +231,8 @@ fn assert_paired(dialect: Dialect, body: &Value) {
 /// User and assistant text, in order.
 fn texts(body: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    for message in body["messages"].as_array().unwrap() {
+    let history = if body.get("input").is_some() { &body["input"] } else { &body["messages"] };
+    for message in history.as_array().unwrap() {
         if message["role"] == "tool" {
             continue;
         }
@@ -223,6 +287,11 @@ proptest! {
     #[test]
     fn chat_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
         check(Dialect::ChatCompletions, chat_body(&turns));
+    }
+
+    #[test]
+    fn responses_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
+        check(Dialect::Responses, responses_body(&turns));
     }
 
     #[test]

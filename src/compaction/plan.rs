@@ -48,7 +48,15 @@ fn is_boundary(parsed: &ParsedRequest, index: usize) -> bool {
         .items
         .iter()
         .any(|item| item.message == index && matches!(item.kind, Kind::ToolResult { .. }));
-    matches!(role, Role::User | Role::Assistant) && !carries_results
+    // A reasoning item belongs to the item after it: never cut between them.
+    let after_reasoning = index > 0
+        && parsed
+            .conversation
+            .items
+            .iter()
+            .any(|item| item.message == index - 1 && matches!(item.kind, Kind::Thinking { .. }))
+        && parsed.messages[index - 1].blocks.is_none();
+    matches!(role, Role::User | Role::Assistant) && !carries_results && !after_reasoning
 }
 
 /// The first message to keep verbatim: about `keep_recent_tokens` from the end, at a clean turn

@@ -102,6 +102,12 @@ pub fn request_body(
             json_string(&settings.system_prompt),
             json_string(&user)
         ),
+        Dialect::Responses => format!(
+            r#"{{"model":{},"instructions":{},"input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":{}}}]}}],"max_output_tokens":{max_tokens},"store":false,"stream":false}}"#,
+            json_string(model),
+            json_string(&settings.system_prompt),
+            json_string(&user)
+        ),
     };
     body.into_bytes()
 }
@@ -116,6 +122,15 @@ pub fn extract(dialect: Dialect, body: &[u8]) -> Option<String> {
             .iter()
             .filter(|b| b["type"] == "text")
             .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Dialect::Responses => value["output"]
+            .as_array()?
+            .iter()
+            .filter(|item| item["type"] == "message")
+            .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+            .filter(|part| part["type"] == "output_text")
+            .filter_map(|part| part["text"].as_str().map(str::to_string))
             .collect::<Vec<_>>()
             .join("\n"),
     };

@@ -12,9 +12,12 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
     if let Some(system) = parsed.top.get("system") {
         if system.get().starts_with('[') {
             let (text, _) = text_of_parts(&json::as_array(system)?);
-            parsed.system.push(text);
+            parsed.system.push(text.clone());
+            parsed.top_system.push(text);
         } else if system.get() != "null" {
-            parsed.system.push(json::as_str(system)?);
+            let text = json::as_str(system)?;
+            parsed.system.push(text.clone());
+            parsed.top_system.push(text);
         }
     }
     for (index, raw) in raw_messages.into_iter().enumerate() {

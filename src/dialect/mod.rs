@@ -3,12 +3,13 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod responses;
 
 use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use crate::conversation::{Conversation, Role};
+use crate::conversation::{Conversation, Pairing, Role};
 use crate::json::{self, RawObject};
 use crate::route::Endpoint;
 
@@ -17,6 +18,7 @@ use crate::route::Endpoint;
 pub enum Dialect {
     ChatCompletions,
     AnthropicMessages,
+    Responses,
 }
 
 impl Dialect {
@@ -24,7 +26,24 @@ impl Dialect {
         match endpoint {
             Endpoint::ChatCompletions => Some(Self::ChatCompletions),
             Endpoint::Messages => Some(Self::AnthropicMessages),
+            Endpoint::Responses => Some(Self::Responses),
             _ => None,
+        }
+    }
+
+    /// The top-level field that holds the conversation.
+    pub fn history_field(self) -> &'static str {
+        match self {
+            Self::Responses => "input",
+            _ => "messages",
+        }
+    }
+
+    /// Where tool results must stand: right after their call's turn, or anywhere after it.
+    pub fn pairing(self) -> Pairing {
+        match self {
+            Self::Responses => Pairing::AnywhereAfter,
+            _ => Pairing::Adjacent,
         }
     }
 }
@@ -49,8 +68,11 @@ pub struct ParsedRequest<'a> {
     pub stream: bool,
     pub messages: Vec<Message<'a>>,
     pub conversation: Conversation<'a>,
-    /// System prompt texts, in order (top-level and in-message), for counting and fingerprints.
+    /// System prompt texts, in order (top-level and in-message), for fingerprints.
     pub system: Vec<Cow<'a, str>>,
+    /// System text outside `messages` (Anthropic `system`, Responses `instructions`): counted as a
+    /// fixed cost, since no policy touches it.
+    pub top_system: Vec<Cow<'a, str>>,
     /// The tool definitions, counted as they are.
     pub tools: Option<&'a RawValue>,
 }
@@ -60,7 +82,7 @@ impl<'a> ParsedRequest<'a> {
     /// the request is forwarded untouched.
     pub fn parse(dialect: Dialect, body: &'a [u8]) -> Option<Self> {
         let top: RawObject<'a> = serde_json::from_slice(body).ok()?;
-        let messages_raw = top.get("messages")?;
+        let messages_raw = top.get(dialect.history_field())?;
         let raw_messages = json::as_array(messages_raw)?;
         let model = top.str("model");
         let stream = top.get("stream").is_some_and(|v| v.get() == "true");
@@ -74,13 +96,16 @@ impl<'a> ParsedRequest<'a> {
             messages: Vec::with_capacity(raw_messages.len()),
             conversation: Conversation::default(),
             system: Vec::new(),
+            top_system: Vec::new(),
             tools,
         };
         match dialect {
             Dialect::ChatCompletions => chat::parse_messages(&mut parsed, raw_messages)?,
             Dialect::AnthropicMessages => anthropic::parse_messages(&mut parsed, raw_messages)?,
+            Dialect::Responses => responses::parse_messages(&mut parsed, raw_messages)?,
         }
         parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
+        parsed.conversation.pairing = dialect.pairing();
         Some(parsed)
     }
 
@@ -92,8 +117,9 @@ impl<'a> ParsedRequest<'a> {
         let messages = match self.dialect {
             Dialect::ChatCompletions => chat::render_messages(self),
             Dialect::AnthropicMessages => anthropic::render_messages(self),
+            Dialect::Responses => responses::render_items(self),
         };
-        self.splice(&[("messages", messages)])
+        self.splice(&[(self.dialect.history_field(), messages)])
     }
 
     /// The body with these top-level fields replaced (or appended when absent); every other byte

@@ -45,6 +45,17 @@ impl Prepared {
     }
 }
 
+/// A Responses request whose history is stored upstream.
+fn is_stateful(parsed: &ParsedRequest) -> bool {
+    ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v.get() != "null"))
+}
+
+/// Codex's newest compaction: a `compaction_trigger` item that expects one `compaction` item back.
+fn asks_for_compaction_item(parsed: &ParsedRequest) -> bool {
+    parsed.dialect == Dialect::Responses
+        && parsed.messages.iter().any(|m| m.object.str("type").as_deref() == Some("compaction_trigger"))
+}
+
 impl Proxy {
     /// Identifies the session and rewrites the body when the endpoint is one compactor
     /// understands; anything it cannot parse is forwarded exactly as it came.
@@ -55,7 +66,13 @@ impl Proxy {
             return Prepared::untouched(body);
         };
         let session = self.identifier.identify(&parts.headers, Some(&parsed));
-        if agent::is_agent_compaction(&parsed, &self.compaction.agent_markers) {
+        if is_stateful(&parsed) {
+            // The history lives at the provider (previous_response_id, conversation): compactor
+            // cannot see it, so it changes nothing.
+            metric::rewrite_skipped(route.label(), "stateful");
+            return Prepared::untouched(body.clone());
+        }
+        if agent::is_agent_compaction(&parsed, &self.compaction.agent_markers) || asks_for_compaction_item(&parsed) {
             // The agent is summarizing its own history: stay out of its way.
             metric::rewrite_skipped(route.label(), "agent_compaction");
             let mut prepared = Prepared::untouched(body.clone());

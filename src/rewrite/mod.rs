@@ -205,13 +205,9 @@ impl Rewriter {
         if let Some(tools) = parsed.tools {
             fixed += count(tools.get());
         }
-        if parsed.dialect == Dialect::AnthropicMessages {
-            // The top-level system prompt is not an item: policies never touch it.
-            let in_messages =
-                parsed.conversation.items.iter().filter(|i| matches!(i.kind, Kind::System { .. })).count();
-            for text in parsed.system.iter().take(parsed.system.len().saturating_sub(in_messages)) {
-                fixed += count(text) + FRAMING_TOKENS;
-            }
+        // System text outside the history is not an item: policies never touch it.
+        for text in &parsed.top_system {
+            fixed += count(text) + FRAMING_TOKENS;
         }
         parsed.conversation.fixed_tokens = fixed;
     }
@@ -240,7 +236,7 @@ fn countable_texts<'p>(parsed: &'p ParsedRequest<'_>) -> impl Iterator<Item = &'
         };
         [first, second]
     });
-    items.chain(parsed.tools.map(|t| t.get())).chain(parsed.system.iter().map(|s| s.as_ref()))
+    items.chain(parsed.tools.map(|t| t.get())).chain(parsed.top_system.iter().map(|s| s.as_ref()))
 }
 
 fn scale(tokens: u32, factor: f32) -> u32 {
