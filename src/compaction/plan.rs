@@ -4,7 +4,7 @@
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::conversation::{Kind, Role};
-use crate::dialect::ParsedRequest;
+use crate::dialect::{Dialect, ParsedRequest};
 use crate::json;
 use crate::rewrite::truncate::head_and_tail;
 use crate::session::state::CompactionRecord;
@@ -122,28 +122,34 @@ pub fn rebuild(
 ) -> Option<Vec<u8>> {
     let cut = usize::try_from(record.covered_messages).ok()?;
     let mut messages: Vec<String> = parsed.messages[..parsed.lead()].iter().map(|m| m.raw.get().to_string()).collect();
-    messages.push(user_message(&format!("{prefix}{}", record.summary)));
+    messages.push(user_message(parsed.dialect, &format!("{prefix}{}", record.summary)));
     let limit = record.truncate_user_tokens;
     let shorten =
         |text: String| if limit > 0 && count(&text) > limit { head_and_tail(&text, limit, count) } else { text };
     for &index in &record.user_messages {
         let text = user_text(parsed, index as usize)?;
-        messages.push(user_message(&shorten(text)));
+        messages.push(user_message(parsed.dialect, &shorten(text)));
     }
     for (index, message) in parsed.messages.iter().enumerate().skip(cut) {
         // The aggressive rung also cuts oversized user messages of the kept tail.
         match user_text(parsed, index) {
             Some(text) if limit > 0 && message.role == Role::User && count(&text) > limit => {
-                messages.push(user_message(&shorten(text)))
+                messages.push(user_message(parsed.dialect, &shorten(text)))
             }
             _ => messages.push(message.raw.get().to_string()),
         }
     }
-    parsed.splice(&[("messages", format!("[{}]", messages.join(",")))])
+    parsed.splice(&[(parsed.dialect.history_field(), format!("[{}]", messages.join(",")))])
 }
 
-fn user_message(text: &str) -> String {
-    format!(r#"{{"role":"user","content":{}}}"#, json::json_string(text))
+fn user_message(dialect: Dialect, text: &str) -> String {
+    match dialect {
+        Dialect::Responses => format!(
+            r#"{{"type":"message","role":"user","content":[{{"type":"input_text","text":{}}}]}}"#,
+            json::json_string(text)
+        ),
+        _ => format!(r#"{{"role":"user","content":{}}}"#, json::json_string(text)),
+    }
 }
 
 /// The newest stored record whose covered prefix this conversation still starts with.

@@ -137,7 +137,12 @@ impl FakeUpstream {
         self.respond_with(|received| {
             let body: serde_json::Value = serde_json::from_slice(&received.body).ok()?;
             let path = received.path_and_query.split('?').next().unwrap_or("");
-            super::strict::pairing_error(path, &body).map(|error| Reply::json(400, error))
+            let error = if path.ends_with("/v1/responses") {
+                super::strict::responses_pairing_error(&body)
+            } else {
+                super::strict::pairing_error(path, &body)
+            };
+            error.map(|error| Reply::json(400, error))
         });
     }
 
@@ -262,6 +267,18 @@ fn default_reply(received: &Received) -> Reply {
                 ),
             }
         }
+    } else if path.ends_with("/v1/responses") {
+        if stream {
+            Reply::Stream { events: responses_stream(&["Hel", "lo"]) }
+        } else {
+            Reply::Full {
+                status: StatusCode::OK,
+                headers: vec![("content-type", "application/json".into())],
+                body: Bytes::from_static(
+                    br#"{"id":"resp_1","object":"response","created_at":1700000000,"status":"completed","model":"gpt-5-codex","output":[{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":13}}"#,
+                ),
+            }
+        }
     } else if path.ends_with("/v1/models") {
         Reply::Full {
             status: StatusCode::OK,
@@ -296,6 +313,32 @@ pub fn openai_stream(deltas: &[&str]) -> Vec<String> {
     }
     events.push("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-4o\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":2,\"total_tokens\":14}}\n\n".into());
     events.push("data: [DONE]\n\n".into());
+    events
+}
+
+/// An OpenAI Responses stream with these text deltas, ending in `response.completed` with usage.
+pub fn responses_stream(deltas: &[&str]) -> Vec<String> {
+    let event = |name: &str, data: serde_json::Value| format!("event: {name}\ndata: {data}\n\n");
+    let response = serde_json::json!({"id": "resp_1", "object": "response", "created_at": 1700000000, "status": "in_progress", "model": "gpt-5-codex", "output": []});
+    let mut events = vec![
+        event(
+            "response.created",
+            serde_json::json!({"type": "response.created", "sequence_number": 0, "response": response}),
+        ),
+        event(
+            "response.in_progress",
+            serde_json::json!({"type": "response.in_progress", "sequence_number": 1, "response": response}),
+        ),
+        event(
+            "response.output_item.added",
+            serde_json::json!({"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": {"type": "message", "id": "msg_1", "status": "in_progress", "role": "assistant", "content": []}}),
+        ),
+    ];
+    let text: String = deltas.concat();
+    for (i, delta) in deltas.iter().enumerate() {
+        events.push(event("response.output_text.delta", serde_json::json!({"type": "response.output_text.delta", "sequence_number": 3 + i, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": delta})));
+    }
+    events.push(event("response.completed", serde_json::json!({"type": "response.completed", "sequence_number": 3 + deltas.len(), "response": {"id": "resp_1", "object": "response", "status": "completed", "model": "gpt-5-codex", "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}], "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 14}}})));
     events
 }
 

@@ -93,3 +93,30 @@ fn anthropic(messages: &[Value]) -> Option<Value> {
     }
     None
 }
+
+/// The Responses API's pairing rules: every call has an output after it, no output lacks its call.
+pub fn responses_pairing_error(body: &Value) -> Option<Value> {
+    let input = body["input"].as_array()?;
+    let error = |message: String| json!({"error": {"message": message, "type": "invalid_request_error", "param": "input", "code": null}});
+    for (i, item) in input.iter().enumerate() {
+        let kind = item["type"].as_str().unwrap_or("");
+        if kind == "function_call" || kind == "custom_tool_call" {
+            let id = item["call_id"].as_str().unwrap_or("");
+            if !input[i + 1..].iter().any(|o| {
+                o["call_id"].as_str() == Some(id) && o["type"].as_str().is_some_and(|t| t.ends_with("_output"))
+            }) {
+                return Some(error(format!("No tool output found for function call {id}.")));
+            }
+        }
+        if kind.ends_with("_call_output") {
+            let id = item["call_id"].as_str().unwrap_or("");
+            if !input[..i]
+                .iter()
+                .any(|c| c["call_id"].as_str() == Some(id) && !c["type"].as_str().unwrap_or("").ends_with("_output"))
+            {
+                return Some(error(format!("No tool call found for function call output with call_id {id}.")));
+            }
+        }
+    }
+    None
+}

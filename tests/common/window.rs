@@ -57,6 +57,7 @@ pub fn enforce_window(fake: &FakeUpstream, spec: WindowSpec) -> Summaries {
         let body: Value = serde_json::from_slice(&received.body).ok()?;
         let path = received.path_and_query.split('?').next().unwrap_or("").to_string();
         let anthropic = path.ends_with("/v1/messages");
+        let responses = path.ends_with("/v1/responses");
         let text = String::from_utf8_lossy(&received.body).into_owned();
         if body.get("tools").is_none() && text.contains("context-compaction assistant") {
             seen.calls.fetch_add(1, Ordering::SeqCst);
@@ -66,6 +67,9 @@ pub fn enforce_window(fake: &FakeUpstream, spec: WindowSpec) -> Summaries {
                 return Some(Reply::json(500, json!({"error": {"message": "summarizer exploded", "type": "server_error"}})));
             }
             let summary = format!("Handoff summary {}. Markers: {}", seen.count(), markers(&text).join(" "));
+            if responses {
+                return Some(Reply::json(200, json!({"id": "resp_s", "object": "response", "status": "completed", "output": [{"type": "message", "id": "msg_s", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": summary, "annotations": []}]}], "usage": {"input_tokens": 10, "output_tokens": 10}})));
+            }
             return Some(if anthropic {
                 Reply::json(200, json!({"id": "msg_s", "type": "message", "role": "assistant", "content": [{"type": "text", "text": summary}], "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 10}}))
             } else {
@@ -75,9 +79,26 @@ pub fn enforce_window(fake: &FakeUpstream, spec: WindowSpec) -> Summaries {
         if let Some(error) = super::strict::pairing_error(&path, &body) {
             return Some(Reply::json(400, error));
         }
-        let tokens = body["messages"].to_string().len() / 3 + body["system"].to_string().len() / 3;
+        if responses && let Some(error) = super::strict::responses_pairing_error(&body) {
+            return Some(Reply::json(400, error));
+        }
+        let tokens = body["messages"].to_string().len() / 3 + body["system"].to_string().len() / 3 + body["input"].to_string().len() / 3;
         let max_tokens = body["max_tokens"].as_u64().unwrap_or(0) as usize;
         if tokens > spec.window {
+            if responses {
+                let error = json!({"type": "invalid_request_error", "code": "context_length_exceeded", "message": "Your input exceeds the context window of this model. Please adjust your input and try again.", "param": "input"});
+                if body["stream"] == true {
+                    let failed = json!({"type": "response.failed", "sequence_number": 2, "response": {"id": "resp_f", "object": "response", "status": "failed", "error": {"code": "context_length_exceeded", "message": error["message"]}, "output": []}});
+                    return Some(Reply::Stream {
+                        events: vec![
+                            format!("event: response.created\ndata: {}\n\n", json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_f", "status": "in_progress"}})),
+                            format!("event: error\ndata: {}\n\n", json!({"type": "error", "sequence_number": 1, "error": error})),
+                            format!("event: response.failed\ndata: {failed}\n\n"),
+                        ],
+                    });
+                }
+                return Some(Reply::json(400, json!({"error": error})));
+            }
             if anthropic {
                 return Some(Reply::json(400, json!({"type": "error", "error": {"type": "invalid_request_error", "message": format!("prompt is too long: {tokens} tokens > {} maximum", spec.window)}})));
             }
