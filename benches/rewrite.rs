@@ -6,9 +6,11 @@
 use std::collections::BTreeSet;
 use std::hint::black_box;
 
+use compactor::compaction::plan;
 use compactor::config::Config;
 use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter};
+use compactor::session::state::CompactionRecord;
 use compactor::tokens::{Encoding, ModelTable, TokenCounter, tokenize_len};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -99,6 +101,44 @@ fn bench(c: &mut Criterion) {
             b.iter(|| all.iter().map(|t| tokenize_len(Encoding::O200kBase, t)).sum::<u32>())
         });
         group.bench_function("parse_only", |b| b.iter(|| black_box(ParsedRequest::parse(dialect, &body))));
+
+        // A stored compaction record covering all but the last ~20k tokens, re-applied as on every
+        // later turn: hash the covered prefix, rebuild, then run the policies on the result.
+        let mut parsed = ParsedRequest::parse(dialect, &body).unwrap();
+        let model = ModelTable::default().lookup(parsed.model.as_deref().unwrap_or(""));
+        warm.count_items(&mut parsed, model.encoding);
+        let cut = plan::choose_cut(&parsed, 20_000, 0).unwrap();
+        let record = CompactionRecord {
+            generation: 1,
+            summary: "The agent fixed the parser; tests pass except the CLI snapshot. ".repeat(60),
+            covered_messages: cut as u64,
+            covered_hash: plan::prefix_hash(&parsed, cut),
+            first_kept: cut as u64,
+            user_messages: plan::user_messages(&parsed, cut, 20_000),
+            truncate_user_tokens: 0,
+            tokens_before: 0,
+            tokens_after: 0,
+            trigger: "overflow".into(),
+            model: "bench".into(),
+            at_unix_ms: 0,
+        };
+        let records = vec![record];
+        let prefix = Config::default().compaction.summary_prefix;
+        let apply = || {
+            let parsed = ParsedRequest::parse(dialect, &body).unwrap();
+            let record = plan::matching_record(&parsed, &records).unwrap();
+            let count = |t: &str| warm.counter.count(model.encoding, t);
+            let rebuilt = plan::rebuild(&parsed, record, &prefix, &count).unwrap();
+            warm.rewrite_body(dialect, &rebuilt, &none).map(|r| (rebuilt.len(), r.report))
+        };
+        let (rebuilt_len, report) = apply().unwrap();
+        eprintln!(
+            "{label}: stored record applied: {} -> {} bytes, {} tokens forwarded (cut at message {cut})",
+            body.len(),
+            rebuilt_len,
+            report.tokens_after
+        );
+        group.bench_function("apply_stored_compaction", |b| b.iter(|| black_box(apply())));
         group.finish();
     }
 }

@@ -479,6 +479,19 @@ mod tests {
     }
 
     #[test]
+    fn model_entries_override_the_built_in_table_and_bad_ones_are_named() {
+        let config =
+            from_toml("[models.\"my-model\"]\ncontext_window = 32768\n[models.default]\nmax_output_tokens = 2048\n")
+                .unwrap();
+        let table = config.model_table();
+        assert_eq!(table.lookup("my-model-q4").context_window, 32_768);
+        assert_eq!(table.lookup("unknown").max_output_tokens, 2_048);
+        let err = from_toml("[models.\"gpt-4.1\"]\ncontext_window = 0\nwindow = 5\n").unwrap_err().to_string();
+        assert!(err.contains("`models.gpt-4.1.context_window`"), "{err}");
+        assert!(err.contains("`models.gpt-4.1.window`"), "{err}");
+    }
+
+    #[test]
     fn later_layers_override_earlier_ones() {
         let figment = Figment::new()
             .merge(Toml::string("[upstream]\nopenai = \"http://127.0.0.1:1\"\nidle_timeout_ms = 5\n"))
