@@ -333,12 +333,16 @@ pub fn responses_stream(deltas: &[&str]) -> Vec<String> {
             "response.output_item.added",
             serde_json::json!({"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": {"type": "message", "id": "msg_1", "status": "in_progress", "role": "assistant", "content": []}}),
         ),
+        event(
+            "response.content_part.added",
+            serde_json::json!({"type": "response.content_part.added", "sequence_number": 3, "item_id": "msg_1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ),
     ];
     let text: String = deltas.concat();
     for (i, delta) in deltas.iter().enumerate() {
-        events.push(event("response.output_text.delta", serde_json::json!({"type": "response.output_text.delta", "sequence_number": 3 + i, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": delta})));
+        events.push(event("response.output_text.delta", serde_json::json!({"type": "response.output_text.delta", "sequence_number": 4 + i, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": delta})));
     }
-    events.push(event("response.completed", serde_json::json!({"type": "response.completed", "sequence_number": 3 + deltas.len(), "response": {"id": "resp_1", "object": "response", "status": "completed", "model": "gpt-5-codex", "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}], "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 14}}})));
+    events.push(event("response.completed", serde_json::json!({"type": "response.completed", "sequence_number": 4 + deltas.len(), "response": {"id": "resp_1", "object": "response", "status": "completed", "model": "gpt-5-codex", "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}], "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 14}}})));
     events
 }
 

@@ -1,0 +1,100 @@
+//! The official `openai` and `anthropic` Python SDKs, used as a user's code would, against the real
+//! binary and the fake upstream: `tests/sdk/e2e.py` does the talking, this test sets the stage.
+//!
+//! Needs a Python with both SDKs: `COMPACTOR_SDK_PYTHON=$(scripts/sdk-venv | tail -1)`. Without it
+//! the test is skipped, unless `COMPACTOR_REQUIRE_SDK_TESTS` is set (CI), which makes that a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// The model name for which the fake upstream answers 429, in the route's dialect.
+const RATE_LIMITED: &str = "rate-limited";
+
+/// Environment variables that would send the SDKs' loopback requests elsewhere.
+const PROXY_VARS: &[&str] =
+    &["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "NO_PROXY", "no_proxy"];
+
+fn rate_limited(received: &Received) -> Option<Reply> {
+    let body: serde_json::Value = serde_json::from_slice(&received.body).ok()?;
+    if body.get("model").and_then(|m| m.as_str()) != Some(RATE_LIMITED) {
+        return None;
+    }
+    let path = received.path_and_query.split('?').next().unwrap_or("");
+    let error = if path.starts_with("/v1/messages") {
+        serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit."}})
+    } else {
+        serde_json::json!({"error": {"message": "Rate limit reached for requests.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}})
+    };
+    Some(Reply::Full {
+        status: http::StatusCode::TOO_MANY_REQUESTS,
+        headers: vec![("content-type", "application/json".into()), ("retry-after", "20".into())],
+        body: bytes::Bytes::from(error.to_string()),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_python_sdks_work_through_compactor() {
+    let Some(python) = std::env::var_os("COMPACTOR_SDK_PYTHON").filter(|p| !p.is_empty()) else {
+        assert!(
+            std::env::var_os("COMPACTOR_REQUIRE_SDK_TESTS").is_none(),
+            "COMPACTOR_REQUIRE_SDK_TESTS is set but COMPACTOR_SDK_PYTHON is not: \
+             set it to a Python with the openai and anthropic SDKs, e.g. \
+             COMPACTOR_SDK_PYTHON=$(scripts/sdk-venv | tail -1)"
+        );
+        println!(
+            "skipped: COMPACTOR_SDK_PYTHON is not set (COMPACTOR_SDK_PYTHON=$(scripts/sdk-venv | tail -1) to run)"
+        );
+        return;
+    };
+
+    let fake = FakeUpstream::start().await;
+    fake.respond_with(rate_limited);
+    let proxy = Compactor::start(&fake, "");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dead = Compactor::start_with(
+        &format!("[upstream]\nopenai = \"http://{closed}\"\nanthropic = \"http://{closed}\"\n"),
+        &[],
+    );
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2e.py");
+    let mut command = Command::new(&python);
+    command
+        .arg(&script)
+        .arg("--openai-base-url")
+        .arg(proxy.url("/v1"))
+        .arg("--anthropic-base-url")
+        .arg(proxy.url(""))
+        .arg("--dead-openai-base-url")
+        .arg(dead.url("/v1"))
+        .arg("--dead-anthropic-base-url")
+        .arg(dead.url(""))
+        .arg("--verbose")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1");
+    for var in PROXY_VARS {
+        command.env_remove(var);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("run {} {}: {e}", python.to_string_lossy(), script.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    if !stderr.is_empty() {
+        eprintln!("{stderr}");
+    }
+
+    assert!(output.status.success(), "tests/sdk/e2e.py failed ({}):\n{stdout}\n{stderr}", output.status);
+    assert!(stdout.contains(" 0 failed"), "tests/sdk/e2e.py reported failures:\n{stdout}");
+    assert!(!stdout.contains("SKIP "), "tests/sdk/e2e.py skipped cases:\n{stdout}");
+    assert!(
+        fake.received().iter().any(|r| r.json()["model"] == RATE_LIMITED),
+        "the rate-limited requests reached the fake upstream"
+    );
+}
