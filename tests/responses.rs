@@ -191,3 +191,67 @@ async fn usage_from_response_completed_feeds_the_session() {
     assert_eq!(state["state"]["usage"]["cached_tokens"], 4);
     assert_eq!(state["state"]["usage"]["output_tokens"], 2);
 }
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{}/tests/fixtures/conversations/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// Every reasoning item of `body`, as its exact bytes in the client's request.
+fn reasoning_items(body: &[u8]) -> Vec<String> {
+    let value: Value = serde_json::from_slice(body).unwrap();
+    value["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "reasoning")
+        .map(|i| serde_json::to_string(i).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn recorded_codex_requests_keep_pairs_and_reasoning_and_small_ones_arrive_unchanged() {
+    let fake = FakeUpstream::start().await;
+    fake.strict_pairing();
+    let proxy = Compactor::start(&fake, "");
+    let headers = [("authorization", "Bearer sk-codex"), ("session_id", "codex-fixture")];
+
+    let small = fixture("responses_codex_small.json");
+    let answer = send(request("POST", &proxy.url("/v1/responses"), &headers, small.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(fake.last().body, small, "a request with nothing to do arrives byte-identical");
+
+    let long = fixture("responses_codex_long.json");
+    let answer = send(request("POST", &proxy.url("/v1/responses"), &headers, long.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let before: u32 = answer.header("x-compactor-tokens-before").unwrap().parse().unwrap();
+    let after: u32 = answer.header("x-compactor-tokens-after").unwrap().parse().unwrap();
+    assert!(after < before, "{before} -> {after}");
+    let sent = fake.last();
+    let forwarded = String::from_utf8(sent.body.to_vec()).unwrap();
+    let reasoning = reasoning_items(&long);
+    assert!(reasoning.len() > 50);
+    for item in &reasoning {
+        assert!(forwarded.contains(item.as_str()), "a reasoning item changed");
+    }
+    for marker in ["ZEPHYR-LANTERN-42", "FINAL-KESTREL-55"] {
+        assert!(forwarded.contains(marker));
+    }
+    assert_eq!(sent.json()["input"][0]["role"], "developer");
+
+    let broken = fixture("responses_codex_broken.json");
+    let direct = send(request("POST", &format!("{}/v1/responses", fake.url()), &[], broken.clone())).await;
+    assert_eq!(direct.status, 400);
+    let answer = send(request("POST", &proxy.url("/v1/responses"), &headers, broken)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}
+
+#[tokio::test]
+async fn recorded_stateful_and_compaction_trigger_requests_pass_untouched() {
+    let fake = FakeUpstream::start().await;
+    let proxy = Compactor::start(&fake, "[prune]\nprotect_tokens = 10\nminimum_tokens = 1\n");
+    for name in ["responses_codex_stateful.json", "responses_codex_compaction_trigger.json"] {
+        let body = fixture(name);
+        send(request("POST", &proxy.url("/v1/responses"), &[("authorization", "Bearer k")], body.clone())).await;
+        assert_eq!(fake.last().body, body, "{name}");
+    }
+}
