@@ -89,7 +89,6 @@ impl Proxy {
         };
         let record = plan::matching_record(&parsed, &state.compactions).cloned();
         let message_count = parsed.messages.len();
-        drop(parsed);
         let mut recovery = Recovery {
             dialect,
             route,
@@ -99,8 +98,10 @@ impl Proxy {
             message_count,
             record,
         };
-        let Some((mut sent, mut report)) = self.derive(&recovery, &self.rewriter.settings).await else {
-            return Prepared::untouched(body);
+        // The parse is handed on to the rewrite rather than repeated.
+        let derived = self.derive_from(&recovery, &self.rewriter.settings, Some(parsed)).await;
+        let Some((mut sent, mut report)) = derived else {
+            return Prepared::untouched(body.clone());
         };
         let mut update = SessionUpdate {
             pruned: Vec::new(),
@@ -140,34 +141,36 @@ impl Proxy {
         recovery: &Recovery,
         settings: &RewriteSettings,
     ) -> Option<(Bytes, RewriteReport)> {
-        let rebuilt;
-        let source: &[u8] = match &recovery.record {
-            Some(record) => {
-                let parsed = ParsedRequest::parse(recovery.dialect, &recovery.client_body)?;
-                let model = self.rewriter.models.lookup(parsed.model.as_deref().unwrap_or(""));
-                let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
-                rebuilt = plan::rebuild(&parsed, record, &self.compaction.summary_prefix, &count)?;
-                &rebuilt
-            }
-            None => &recovery.client_body,
+        self.derive_from(recovery, settings, None).await
+    }
+
+    /// [`Proxy::derive`] reusing the client's request when the caller already parsed it.
+    async fn derive_from<'c>(
+        &self,
+        recovery: &'c Recovery,
+        settings: &RewriteSettings,
+        client: Option<ParsedRequest<'c>>,
+    ) -> Option<(Bytes, RewriteReport)> {
+        let mut client = match client {
+            Some(parsed) => parsed,
+            None => ParsedRequest::parse(recovery.dialect, &recovery.client_body)?,
         };
-        let mut parsed = ParsedRequest::parse(recovery.dialect, source)?;
+        let Some(record) = &recovery.record else {
+            let mut rewritten = self.rewriter.rewrite_with(&mut client, &recovery.state.pruned, settings).await;
+            let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| recovery.client_body.clone());
+            return Some((body, rewritten.report));
+        };
+        // The client sent more than goes out: "before" counts the client's whole history.
+        let model = self.rewriter.count(&mut client).await;
+        let tokens_before = crate::rewrite::Rewriter::scaled(client.conversation.tokens_before(), model);
+        let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
+        let rebuilt = plan::rebuild(&client, record, &self.compaction.summary_prefix, &count)?;
+        let mut parsed = ParsedRequest::parse(recovery.dialect, &rebuilt)?;
         let mut rewritten = self.rewriter.rewrite_with(&mut parsed, &recovery.state.pruned, settings).await;
-        if recovery.record.is_some() {
-            // The client sent more than went out: count "before" as the client's whole history.
-            if let Some(mut client) = ParsedRequest::parse(recovery.dialect, &recovery.client_body) {
-                let model = self.rewriter.count(&mut client).await;
-                rewritten.report.tokens_before =
-                    crate::rewrite::Rewriter::scaled(client.conversation.tokens_before(), model);
-                rewritten.report.message_count = client.messages.len();
-            }
-        }
-        let body = match rewritten.body.take() {
-            Some(new_body) => Bytes::from(new_body),
-            None if recovery.record.is_some() => Bytes::copy_from_slice(source),
-            None => recovery.client_body.clone(),
-        };
-        Some((body, rewritten.report))
+        rewritten.report.tokens_before = tokens_before;
+        rewritten.report.message_count = client.messages.len();
+        let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());
+        Some((Bytes::from(body), rewritten.report))
     }
 
     /// True when the session's estimate (hybrid, or the full count) exceeds `threshold` x (window
