@@ -126,6 +126,20 @@ async fn an_overflow_becomes_a_normal_answer_with_exactly_one_summary_call() {
             assert!(text.contains("Yes, continue."));
             let line = proxy.wait_for_log("compacted").await;
             assert!(line.contains("trigger=overflow"), "{line}");
+            // The window the error named is remembered for the session's later estimates.
+            let key = answer.header("x-compactor-session").unwrap();
+            let admin = |key: &str| {
+                request("GET", &proxy.url(&format!("/admin/sessions/{key}")), &[("authorization", "Bearer admin")], "")
+            };
+            let mut learned = Value::Null;
+            for _ in 0..50 {
+                learned = send(admin(key)).await.json()["state"]["counters"]["learned_window"].clone();
+                if learned == WINDOW {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(learned, WINDOW, "{api:?}");
         }
     }
 }

@@ -244,3 +244,28 @@ async fn the_session_lock_has_one_owner_at_a_time() {
         assert!(store.try_lock("s", "replica-a", hold).await.unwrap(), "an abandoned lock expires");
     }
 }
+
+#[tokio::test]
+async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
+    use common::redis_server::RedisCluster;
+    let Some(cluster) = RedisCluster::start() else { return };
+    let fake = FakeUpstream::start().await;
+    let config = format!("{WINDOWS}{}", cluster.config());
+    let one = Compactor::start(&fake, &config);
+    let two = Compactor::start(&fake, &config);
+    for session in ["s1", "s2", "s3", "s4"] {
+        post(&one, "key", session, &history(3)).await;
+    }
+    assert!(eventually(async || cluster.keys().len() >= 8).await, "{:?}", cluster.keys());
+    // Every key of one session sits on the same node; sessions spread over nodes.
+    let keys = cluster.keys();
+    let mut by_session: std::collections::HashMap<String, std::collections::HashSet<usize>> = Default::default();
+    for (node, key) in &keys {
+        let tag = key.split('{').nth(1).and_then(|k| k.split('}').next()).unwrap().to_string();
+        by_session.entry(tag).or_default().insert(*node);
+    }
+    assert_eq!(by_session.len(), 4);
+    assert!(by_session.values().all(|nodes| nodes.len() == 1), "{by_session:?}");
+    // The other replica applies the decisions through the cluster.
+    assert!(eventually(async || rewound_is_pruned(&fake, &two, "key", "s1").await).await);
+}

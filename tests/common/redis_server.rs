@@ -112,3 +112,110 @@ fn rand_suffix() -> u64 {
         .map(|d| d.subsec_nanos() as u64 % 1000)
         .unwrap_or(0)
 }
+
+/// A real three-node Redis Cluster on free ports (needs `redis-server` and `redis-cli`).
+pub struct RedisCluster {
+    pub urls: Vec<String>,
+    pub prefix: String,
+    children: Vec<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// `None` (skipped) when the binaries are missing and CI does not require Redis tests.
+    pub fn start() -> Option<Self> {
+        if !(which("redis-server") && which("redis-cli")) {
+            assert!(
+                std::env::var("COMPACTOR_REQUIRE_REDIS_TESTS").is_err(),
+                "Redis Cluster tests are required here but redis-server/redis-cli are missing"
+            );
+            eprintln!("skipped: no redis-server/redis-cli for a cluster");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut children = Vec::new();
+        let mut urls = Vec::new();
+        let mut nodes = Vec::new();
+        for n in 0..3 {
+            let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let node_dir = dir.path().join(format!("n{n}"));
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+                .arg("--dir")
+                .arg(&node_dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server");
+            children.push(child);
+            urls.push(format!("redis://127.0.0.1:{port}"));
+            nodes.push(format!("127.0.0.1:{port}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for url in &urls {
+            while redis::Client::open(url.as_str()).and_then(|c| c.get_connection()).is_err() {
+                assert!(Instant::now() < deadline, "cluster node did not come up");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli --cluster create");
+        assert!(status.success(), "cluster creation failed");
+        // Wait until every slot is served.
+        loop {
+            let mut connection = redis::Client::open(urls[0].as_str()).unwrap().get_connection().unwrap();
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut connection).unwrap();
+            if info.contains("cluster_state:ok") {
+                break;
+            }
+            assert!(Instant::now() < deadline + Duration::from_secs(10), "cluster never became ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Self { urls, prefix: format!("cl{}", rand_suffix()), children, _dir: dir })
+    }
+
+    pub fn config(&self) -> String {
+        format!(
+            "[session]\nstore = \"redis\"\nredis_cluster = true\nredis_url = \"{}\"\nkey_prefix = \"{}\"\n",
+            self.urls.join(","),
+            self.prefix
+        )
+    }
+
+    /// Which node holds a key of this prefix, as (node index, key), over every node.
+    pub fn keys(&self) -> Vec<(usize, String)> {
+        let mut found = Vec::new();
+        for (index, url) in self.urls.iter().enumerate() {
+            let mut connection = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+            let keys: Vec<String> =
+                redis::cmd("KEYS").arg(format!("{}:*", self.prefix)).query(&mut connection).unwrap();
+            found.extend(keys.into_iter().map(|k| (index, k)));
+        }
+        found
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
