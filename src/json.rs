@@ -96,6 +96,34 @@ pub fn push_json_string(out: &mut String, text: &str) {
     }
 }
 
+/// Writes a JSON array from already-serialized elements.
+pub struct ArrayWriter {
+    out: String,
+    empty: bool,
+}
+
+impl ArrayWriter {
+    pub fn with_capacity(capacity: usize) -> Self {
+        let mut out = String::with_capacity(capacity);
+        out.push('[');
+        Self { out, empty: true }
+    }
+
+    /// Appends one element, given as JSON text.
+    pub fn push(&mut self, element: &str) {
+        if !self.empty {
+            self.out.push(',');
+        }
+        self.empty = false;
+        self.out.push_str(element);
+    }
+
+    pub fn finish(mut self) -> String {
+        self.out.push(']');
+        self.out
+    }
+}
+
 /// `text` as a JSON string literal.
 pub fn json_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);

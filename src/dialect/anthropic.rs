@@ -84,38 +84,28 @@ fn block_kind<'a>(role: Role, block: &'a RawValue) -> Option<Kind<'a>> {
 /// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
 pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
-    let mut out = String::with_capacity(parsed.body.len());
-    out.push('[');
-    let mut first = true;
-    let mut push = |out: &mut String, text: &str| {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(text);
-    };
+    let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
         let owed: Vec<&InsertResult> =
             if index > 0 && message.role == Role::User { inserts_for(parsed, index - 1) } else { Vec::new() };
         if conversation.message_changed(index) || !owed.is_empty() {
             if let Some(text) = render_message(parsed, index, message, &owed) {
-                push(&mut out, &text);
+                out.push(&text);
             }
         } else {
-            push(&mut out, message.raw.get());
+            out.push(message.raw.get());
         }
         // No user message follows this assistant turn: the results get one of their own.
         if message.role == Role::Assistant && parsed.messages.get(index + 1).is_none_or(|m| m.role != Role::User) {
             let owed = inserts_for(parsed, index);
             if !owed.is_empty() {
                 let blocks: Vec<String> = owed.iter().map(|i| synthetic_block(i)).collect();
-                push(&mut out, &format!(r#"{{"role":"user","content":[{}]}}"#, blocks.join(",")));
+                out.push(&format!(r#"{{"role":"user","content":[{}]}}"#, blocks.join(",")));
             }
         }
     }
-    out.push(']');
-    out
+    out.finish()
 }
 
 fn inserts_for<'p>(parsed: &'p ParsedRequest, assistant: usize) -> Vec<&'p InsertResult> {

@@ -95,23 +95,14 @@ fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
 /// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
 pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
-    let mut out = String::with_capacity(parsed.body.len());
-    out.push('[');
-    let mut first = true;
-    let mut push = |out: &mut String, text: &str| {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(text);
-    };
+    let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
         if conversation.message_changed(index) {
             if let Some(text) = render_message(parsed, index, message) {
-                push(&mut out, &text);
+                out.push(&text);
             }
         } else {
-            push(&mut out, message.raw.get());
+            out.push(message.raw.get());
         }
         // Synthetic results go right after the last tool message answering this assistant turn.
         for insert in &conversation.inserts {
@@ -124,12 +115,11 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
                 text.push_str(r#","content":"#);
                 json::push_json_string(&mut text, &insert.text);
                 text.push('}');
-                push(&mut out, &text);
+                out.push(&text);
             }
         }
     }
-    out.push(']');
-    out
+    out.finish()
 }
 
 /// A changed message: a tool message with new content, or nothing when removed.

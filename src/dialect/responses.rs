@@ -109,16 +109,7 @@ fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
 /// synthetic output goes right after its call.
 pub(super) fn render_items(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
-    let mut out = String::with_capacity(parsed.body.len());
-    out.push('[');
-    let mut first = true;
-    let mut push = |out: &mut String, text: &str| {
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(text);
-    };
+    let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
         let edit = conversation.items.iter().find(|i| i.message == index).map(|i| &i.edit);
         match edit {
@@ -126,25 +117,21 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
             Some(Edit::Replace(text)) if message.role == Role::Tool => {
                 let mut rendered = String::new();
                 message.object.write(&mut rendered, &[], |key| (key == "output").then(|| json::json_string(text)));
-                push(&mut out, &rendered);
+                out.push(&rendered);
             }
-            _ => push(&mut out, message.raw.get()),
+            _ => out.push(message.raw.get()),
         }
         for insert in conversation.inserts.iter().filter(|i| conversation.items[i.call_item].message == index) {
             let output_type = match message.object.str("type").as_deref() {
                 Some("custom_tool_call") => "custom_tool_call_output",
                 _ => "function_call_output",
             };
-            push(
-                &mut out,
-                &format!(
-                    r#"{{"type":"{output_type}","call_id":{},"output":{}}}"#,
-                    json::json_string(&insert.call_id),
-                    json::json_string(&insert.text)
-                ),
-            );
+            out.push(&format!(
+                r#"{{"type":"{output_type}","call_id":{},"output":{}}}"#,
+                json::json_string(&insert.call_id),
+                json::json_string(&insert.text)
+            ));
         }
     }
-    out.push(']');
-    out
+    out.finish()
 }

@@ -107,7 +107,7 @@ impl Proxy {
         record.overhead = forwarded_at - record.started;
         record.forwarded_at = Some(forwarded_at);
         let Prepared { body, session, report, recovery, compacted, .. } = prepared;
-        let forwarded = match self.forward(route, &parts, body, recovery).await {
+        let forwarded = match self.forward(route, &parts, body, recovery, tap_usage).await {
             Ok(forwarded) => forwarded,
             Err(error) => return self.fail(error, route, record),
         };

@@ -68,13 +68,15 @@ pub(super) struct Forwarded {
 }
 
 impl Proxy {
-    /// Sends the prepared body; on overflow, recovers when it may.
+    /// Sends the prepared body; on overflow, recovers when it may. `read_response` asks the
+    /// upstream for an uncompressed answer, which the usage tap and the inspection read.
     pub(super) async fn forward(
         &self,
         route: Route,
         parts: &Parts,
         mut body: Bytes,
         mut recovery: Option<Recovery>,
+        read_response: bool,
     ) -> Result<Forwarded, ProxyError> {
         let inspect = recovery.is_some() && self.compaction.auto;
         let mut retries = 0u32;
@@ -83,7 +85,7 @@ impl Proxy {
         let mut lowered_max_tokens = false;
         let mut tokens_after = None;
         loop {
-            let request = self.upstream_request(route, parts, body.clone(), recovery.is_some())?;
+            let request = self.upstream_request(route, parts, body.clone(), read_response)?;
             let response = self.upstreams.send(route.family, request).await?;
             let inspected = if inspect { self.inspect(response, route).await? } else { pass(response) };
             let compacted = recovery.as_ref().and_then(|r| r.record.as_ref().map(|r| r.generation));
