@@ -278,7 +278,12 @@ fn check(dialect: Dialect, body: Value) {
     assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);
     let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
     let second = rewriter.rewrite_body(dialect, &out_bytes, &pruned).unwrap();
-    assert!(second.body.is_none(), "rewriting the rewritten request must change nothing");
+    assert!(
+        second.body.is_none(),
+        "rewriting the rewritten request must change nothing:\n{}\n---\n{}",
+        String::from_utf8_lossy(&out_bytes),
+        String::from_utf8_lossy(second.body.as_deref().unwrap_or_default())
+    );
 }
 
 proptest! {

@@ -137,6 +137,10 @@ impl Rewriter {
             *saved = last.saturating_sub(now);
             last = now;
         };
+        if settings.repair_enabled {
+            // Orphans out first, so no policy sizes its windows with results that will not be sent.
+            report.repaired = repair::apply(conversation);
+        }
         if settings.truncate_enabled {
             report.truncated = truncate::apply(conversation, settings.tool_output_max_tokens, &count);
             step(conversation, &mut report.saved_by_truncate);
@@ -152,7 +156,8 @@ impl Rewriter {
             step(conversation, &mut report.saved_by_prune);
         }
         if settings.repair_enabled {
-            report.repaired = repair::apply(conversation);
+            // And last, so nothing any policy did can leave a call unpaired.
+            report.repaired += repair::apply(conversation);
         }
         let after = conversation.tokens_after(count);
         let mut per_message = vec![FRAMING_TOKENS; message_count];

@@ -36,6 +36,9 @@ pub fn apply(
             .and_then(|id| conversation.tool_name(id))
             .is_some_and(|name| settings.protected_tools.iter().any(|p| p.eq_ignore_ascii_case(name)))
     };
+    // Outputs no bigger than the placeholder (a synthetic "aborted", an empty result) gain nothing
+    // from pruning; leaving them out of the window too keeps a second pass deciding the same.
+    let not_worth = count(&settings.placeholder) + crate::conversation::FRAMING_TOKENS;
     let mut protected = 0u32;
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
@@ -48,10 +51,11 @@ pub fn apply(
             Edit::Keep if text.as_ref() == settings.placeholder => continue,
             Edit::Keep => item.tokens,
             Edit::Replace(text) if *text == settings.placeholder => continue,
-            Edit::Replace(text) => count(text),
+            // Counted as an item would be, framing included, so a second pass sees the same sizes.
+            Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
             Edit::Remove => continue,
         };
-        if protected_call(conversation, call_id) {
+        if current <= not_worth || protected_call(conversation, call_id) {
             continue;
         }
         if call_id.is_some_and(|id| previously.contains(id)) {
