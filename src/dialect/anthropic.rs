@@ -4,7 +4,7 @@
 
 use serde_json::value::RawValue;
 
-use super::{Message, ParsedRequest, text_of_parts};
+use super::{Message, ParsedRequest, string_kind, text_of_parts};
 use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
@@ -35,13 +35,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
         let item = |block, kind| Item { message: index, block, kind, tokens: 0, edit: Edit::Keep };
         match &blocks {
             None => {
-                let text = json::as_str(content)?;
-                if role == Role::System {
-                    parsed.system.push(text.clone());
-                    items.push(item(None, Kind::System { text }));
-                } else {
-                    items.push(item(None, Kind::Text { role, text }));
-                }
+                items.push(item(None, string_kind(role, json::as_str(content)?, &mut parsed.system)));
             }
             Some(blocks) => {
                 for (b, block) in blocks.iter().enumerate() {

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use crate::conversation::{Conversation, Pairing, Role};
+use crate::conversation::{Conversation, Kind, Pairing, Role};
 use crate::json::{self, RawObject};
 use crate::route::Endpoint;
 
@@ -170,6 +170,17 @@ impl<'a> ParsedRequest<'a> {
     pub fn message_tokens(&self, index: usize) -> u32 {
         self.conversation.items.iter().filter(|i| i.message == index).map(|i| i.tokens).sum::<u32>()
             + crate::conversation::FRAMING_TOKENS
+    }
+}
+
+/// The item of a message whose content is a plain string; system text is also kept for
+/// fingerprints.
+pub(crate) fn string_kind<'a>(role: Role, text: Cow<'a, str>, system: &mut Vec<Cow<'a, str>>) -> Kind<'a> {
+    if role == Role::System {
+        system.push(text.clone());
+        Kind::System { text }
+    } else {
+        Kind::Text { role, text }
     }
 }
 
