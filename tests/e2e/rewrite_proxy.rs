@@ -1,10 +1,7 @@
 //! Rewriting through the proxy: a strict upstream that rejects broken tool pairs as the providers
 //! do, pruning that stays put across the turns of a session, and the figures clients can see.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const PLACEHOLDER: &str = "[Old tool result content cleared]";

@@ -1,13 +1,10 @@
 //! Sessions, against both stores: decisions outlive a request and a process, tenants never share
 //! state, Redis trouble never stops the proxy, and the admin API shows what was decided.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::redis_server::RedisServer;
-use common::*;
+use crate::common::redis_server::RedisServer;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const PLACEHOLDER: &str = "[Old tool result content cleared]";
@@ -247,7 +244,7 @@ async fn the_session_lock_has_one_owner_at_a_time() {
 
 #[tokio::test]
 async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
-    use common::redis_server::RedisCluster;
+    use crate::common::redis_server::RedisCluster;
     let Some(cluster) = RedisCluster::start() else { return };
     let fake = FakeUpstream::start().await;
     let config = format!("{WINDOWS}{}", cluster.config());

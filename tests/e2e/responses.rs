@@ -1,12 +1,9 @@
 //! OpenAI Responses (Codex CLI and every Responses client): the same care as the other dialects.
 //! Items stay paired by call_id, reasoning items arrive byte for byte, stateful requests and the
 //! agent's own compaction pass untouched, and overflow (plain or inside a 200 stream) is recovered.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
-
-use common::window::{WindowSpec, enforce_window};
-use common::*;
+use crate::common::window::{WindowSpec, enforce_window};
+use crate::common::*;
 use serde_json::{Value, json};
 
 const REASONING: &str = r#"{"type":"reasoning","id":"rs_0a1b","summary":[{"type":"summary_text","text":"**Planning** the fix"}],"content":null,"encrypted_content":"gAAAAABo9x1Zk3r+EXAMPLE/opaque=="}"#;
@@ -158,7 +155,7 @@ async fn overflow_is_recovered_plain_and_from_a_response_failed_stream() {
         assert_eq!(items[0]["role"], "developer");
         assert!(items[1].to_string().contains("Handoff summary 1"));
         // The kept tail starts at a clean boundary: every output's call is there.
-        assert!(common::strict::responses_pairing_error(&sent).is_none());
+        assert!(crate::common::strict::responses_pairing_error(&sent).is_none());
     }
 }
 

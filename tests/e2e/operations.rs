@@ -1,12 +1,9 @@
 //! Running compactor: configuration layering and errors, health and metrics endpoints, graceful
 //! shutdown, the healthcheck subcommand.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn check_config_prints_defaults_file_values_and_environment_overrides() {

@@ -1,12 +1,9 @@
 //! The transparent proxy: what the client sends arrives upstream unchanged, what the upstream
 //! answers arrives at the client unchanged, streams flow unbuffered, failures speak the dialect.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk-test-secret-123");

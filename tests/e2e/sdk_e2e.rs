@@ -3,14 +3,11 @@
 //!
 //! Needs a Python with both SDKs: `COMPACTOR_SDK_PYTHON=$(scripts/sdk-venv | tail -1)`. Without it
 //! the test is skipped, unless `COMPACTOR_REQUIRE_SDK_TESTS` is set (CI), which makes that a failure.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// The model name for which the fake upstream answers 429, in the route's dialect.
 const RATE_LIMITED: &str = "rate-limited";

@@ -1,15 +1,12 @@
 //! Overflow recovery and compaction through the proxy, against a fake upstream with a small
 //! window and each provider's real overflow error: the agent gets a normal answer, the summary is
 //! remembered, and later turns reuse it without another summary call.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
 
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
-use common::window::{Summaries, WindowSpec, enforce_window, markers};
-use common::*;
+use crate::common::redis_server::RedisServer;
+use crate::common::window::{Summaries, WindowSpec, enforce_window, markers};
+use crate::common::*;
 use serde_json::{Value, json};
 
 const CONFIG: &str = "[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\n";

@@ -1,0 +1,14 @@
+//! The end-to-end suite: every test that runs the real compactor binary, in one test crate so the
+//! binary and the library link once. Each module is one area of behaviour.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod compaction;
+mod operations;
+mod proxy;
+mod responses;
+mod rewrite_proxy;
+mod sdk_e2e;
+mod sessions;
