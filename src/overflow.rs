@@ -8,6 +8,8 @@ use std::sync::LazyLock;
 use regex::{Regex, RegexSet};
 use serde_json::Value;
 
+use crate::sse;
+
 /// What an overflow error said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Overflow {
@@ -163,23 +165,26 @@ impl OverflowDetector {
 
     /// Whether a response (status and body; SSE text for errors inside a 200 stream) is an overflow.
     pub fn detect(&self, status: u16, body: &[u8]) -> Option<Overflow> {
-        if status == 429 || (200..300).contains(&status) && !looks_like_event_stream(body) {
+        let success = (200..300).contains(&status);
+        if status == 429 || success && !looks_like_event_stream(body) {
             return None;
         }
         let mut found = Found::default();
         match serde_json::from_slice::<Value>(body) {
             Ok(value) => found.walk(&value, 0),
-            Err(_) => {
-                let text = String::from_utf8_lossy(body);
-                for line in text.lines() {
-                    let payload = line.strip_prefix("data:").or_else(|| line.strip_prefix("error:")).map(str::trim);
-                    match payload.and_then(|p| serde_json::from_str::<Value>(p).ok()) {
-                        Some(value) => found.walk(&value, 0),
-                        None if (200..300).contains(&status) => {}
-                        None => found.texts.push(line.to_string()),
+            Err(_) if looks_like_event_stream(body) => {
+                for event in sse::events(body, body.len()) {
+                    for payload in std::iter::once(event.data.as_str()).chain(event.error.as_deref()) {
+                        match serde_json::from_str::<Value>(payload) {
+                            Ok(value) => found.walk(&value, 0),
+                            Err(_) if success => {}
+                            Err(_) => found.texts.push(payload.to_string()),
+                        }
                     }
                 }
             }
+            // A plain-text error body: every line may carry the words.
+            Err(_) => found.texts.extend(String::from_utf8_lossy(body).lines().map(str::to_string)),
         }
         let text = found.texts.join("\n").to_lowercase();
         let codes: Vec<String> = found.codes.iter().map(|c| c.to_lowercase()).collect();

@@ -75,3 +75,14 @@ fn extra_patterns_from_the_configuration_are_honoured() {
     let detector = OverflowDetector::new(&["way too big".to_string()]).unwrap();
     assert!(detector.detect(400, body).is_some());
 }
+
+#[test]
+fn an_error_event_in_a_crlf_stream_split_over_data_lines_is_recognized() {
+    let detector = OverflowDetector::default();
+    let stream = b": PROCESSING\r\n\r\nevent: error\r\ndata: {\"error\":{\"message\":\r\ndata: \"prompt is too long: 210000 tokens > 200000 maximum\"}}\r\n\r\n";
+    let found = detector.detect(200, stream).unwrap();
+    assert_eq!((found.prompt_tokens, found.limit), (Some(210000), Some(200000)));
+    let gateway =
+        b"error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"n_ctx\":4096}\r\n\r\n";
+    assert_eq!(detector.detect(200, gateway).unwrap().limit, Some(4096));
+}

@@ -22,6 +22,7 @@ use crate::rewrite::{RewriteReport, RewriteSettings};
 use crate::route::Route;
 use crate::session::SessionUpdate;
 use crate::session::state::CompactionRecord;
+use crate::sse;
 use crate::telemetry::metric;
 
 /// Largest error body or held stream prefix compactor reads to look for an overflow.
@@ -446,8 +447,10 @@ impl Proxy {
         // than the first-byte timeout.
         let deadline = tokio::time::Instant::now() + self.upstreams.first_byte_timeout();
         let mut held = BytesMut::new();
+        let mut first = FirstEvent::new();
+        let mut verdict = Verdict::Wait;
         loop {
-            match first_event_verdict(&held) {
+            match verdict {
                 Verdict::Release => return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()) }),
                 Verdict::Error => {
                     return Ok(match self.detector.detect(200, &held) {
@@ -464,16 +467,11 @@ impl Proxy {
                 Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         held.extend_from_slice(&data);
+                        verdict = first.push(&data);
                     }
                 }
-                // The stream ended (or broke) while held: pass on what there is.
+                // The stream ended (or broke) while held, with no verdict: pass on what there is.
                 Ok(None) | Ok(Some(Err(_))) | Err(_) => {
-                    let verdict = first_event_verdict(&held);
-                    if verdict == Verdict::Error
-                        && let Some(overflow) = self.detector.detect(200, &held)
-                    {
-                        return Ok(Inspected::Overflow { overflow, parts, body: held.freeze() });
-                    }
                     return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()) });
                 }
             }
@@ -521,54 +519,65 @@ enum Verdict {
     Error,
 }
 
-/// Looks at the complete events held so far: comments, pings and Responses' bookkeeping events
-/// keep the hold; the first event with content releases it; an error event is inspected.
-fn first_event_verdict(held: &[u8]) -> Verdict {
-    let text = String::from_utf8_lossy(held);
-    let complete = match text.rfind("\n\n") {
-        Some(end) => &text[..end],
-        None => return Verdict::Wait,
-    };
-    for event in complete.split("\n\n") {
-        let mut name = "";
-        let mut data = String::new();
-        for line in event.lines() {
-            if let Some(rest) = line.strip_prefix("event:") {
-                name = rest.trim();
-            } else if let Some(rest) = line.strip_prefix("data:") {
-                data.push_str(rest.trim());
-            } else if line.starts_with("error:") {
-                return Verdict::Error;
-            }
-        }
-        if data.is_empty() && name.is_empty() {
-            continue;
-        }
-        if name == "error" || name == "response.failed" {
-            return Verdict::Error;
-        }
-        if data == "[DONE]" {
-            return Verdict::Release;
-        }
-        let value: serde_json::Value = match serde_json::from_str(&data) {
-            Ok(value) => value,
-            Err(_) => return Verdict::Release,
-        };
-        let kind = value.get("type").and_then(|t| t.as_str()).unwrap_or(name);
-        if value.get("error").is_some_and(|e| !e.is_null()) || kind == "error" || kind == "response.failed" {
-            return Verdict::Error;
-        }
-        match kind {
-            "ping" | "response.created" | "response.in_progress" | "response.queued" => continue,
-            _ => return Verdict::Release,
-        }
+/// Watches a held stream's events: comments, pings and Responses' bookkeeping events keep the
+/// hold; the first event with content releases it; an error event is inspected.
+struct FirstEvent {
+    reader: sse::Reader,
+    verdict: Verdict,
+}
+
+impl FirstEvent {
+    fn new() -> Self {
+        Self { reader: sse::Reader::new(MAX_INSPECT_BYTES), verdict: Verdict::Wait }
     }
-    Verdict::Wait
+
+    /// Reads the next chunk of the held stream; the verdict stands once it is not `Wait`.
+    fn push(&mut self, chunk: &[u8]) -> Verdict {
+        let verdict = &mut self.verdict;
+        self.reader.push(chunk, |event| {
+            if *verdict == Verdict::Wait {
+                *verdict = event_verdict(event);
+            }
+        });
+        self.verdict
+    }
+}
+
+fn event_verdict(event: &sse::Event) -> Verdict {
+    if event.error.is_some() {
+        return Verdict::Error;
+    }
+    let (name, data) = (event.name.as_str(), event.data.trim());
+    if data.is_empty() && name.is_empty() {
+        return Verdict::Wait;
+    }
+    if name == "error" || name == "response.failed" {
+        return Verdict::Error;
+    }
+    if data == "[DONE]" {
+        return Verdict::Release;
+    }
+    let value: serde_json::Value = match serde_json::from_str(data) {
+        Ok(value) => value,
+        Err(_) => return Verdict::Release,
+    };
+    let kind = value.get("type").and_then(|t| t.as_str()).unwrap_or(name);
+    if value.get("error").is_some_and(|e| !e.is_null()) || kind == "error" || kind == "response.failed" {
+        return Verdict::Error;
+    }
+    match kind {
+        "ping" | "response.created" | "response.in_progress" | "response.queued" => Verdict::Wait,
+        _ => Verdict::Release,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn first_event_verdict(held: &[u8]) -> Verdict {
+        FirstEvent::new().push(held)
+    }
 
     #[test]
     fn a_stream_is_held_through_pings_and_bookkeeping_and_released_at_content() {
