@@ -177,6 +177,16 @@ impl BaseUrl {
     }
 }
 
+/// The URL without any user:password it may carry, for logs and error messages.
+impl std::fmt::Display for BaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.authority.rsplit_once('@') {
+            Some((_, host)) => write!(f, "{}", self.text.replacen(&self.authority, host, 1)),
+            None => f.write_str(&self.text),
+        }
+    }
+}
+
 impl Serialize for BaseUrl {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&self.text)
@@ -489,6 +499,12 @@ mod tests {
         let err = from_toml("[models.\"gpt-4.1\"]\ncontext_window = 0\nwindow = 5\n").unwrap_err().to_string();
         assert!(err.contains("`models.gpt-4.1.context_window`"), "{err}");
         assert!(err.contains("`models.gpt-4.1.window`"), "{err}");
+    }
+
+    #[test]
+    fn a_base_url_never_shows_its_credentials() {
+        let config = from_toml("[upstream]\nopenai = \"https://user:pw-secret@gateway.example/v1\"\n").unwrap();
+        assert_eq!(config.upstream.openai.to_string(), "https://gateway.example/v1");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 
 use crate::compaction::CompactionSettings;
 use crate::config::Config;
-use crate::error::ProxyError;
+use crate::error::{Chain, ProxyError};
 use crate::overflow::OverflowDetector;
 use crate::rewrite::{PruneSettings, RewriteSettings, Rewriter};
 use crate::route::Route;
@@ -72,7 +72,7 @@ impl Proxy {
     pub(crate) fn warn_store(&self, error: &StoreError) {
         crate::telemetry::metric::store_error();
         if self.store_warnings.ready() {
-            tracing::warn!(%error, "session store failed; serving without stored state");
+            tracing::warn!(error = %Chain(error), "session store failed; serving without stored state");
         }
     }
 
@@ -153,7 +153,13 @@ impl Proxy {
     }
 
     fn fail(&self, error: ProxyError, route: Route, mut record: RequestRecord) -> Response<ResponseBody> {
-        tracing::warn!(request_id = %record.request_id, route = route.label(), error = %error, "request failed");
+        tracing::warn!(
+            request_id = %record.request_id,
+            route = route.label(),
+            error = %Chain(&error),
+            retryable = error.retryable(),
+            "request failed"
+        );
         record.status = error.status().as_u16();
         record.error = Some(error.code());
         if record.forwarded_at.is_none() {
@@ -216,7 +222,7 @@ async fn read_body(headers: &http::HeaderMap, body: Incoming, limit: u64) -> Res
     match Limited::new(body, limit_usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
-        Err(error) => Err(ProxyError::ClientBody(error.to_string())),
+        Err(error) => Err(ProxyError::ClientBody(error)),
     }
 }
 

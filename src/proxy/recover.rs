@@ -9,14 +9,14 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::response;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::Proxy;
 use super::prepare::Recovery;
 use crate::compaction::{plan, summary};
 use crate::dialect::{Dialect, ParsedRequest};
-use crate::error::ProxyError;
+use crate::error::{Chain, ProxyError};
 use crate::overflow::Overflow;
 use crate::rewrite::{RewriteReport, RewriteSettings};
 use crate::route::Route;
@@ -54,8 +54,23 @@ pub(super) enum CompactError {
     NothingToSummarize,
     #[error("another request of this session is compacting it")]
     Busy,
-    #[error("summary call failed: {0}")]
-    SummaryFailed(String),
+    #[error("summary call failed")]
+    SummaryFailed(#[source] SummaryError),
+}
+
+/// Why a summary call gave no summary.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SummaryError {
+    #[error("the summarizer's own context overflowed")]
+    Overflow,
+    #[error("the summarizer answered {0}")]
+    Status(http::StatusCode),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("the answer was empty or unreadable")]
+    Unreadable,
+    #[error(transparent)]
+    Upstream(#[from] ProxyError),
 }
 
 /// The result of forwarding with recovery.
@@ -156,7 +171,7 @@ impl Proxy {
                                 return Some((body, report));
                             }
                         }
-                        Err(error) => tracing::warn!(%error, session = %rec.key, "compaction failed"),
+                        Err(error) => tracing::warn!(error = %Chain(&error), session = %rec.key, "compaction failed"),
                     }
                 }
                 Rung::Exhausted => {}
@@ -190,7 +205,7 @@ impl Proxy {
                 self.derive(rec, &self.rewriter.settings).await.or(best)
             }
             Err(error) => {
-                tracing::warn!(%error, session = %rec.key, tokens = report.tokens_after, "compaction ahead of time failed");
+                tracing::warn!(error = %Chain(&error), session = %rec.key, tokens = report.tokens_after, "compaction ahead of time failed");
                 best
             }
         }
@@ -334,12 +349,12 @@ impl Proxy {
                     break;
                 }
                 // The summarizer's own window was smaller than estimated: halve and try once more.
-                Err(SummaryCallError::Overflow) => budget /= 2,
-                Err(SummaryCallError::Failed(reason)) => return Err(CompactError::SummaryFailed(reason)),
+                Err(SummaryError::Overflow) => budget /= 2,
+                Err(error) => return Err(CompactError::SummaryFailed(error)),
             }
         }
         metric::summary_latency(started.elapsed());
-        let summary_text = text.ok_or_else(|| CompactError::SummaryFailed("empty or unreadable summary".into()))?;
+        let summary_text = text.ok_or(CompactError::SummaryFailed(SummaryError::Unreadable))?;
         metric::summary_tokens("output", u64::from(count(&summary_text)));
         let user_budget = if harder { settings.user_message_max_tokens / 4 } else { settings.user_message_max_tokens };
         let tokens_before = crate::rewrite::Rewriter::scaled(parsed.conversation.tokens_before(), model);
@@ -377,35 +392,24 @@ impl Proxy {
     }
 
     /// The non-streaming summary request, with the client's own credentials and headers.
-    async fn summary_call(&self, parts: &Parts, route: Route, body: Vec<u8>) -> Result<Bytes, SummaryCallError> {
-        let mut request = self
-            .upstreams
-            .build_request(&route, parts, Bytes::from(body))
-            .map_err(|e| SummaryCallError::Failed(e.to_string()))?;
+    async fn summary_call(&self, parts: &Parts, route: Route, body: Vec<u8>) -> Result<Bytes, SummaryError> {
+        let mut request = self.upstreams.build_request(&route, parts, Bytes::from(body))?;
         request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         request.headers_mut().insert(header::ACCEPT, HeaderValue::from_static("application/json"));
         let timeout = Duration::from_millis(self.compaction.summary_timeout_ms);
         let call = async {
-            let response = self
-                .upstreams
-                .send(route.family, request)
-                .await
-                .map_err(|e| SummaryCallError::Failed(e.to_string()))?;
+            let response = self.upstreams.send(route.family, request).await?;
             let status = response.status();
-            let bytes = Limited::new(response.into_body(), 8 << 20)
-                .collect()
-                .await
-                .map_err(|e| SummaryCallError::Failed(e.to_string()))?
-                .to_bytes();
+            let bytes = self.upstreams.read_body(route.family, response.into_body(), 8 << 20).await?;
             if status.is_success() {
                 Ok(bytes)
             } else if self.detector.detect(status.as_u16(), &bytes).is_some() {
-                Err(SummaryCallError::Overflow)
+                Err(SummaryError::Overflow)
             } else {
-                Err(SummaryCallError::Failed(format!("status {status}")))
+                Err(SummaryError::Status(status))
             }
         };
-        tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| Err(SummaryCallError::Failed("timed out".into())))
+        tokio::time::timeout(timeout, call).await.unwrap_or(Err(SummaryError::TimedOut(timeout)))
     }
 
     /// Remembers the real window an error named, for later estimates of this session.
@@ -428,11 +432,7 @@ impl Proxy {
         let (parts, mut body) = response.into_parts();
         let status = parts.status.as_u16();
         if !parts.status.is_success() {
-            let bytes = Limited::new(body, MAX_INSPECT_BYTES)
-                .collect()
-                .await
-                .map_err(|e| ProxyError::UpstreamUnreachable { upstream: route.label().into(), reason: e.to_string() })?
-                .to_bytes();
+            let bytes = self.upstreams.read_body(route.family, body, MAX_INSPECT_BYTES).await?;
             return Ok(match self.detector.detect(status, &bytes) {
                 Some(overflow) => Inspected::Overflow { overflow, parts, body: bytes },
                 None => Inspected::Buffered { parts, body: bytes },
@@ -492,12 +492,6 @@ impl Proxy {
         }
         Ok(request)
     }
-}
-
-#[derive(Debug)]
-enum SummaryCallError {
-    Overflow,
-    Failed(String),
 }
 
 fn pass(response: http::Response<Incoming>) -> Inspected {

@@ -5,7 +5,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
 use super::AppState;
-use crate::error::ProxyError;
+use crate::error::{Chain, ProxyError};
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
 use crate::session::{SessionUpdate, Store};
@@ -46,7 +46,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
         ),
         Err(error) => json(
             StatusCode::OK,
-            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": error.to_string()}),
+            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": Chain(&error).to_string()}),
         ),
     }
 }
@@ -75,9 +75,7 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         let update = SessionUpdate { compact_requested: Some(true), ..Default::default() };
         return match store.update(key, &update).await {
             Ok(()) => json(StatusCode::ACCEPTED, serde_json::json!({"session": key, "compact_on_next_request": true})),
-            Err(error) => {
-                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
-            }
+            Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         };
     }
     let Some(key) = rest.strip_prefix("sessions/").filter(|k| valid_key(k)) else {
@@ -93,22 +91,13 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
             Ok(session) => {
                 json(StatusCode::OK, serde_json::json!({"session": key, "store": store.kind(), "state": session}))
             }
-            Err(error) => {
-                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
-            }
+            Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         },
         Method::DELETE => match store.forget(key).await {
             Ok(existed) => json(StatusCode::OK, serde_json::json!({"session": key, "forgotten": existed})),
-            Err(error) => {
-                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
-            }
+            Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         },
-        _ => {
-            let mut response =
-                json(StatusCode::METHOD_NOT_ALLOWED, serde_json::json!({"error": {"message": "use GET or DELETE"}}));
-            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, DELETE"));
-            response
-        }
+        _ => ProxyError::MethodNotAllowed { allow: "GET, DELETE" }.into_response(ApiFamily::OpenAi),
     }
 }
 

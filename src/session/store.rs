@@ -8,12 +8,17 @@ use super::redis::RedisStore;
 use super::state::{SessionState, SessionUpdate};
 use crate::config::{SessionConfig, StoreKind};
 
+/// Why the session store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("session store unavailable: {0}")]
-    Unavailable(String),
+    #[error("session store unavailable: not connected to redis")]
+    NotConnected,
+    #[error("session store unavailable")]
+    Redis(#[source] redis::RedisError),
     #[error("session store timed out after {0:?}")]
     Timeout(Duration),
+    #[error("cannot serialize session state")]
+    Serialize(#[source] serde_json::Error),
 }
 
 #[derive(Clone)]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, Uri, Version};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -73,15 +73,12 @@ impl Upstreams {
     ) -> Result<Request<UpstreamBody>, ProxyError> {
         let base = self.base(route.family);
         let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-        let uri: Uri = format!("{}{}", base.as_str(), path_and_query)
-            .parse()
-            .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream URL: {e}")))?;
+        let uri: Uri = format!("{}{}", base.as_str(), path_and_query).parse().map_err(ProxyError::BadUpstreamUrl)?;
         let mut headers = parts.headers.clone();
         headers::strip_hop_by_hop(&mut headers);
         // The body may be rewritten; hyper sets the length of what is actually sent.
         headers.remove(header::CONTENT_LENGTH);
-        let host = HeaderValue::from_str(base.authority())
-            .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream host: {e}")))?;
+        let host = HeaderValue::from_str(base.authority()).map_err(ProxyError::BadUpstreamHost)?;
         headers.insert(header::HOST, host);
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = parts.method.clone();
@@ -101,22 +98,19 @@ impl Upstreams {
         family: ApiFamily,
         request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let upstream = self.base(family).as_str().to_string();
+        let upstream = self.base(family).to_string();
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout_ms: self.first_byte_timeout_ms }),
-            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, reason: describe(&error) }),
+            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, source: Box::new(error) }),
             Ok(Ok(response)) => Ok(response),
         }
     }
-}
 
-/// The innermost cause of a client error, which is what says what actually went wrong.
-fn describe(error: &hyper_util::client::legacy::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text = format!("{text}: {cause}");
-        source = cause.source();
+    /// An upstream body read whole, up to `limit` bytes; a break on the way is the upstream's.
+    pub async fn read_body(&self, family: ApiFamily, body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(source) => Err(ProxyError::UpstreamUnreachable { upstream: self.base(family).to_string(), source }),
+        }
     }
-    text
 }

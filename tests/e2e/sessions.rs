@@ -266,3 +266,22 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     // The other replica applies the decisions through the cluster.
     assert!(eventually(async || rewound_is_pruned(&fake, &two, "key", "s1").await).await);
 }
+
+#[tokio::test]
+async fn admin_errors_speak_the_proxy_error_envelope() {
+    let fake = FakeUpstream::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let proxy =
+        Compactor::start(&fake, &format!("{WINDOWS}[session]\nstore = \"redis\"\nredis_url = \"redis://{closed}\"\n"));
+    let admin = |method: &str| {
+        request(method, &proxy.url("/admin/sessions/abc.def"), &[("authorization", "Bearer admin-secret")], "")
+    };
+    let down = send(admin("GET")).await;
+    assert_eq!(down.status, 503);
+    assert_eq!(down.json()["error"]["code"], "store_unavailable");
+    assert!(down.json()["error"]["message"].as_str().unwrap().contains("not connected to redis"), "{}", down.text());
+    let wrong = send(admin("PUT")).await;
+    assert_eq!(wrong.status, 405);
+    assert_eq!(wrong.header("allow"), Some("GET, DELETE"));
+    assert_eq!(wrong.json()["error"]["code"], "method_not_allowed");
+}
