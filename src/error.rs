@@ -19,8 +19,8 @@ pub enum ProxyError {
     ClientBody(#[source] Cause),
     #[error("the upstream at {upstream} could not be reached")]
     UpstreamUnreachable { upstream: String, source: Cause },
-    #[error("the upstream at {upstream} did not answer within {timeout_ms} ms")]
-    UpstreamTimeout { upstream: String, timeout_ms: u64 },
+    #[error("the upstream at {upstream} did not answer within {} ms", timeout.as_millis())]
+    UpstreamTimeout { upstream: String, timeout: std::time::Duration },
     #[error("cannot build the upstream request: invalid upstream URL")]
     BadUpstreamUrl(#[source] http::uri::InvalidUri),
     #[error("cannot build the upstream request: invalid upstream host")]
@@ -150,7 +150,8 @@ mod tests {
 
     #[test]
     fn openai_clients_get_the_openai_error_envelope() {
-        let err = ProxyError::UpstreamTimeout { upstream: "http://x".into(), timeout_ms: 5 };
+        let err =
+            ProxyError::UpstreamTimeout { upstream: "http://x".into(), timeout: std::time::Duration::from_millis(5) };
         let body: serde_json::Value = serde_json::from_slice(&err.body(ApiFamily::OpenAi)).unwrap();
         assert_eq!(body["error"]["code"], "upstream_timeout");
         assert_eq!(body["error"]["type"], "api_error");

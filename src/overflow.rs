@@ -150,17 +150,19 @@ fn first_number(patterns: &[Regex], text: &str) -> Option<u64> {
     patterns.iter().find_map(|re| re.captures(text)?.get(1)?.as_str().parse().ok())
 }
 
-/// Detects overflow errors; holds the user's extra patterns.
+/// Detects overflow errors; holds the user's extra patterns, compiled once.
 #[derive(Debug, Clone, Default)]
 pub struct OverflowDetector {
+    /// The patterns as configured, for `--check-config`.
+    patterns: Vec<String>,
     extra: Vec<Regex>,
 }
 
 impl OverflowDetector {
     /// `extra` are case-insensitive regular expressions (`compaction.extra_overflow_patterns`).
     pub fn new(extra: &[String]) -> Result<Self, regex::Error> {
-        let extra = extra.iter().map(|p| Regex::new(&format!("(?i){p}"))).collect::<Result<_, _>>()?;
-        Ok(Self { extra })
+        let compiled = extra.iter().map(|p| Regex::new(&format!("(?i){p}"))).collect::<Result<_, _>>()?;
+        Ok(Self { patterns: extra.to_vec(), extra: compiled })
     }
 
     /// Whether a response (status and body; SSE text for errors inside a 200 stream) is an overflow.
@@ -207,6 +209,13 @@ impl OverflowDetector {
             prompt_tokens: first_number(&PROMPT, &text).or(found.n_prompt_tokens),
             max_tokens: first_number(&MAX_TOKENS, &text),
         })
+    }
+}
+
+/// Serialized as the configured patterns, the form they were given in.
+impl serde::Serialize for OverflowDetector {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.patterns.serialize(serializer)
     }
 }
 

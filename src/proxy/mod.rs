@@ -51,17 +51,16 @@ impl Proxy {
     pub fn new(config: Arc<Config>) -> Result<Self, std::io::Error> {
         Ok(Self {
             upstreams: Upstreams::new(&config)?,
-            idle_timeout: config.upstream.idle_timeout(),
+            idle_timeout: config.upstream.idle_timeout,
             rewriter: Rewriter::new(
                 rewrite_settings(&config),
                 TokenCounter::new(config.tokens.cache_entries),
                 config.model_table(),
             ),
-            identifier: Identifier::new(&config.session.header, &config.session.tenant_secret),
+            identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
             store: Store::from_config(&config.session),
             compaction: config.compaction.clone(),
-            detector: OverflowDetector::new(&config.compaction.extra_overflow_patterns)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            detector: config.compaction.overflow.clone(),
             config,
             request_ids: RequestIds::new(),
             store_warnings: RateLimitedWarning::new(Duration::from_secs(10)),

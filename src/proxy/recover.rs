@@ -244,7 +244,7 @@ impl Proxy {
     ) -> Result<CompactionRecord, CompactError> {
         let owner =
             format!("{:016x}", xxhash_rust::xxh3::xxh3_64(format!("{:?}{}", Instant::now(), rec.key).as_bytes()));
-        let hold = Duration::from_millis(self.compaction.summary_timeout_ms + 10_000);
+        let hold = self.compaction.summary_timeout + Duration::from_secs(10);
         let generation = rec.state.compactions.iter().map(|r| r.generation).max().unwrap_or(0);
         match self.store.try_lock(&rec.key, &owner, hold).await {
             Ok(true) => {}
@@ -285,7 +285,7 @@ impl Proxy {
 
     /// Waits for the lock holder's record, then reuses it.
     async fn await_winner(&self, rec: &mut Recovery, generation: u32) -> Result<CompactionRecord, CompactError> {
-        let deadline = Instant::now() + Duration::from_millis(self.compaction.lock_wait_ms);
+        let deadline = Instant::now() + self.compaction.lock_wait;
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let Ok(state) = self.store.load(&rec.key).await else { continue };
@@ -396,7 +396,7 @@ impl Proxy {
         let mut request = self.upstreams.build_request(&route, parts, Bytes::from(body))?;
         request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         request.headers_mut().insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        let timeout = Duration::from_millis(self.compaction.summary_timeout_ms);
+        let timeout = self.compaction.summary_timeout;
         let call = async {
             let response = self.upstreams.send(route.family, request).await?;
             let status = response.status();

@@ -54,7 +54,7 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let drain = Duration::from_millis(state.proxy.config.shutdown.drain_timeout_ms);
+    let drain = state.proxy.config.shutdown.drain_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(60));
     builder.http2().timer(TokioTimer::new());

@@ -63,7 +63,7 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.expose().as_bytes())) {
         return ProxyError::Unauthorized.into_response(ApiFamily::OpenAi);
     }
     let store: &Store = &state.proxy.store;

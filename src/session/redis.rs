@@ -59,8 +59,8 @@ impl RedisStore {
         let store = Self {
             connection: Arc::new(OnceCell::new()),
             prefix: config.key_prefix.clone(),
-            ttl_secs: i64::try_from(config.ttl_secs).unwrap_or(i64::MAX),
-            timeout: Duration::from_millis(config.redis_timeout_ms),
+            ttl_secs: i64::try_from(config.ttl.as_secs()).unwrap_or(i64::MAX),
+            timeout: config.redis_timeout,
         };
         let cell = store.connection.clone();
         let urls: Vec<String> = config.redis_url.split(',').map(|u| u.trim().to_string()).collect();

@@ -31,9 +31,7 @@ impl Store {
     /// Builds the configured store; a Redis store connects in the background (needs a runtime).
     pub fn from_config(config: &SessionConfig) -> Self {
         match config.store {
-            StoreKind::Memory => {
-                Store::Memory(MemoryStore::new(config.max_sessions, Duration::from_secs(config.ttl_secs)))
-            }
+            StoreKind::Memory => Store::Memory(MemoryStore::new(config.max_sessions, config.ttl)),
             StoreKind::Redis => Store::Redis(RedisStore::new(config)),
         }
     }

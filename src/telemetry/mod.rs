@@ -3,13 +3,12 @@
 pub mod metric;
 
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
-use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
 
 /// Installs the global tracing subscriber. Logs go to stdout; they never carry headers or bodies.
 pub fn init_logging(config: &LogConfig) {
-    let filter = EnvFilter::try_new(&config.level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = config.level.env_filter();
     // Colour only on a terminal: piped logs are read by machines.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi);

@@ -28,14 +28,13 @@ pub struct Upstreams {
     openai: BaseUrl,
     anthropic: BaseUrl,
     first_byte_timeout: Duration,
-    first_byte_timeout_ms: u64,
 }
 
 impl Upstreams {
     pub fn new(config: &Config) -> Result<Self, std::io::Error> {
         let upstream: &UpstreamConfig = &config.upstream;
         let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(upstream.connect_timeout()));
+        http.set_connect_timeout(Some(upstream.connect_timeout));
         http.set_nodelay(true);
         http.enforce_http(false);
         let roots = hyper_rustls::HttpsConnectorBuilder::new();
@@ -51,8 +50,7 @@ impl Upstreams {
             client,
             openai: upstream.openai.clone(),
             anthropic: upstream.anthropic.clone(),
-            first_byte_timeout: upstream.first_byte_timeout(),
-            first_byte_timeout_ms: upstream.first_byte_timeout_ms,
+            first_byte_timeout: upstream.first_byte_timeout,
         })
     }
 
@@ -100,7 +98,7 @@ impl Upstreams {
     ) -> Result<Response<Incoming>, ProxyError> {
         let upstream = self.base(family).to_string();
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout_ms: self.first_byte_timeout_ms }),
+            Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout: self.first_byte_timeout }),
             Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, source: Box::new(error) }),
             Ok(Ok(response)) => Ok(response),
         }

@@ -124,3 +124,35 @@ async fn the_healthcheck_subcommand_reports_a_live_proxy() {
     let (code, _, _) = run_binary(&["healthcheck"], &[("COMPACTOR_LISTEN", &listen)]);
     assert_eq!(code, Some(1));
 }
+
+#[tokio::test]
+async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
+    const TOKEN: &str = "admin-tok-7f3a9c";
+    const TENANT: &str = "tenant-sec-51b2e8";
+    let env = [("COMPACTOR_ADMIN__TOKEN", TOKEN), ("COMPACTOR_SESSION__TENANT_SECRET", TENANT)];
+    let (code, out, err) = run_binary(&["--check-config"], &env);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("token = \"[redacted]\""), "{out}");
+    assert!(out.contains("tenant_secret = \"[redacted]\""), "{out}");
+    for secret in [TOKEN, TENANT] {
+        assert!(!out.contains(secret) && !err.contains(secret), "{secret} printed by --check-config");
+    }
+
+    // Debug logging prints the effective configuration at start: still without the secrets.
+    let fake = FakeUpstream::start().await;
+    let toml = format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n[log]\nlevel = \"debug\"\n", fake.url());
+    let proxy = Compactor::start_with(&toml, &env);
+    proxy.wait_for_log("effective configuration").await;
+    send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
+    // The token from the environment is the one in force.
+    let admin =
+        send(request("GET", &proxy.url("/admin/sessions/x"), &[("authorization", &format!("Bearer {TOKEN}"))], ""))
+            .await;
+    assert_eq!(admin.status, 404, "{}", admin.text());
+    proxy.wait_for_log("route=chat_completions").await;
+    let logs = proxy.logs().join("\n");
+    assert!(logs.contains("[redacted]"), "the configuration was logged");
+    for secret in [TOKEN, TENANT] {
+        assert!(!logs.contains(secret), "{secret} leaked into the logs");
+    }
+}
