@@ -4,7 +4,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::route::ApiFamily;
-use crate::session::StoreError;
 
 /// A cause carried along: anything that can fail below compactor (hyper, the connector, a body).
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
@@ -31,8 +30,8 @@ pub enum ProxyError {
     NotFound,
     #[error("method not allowed; use {allow}")]
     MethodNotAllowed { allow: &'static str },
-    #[error(transparent)]
-    StoreUnavailable(#[from] StoreError),
+    #[error("session store unavailable")]
+    StoreUnavailable(#[source] Cause),
 }
 
 impl ProxyError {
@@ -184,7 +183,8 @@ mod tests {
             ProxyError::MethodNotAllowed { allow: "GET, DELETE" }.into_response(ApiFamily::OpenAi);
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(response.headers()[header::ALLOW], "GET, DELETE");
-        let unavailable = ProxyError::from(StoreError::NotConnected);
+        let cause = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let unavailable = ProxyError::StoreUnavailable(Box::new(cause));
         assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(unavailable.retryable());
         let body: serde_json::Value = serde_json::from_slice(&unavailable.body(ApiFamily::OpenAi)).unwrap();

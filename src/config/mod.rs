@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::Uri;
 use serde::Serialize;
 
-use crate::compaction::CompactionSettings;
+use crate::compaction::settings::CompactionSettings;
 use crate::rewrite::{PruneSettings, RewriteSettings};
 use crate::tokens::{ModelInfo, ModelTable};
 

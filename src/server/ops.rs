@@ -38,7 +38,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
     if !state.is_ready() {
         return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "shutting_down"}));
     }
-    let store = &state.proxy.store;
+    let store = &state.store;
     match store.health().await {
         Ok(()) => json(
             StatusCode::OK,
@@ -46,7 +46,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
         ),
         Err(error) => json(
             StatusCode::OK,
-            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": Chain(&error).to_string()}),
+            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": Chain(&ProxyError::from(error)).to_string()}),
         ),
     }
 }
@@ -54,7 +54,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
 /// `GET|DELETE /admin/sessions/{key}`: a session's stored state, or forgetting it;
 /// `POST /admin/sessions/{key}/compact`: compact it on its next request.
 async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Response<ResponseBody> {
-    let token = &state.proxy.config.admin.token;
+    let token = &state.config.admin.token;
     if token.is_empty() {
         return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
     }
@@ -66,7 +66,7 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
     if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.expose().as_bytes())) {
         return ProxyError::Unauthorized.into_response(ApiFamily::OpenAi);
     }
-    let store: &Store = &state.proxy.store;
+    let store: &Store = &state.store;
     if let Some(key) = rest.strip_prefix("sessions/").and_then(|k| k.strip_suffix("/compact")).filter(|k| valid_key(k))
     {
         if request.method() != Method::POST {

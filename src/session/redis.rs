@@ -11,8 +11,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Pipeline, RedisResult, Value as RedisValue};
 use tokio::sync::OnceCell;
 
-use super::state::{CompactionRecord, Counters, STATE_VERSION, SessionState, SessionUpdate, Usage};
-use super::store::StoreError;
+use super::error::StoreError;
+use super::state::{CompactionRecord, Counters, MAX_RECORDS, STATE_VERSION, SessionState, SessionUpdate, Usage};
 use crate::config::SessionConfig;
 
 /// A connection to one Redis or to a Redis Cluster; both reconnect by themselves.
@@ -46,9 +46,6 @@ pub struct RedisStore {
     ttl_secs: i64,
     timeout: Duration,
 }
-
-/// Compaction records kept per session.
-pub const MAX_RECORDS: usize = 20;
 
 /// Deletes the lock only when the caller still owns it.
 const RELEASE_LOCK: &str =

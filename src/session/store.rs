@@ -3,23 +3,11 @@
 
 use std::time::Duration;
 
+use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::state::{SessionState, SessionUpdate};
 use crate::config::{SessionConfig, StoreKind};
-
-/// Why the session store could not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("session store unavailable: not connected to redis")]
-    NotConnected,
-    #[error("session store unavailable")]
-    Redis(#[source] redis::RedisError),
-    #[error("session store timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("cannot serialize session state")]
-    Serialize(#[source] serde_json::Error),
-}
 
 #[derive(Clone)]
 pub enum Store {

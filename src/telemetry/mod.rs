@@ -1,6 +1,11 @@
-//! Logs and metrics: tracing set up from `[log]`, a Prometheus recorder for `GET /metrics`.
+//! Logs and metrics: tracing set up from `[log]`, a Prometheus recorder for `GET /metrics`, the
+//! per-request log line, and a limit on repeated warnings.
 
 pub mod metric;
+pub mod request;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 
@@ -25,4 +30,25 @@ pub fn init_metrics() -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new().set_buckets(&metric::SECONDS_BUCKETS)?.install_recorder()?;
     metric::describe();
     Ok(handle)
+}
+
+/// Lets a warning through at most once per interval, so a down dependency cannot flood the logs.
+pub struct RateLimited {
+    interval_ms: u64,
+    next_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl RateLimited {
+    pub fn new(interval: Duration) -> Self {
+        Self { interval_ms: interval.as_millis() as u64, next_ms: AtomicU64::new(0), epoch: Instant::now() }
+    }
+
+    /// True when this warning may be written now.
+    pub fn ready(&self) -> bool {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let next = self.next_ms.load(Ordering::Relaxed);
+        now >= next
+            && self.next_ms.compare_exchange(next, now + self.interval_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, Uri, Version};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -21,6 +21,22 @@ use crate::route::{ApiFamily, Route};
 
 /// The request body compactor sends upstream: always complete, since it may have been rewritten.
 pub type UpstreamBody = Full<Bytes>;
+
+/// The client's request without its body: what every attempt sends upstream again. compactor may
+/// change the body (and the summary call sends its own), never the method, path or headers.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub route: Route,
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+}
+
+impl RequestHead {
+    pub fn new(route: Route, parts: Parts) -> Self {
+        Self { route, method: parts.method, uri: parts.uri, headers: parts.headers }
+    }
+}
 
 /// The process-wide pooled client with both upstream bases.
 pub struct Upstreams {
@@ -63,23 +79,18 @@ impl Upstreams {
 
     /// The upstream request for a client request: base URL joined with path and query, Host set
     /// for the upstream, hop-by-hop headers dropped, every other header kept in order.
-    pub fn build_request(
-        &self,
-        route: &Route,
-        parts: &Parts,
-        body: Bytes,
-    ) -> Result<Request<UpstreamBody>, ProxyError> {
-        let base = self.base(route.family);
-        let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+    pub fn build_request(&self, head: &RequestHead, body: Bytes) -> Result<Request<UpstreamBody>, ProxyError> {
+        let base = self.base(head.route.family);
+        let path_and_query = head.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
         let uri: Uri = format!("{}{}", base.as_str(), path_and_query).parse().map_err(ProxyError::BadUpstreamUrl)?;
-        let mut headers = parts.headers.clone();
+        let mut headers = head.headers.clone();
         headers::strip_hop_by_hop(&mut headers);
         // The body may be rewritten; hyper sets the length of what is actually sent.
         headers.remove(header::CONTENT_LENGTH);
         let host = HeaderValue::from_str(base.authority()).map_err(ProxyError::BadUpstreamHost)?;
         headers.insert(header::HOST, host);
         let mut request = Request::new(Full::new(body));
-        *request.method_mut() = parts.method.clone();
+        *request.method_mut() = head.method.clone();
         *request.uri_mut() = uri;
         *request.version_mut() = Version::HTTP_11;
         *request.headers_mut() = headers;
@@ -102,6 +113,18 @@ impl Upstreams {
             Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, source: Box::new(error) }),
             Ok(Ok(response)) => Ok(response),
         }
+    }
+
+    /// A complete call with the client's head and another body, asking for an uncompressed JSON
+    /// answer: its status and whole body (up to `limit` bytes).
+    pub async fn call(&self, head: &RequestHead, body: Bytes, limit: usize) -> Result<(StatusCode, Bytes), ProxyError> {
+        let mut request = self.build_request(head, body)?;
+        request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        request.headers_mut().insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let response = self.send(head.route.family, request).await?;
+        let status = response.status();
+        let body = self.read_body(head.route.family, response.into_body(), limit).await?;
+        Ok((status, body))
     }
 
     /// An upstream body read whole, up to `limit` bytes; a break on the way is the upstream's.

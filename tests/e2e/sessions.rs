@@ -285,3 +285,30 @@ async fn admin_errors_speak_the_proxy_error_envelope() {
     assert_eq!(wrong.header("allow"), Some("GET, DELETE"));
     assert_eq!(wrong.json()["error"]["code"], "method_not_allowed");
 }
+
+#[tokio::test]
+async fn shutdown_waits_until_the_state_of_a_request_in_flight_is_stored() {
+    let Some(redis) = RedisServer::start() else { return };
+    let fake = FakeUpstream::start().await;
+    fake.set_pacing(Pacing::Gated);
+    let config = format!("{WINDOWS}{}[shutdown]\ndrain_timeout_ms = 10000\n", redis.config());
+    let mut proxy = Compactor::start(&fake, &config);
+    let mut streamed = history(3);
+    streamed["stream"] = json!(true);
+    let headers = [("authorization", "Bearer key"), ("x-session-id", "s")];
+    let body = serde_json::to_vec(&streamed).unwrap();
+    let response = client().request(request("POST", &proxy.url("/v1/chat/completions"), &headers, body)).await.unwrap();
+    let mut body = response.into_body();
+    assert!(next_chunk(&mut body, Duration::from_secs(5)).await.is_some());
+    assert!(redis.keys().is_empty(), "nothing is stored before the response is done");
+
+    proxy.terminate();
+    proxy.wait_for_log("shutting down").await;
+    for _ in 0..10 {
+        fake.release();
+    }
+    while next_chunk(&mut body, Duration::from_secs(5)).await.is_some() {}
+    assert_eq!(proxy.wait_exit(Duration::from_secs(10)), Some(0));
+    let keys = redis.keys();
+    assert!(keys.iter().any(|k| k.ends_with(":pruned")) && keys.iter().any(|k| k.ends_with(":usage")), "{keys:?}");
+}
