@@ -1,15 +1,15 @@
 //! Properties of every rewrite, for any generated conversation in either dialect: tool calls stay
 //! paired, user and assistant text is untouched, the estimate never grows beyond what repair must
 //! add, and rewriting the rewritten request changes nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 
 use compactor::dialect::Dialect;
-use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter};
-use compactor::tokens::{ModelTable, TokenCounter};
+use compactor::rewrite::Rewriter;
 use proptest::prelude::*;
 use serde_json::{Value, json};
+
+use crate::common::Settings;
 
 #[derive(Debug, Clone)]
 enum Turn {
@@ -34,6 +34,16 @@ fn text_of(size: usize, seed: usize) -> String {
     (0..size / 5).map(|i| format!("r{seed} w{i}\n")).collect()
 }
 
+/// The next `count` call ids, `{prefix}_{n}`, numbered on from `*call`.
+fn call_ids(call: &mut usize, prefix: &str, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|_| {
+            *call += 1;
+            format!("{prefix}_{call}")
+        })
+        .collect()
+}
+
 fn chat_body(turns: &[Turn]) -> Value {
     let mut messages = vec![json!({"role": "system", "content": "sys"})];
     let mut call = 0;
@@ -42,13 +52,7 @@ fn chat_body(turns: &[Turn]) -> Value {
             Turn::User(t) => messages.push(json!({"role": "user", "content": t})),
             Turn::Assistant(t) => messages.push(json!({"role": "assistant", "content": t})),
             Turn::Tools(results) => {
-                let ids: Vec<String> = results
-                    .iter()
-                    .map(|_| {
-                        call += 1;
-                        format!("call_{call}")
-                    })
-                    .collect();
+                let ids = call_ids(&mut call, "call", results.len());
                 let calls: Vec<Value> = ids
                     .iter()
                     .map(|id| json!({"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}))
@@ -76,7 +80,7 @@ fn anthropic_body(turns: &[Turn]) -> Value {
             Turn::User(t) => messages.push(json!({"role": "user", "content": [{"type": "text", "text": t}]})),
             Turn::Assistant(t) => messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": t}]})),
             Turn::Tools(results) => {
-                let ids: Vec<String> = results.iter().map(|_| { call += 1; format!("toolu_{call}") }).collect();
+                let ids = call_ids(&mut call, "toolu", results.len());
                 let uses: Vec<Value> = ids.iter().map(|id| json!({"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "ls"}})).collect();
                 messages.push(json!({"role": "assistant", "content": uses}));
                 let blocks: Vec<Value> = ids
@@ -106,13 +110,7 @@ fn responses_body(turns: &[Turn]) -> Value {
             Turn::Assistant(t) => input
                 .push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]})),
             Turn::Tools(results) => {
-                let ids: Vec<String> = results
-                    .iter()
-                    .map(|_| {
-                        call += 1;
-                        format!("call_{call}")
-                    })
-                    .collect();
+                let ids = call_ids(&mut call, "call", results.len());
                 input.push(json!({"type": "reasoning", "id": format!("rs_{call}"), "summary": [], "encrypted_content": "gAAAAB"}));
                 for id in &ids {
                     input.push(json!({"type": "function_call", "call_id": id, "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"}));
@@ -247,22 +245,12 @@ fn texts(body: &Value) -> Vec<String> {
 }
 
 fn rewriter() -> Rewriter {
-    let settings = RewriteSettings {
-        prune_enabled: true,
-        dedupe: true,
-        prune: PruneSettings {
-            protect_tokens: 500,
-            minimum_tokens: 300,
-            placeholder: "[cleared]".into(),
-            protected_tools: vec![],
-        },
-        truncate_enabled: true,
-        tool_output_max_tokens: 600,
-        repair_enabled: true,
-        image_tokens: 1000,
-        blocking_tokenize_bytes: 1 << 20,
-    };
-    Rewriter::new(settings, TokenCounter::new(100_000), ModelTable::default())
+    Settings::defaults()
+        .prune_window(500, 300)
+        .placeholder("[cleared]")
+        .protected_tools(&[])
+        .tool_output_max_tokens(600)
+        .rewriter(100_000)
 }
 
 fn check(dialect: Dialect, body: Value) {

@@ -1,6 +1,5 @@
 //! Every provider's real overflow error is recognized, with the window and prompt size it names;
 //! none of the look-alikes (rate limits, output caps) is.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use compactor::overflow::OverflowDetector;
 use serde_json::Value;
