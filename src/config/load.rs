@@ -122,37 +122,42 @@ impl Config {
             },
             admin: AdminConfig { token: r.get("admin.token", d.admin.token) },
             compaction: compaction_settings(&mut r, d.compaction),
-            models: BTreeMap::new(),
+            models: model_entries(&mut r, figment),
         };
-        let mut config = config;
-        for (name, value) in r.table("models") {
-            let key = |field: &str| format!("models.{name}.{field}");
-            let Some(table) = value.into_dict() else {
-                r.problem(&format!("models.{name}"), "expected a table");
-                continue;
-            };
-            let base = ModelTable::default().lookup(&name);
-            let mut sub = Reader::new(figment, table);
-            let info = ModelInfo {
-                context_window: sub.parse("context_window", base.context_window, positive_u32),
-                max_output_tokens: sub.parse("max_output_tokens", base.max_output_tokens, positive_u32),
-                token_factor: sub.parse("token_factor", base.token_factor, |f: f32| {
-                    if f > 0.0 && f < 10.0 { Ok(f) } else { Err("must be between 0 and 10".into()) }
-                }),
-                encoding: sub.parse("encoding", base.encoding, |s: String| match s.as_str() {
-                    "o200k_base" => Ok(Encoding::O200kBase),
-                    "cl100k_base" => Ok(Encoding::Cl100kBase),
-                    _ => Err(format!("`{s}` is not one of \"o200k_base\", \"cl100k_base\"")),
-                }),
-            };
-            for problem in sub.finish_relative() {
-                r.problem(&key(&problem.0), &problem.1);
-            }
-            config.models.insert(name, info);
-        }
         let problems = r.finish();
         if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
     }
+}
+
+/// `[models.NAME]` entries over the built-in table, each field checked like a top-level key.
+fn model_entries(r: &mut Reader, figment: &Figment) -> BTreeMap<String, ModelInfo> {
+    let mut models = BTreeMap::new();
+    for (name, value) in r.table("models") {
+        let key = |field: &str| format!("models.{name}.{field}");
+        let Some(table) = value.into_dict() else {
+            r.problem(&format!("models.{name}"), "expected a table");
+            continue;
+        };
+        let base = ModelTable::default().lookup(&name);
+        let mut sub = Reader::new(figment, table);
+        let info = ModelInfo {
+            context_window: sub.parse("context_window", base.context_window, positive_u32),
+            max_output_tokens: sub.parse("max_output_tokens", base.max_output_tokens, positive_u32),
+            token_factor: sub.parse("token_factor", base.token_factor, |f: f32| {
+                if f > 0.0 && f < 10.0 { Ok(f) } else { Err("must be between 0 and 10".into()) }
+            }),
+            encoding: sub.parse("encoding", base.encoding, |s: String| match s.as_str() {
+                "o200k_base" => Ok(Encoding::O200kBase),
+                "cl100k_base" => Ok(Encoding::Cl100kBase),
+                _ => Err(format!("`{s}` is not one of \"o200k_base\", \"cl100k_base\"")),
+            }),
+        };
+        for problem in sub.finish_relative() {
+            r.problem(&key(&problem.0), &problem.1);
+        }
+        models.insert(name, info);
+    }
+    models
 }
 
 fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSettings {

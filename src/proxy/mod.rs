@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::compaction::{Compactor, Prepared};
 use crate::config::Config;
 use crate::error::{Chain, ProxyError};
+use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::Store;
 use crate::telemetry::request::RequestLog;
@@ -37,7 +38,7 @@ use usage::{Framing, UsageTap};
 
 /// What the pipeline needs for every request, built once at start.
 pub struct Proxy {
-    pub config: Arc<Config>,
+    config: Arc<Config>,
     upstreams: Arc<Upstreams>,
     compactor: Compactor,
     /// Every request's finisher, so shutdown can wait for the last log lines and session writes.
@@ -145,7 +146,7 @@ impl Proxy {
 /// What the response tells the client about what compactor did.
 struct Answer {
     session: Option<String>,
-    report: Option<crate::rewrite::RewriteReport>,
+    report: Option<RewriteReport>,
     /// The compaction generation applied before forwarding.
     compacted: Option<u32>,
     /// Whether the session wants the response's usage (the upstream was asked not to compress).
