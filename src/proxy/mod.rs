@@ -41,7 +41,7 @@ pub struct Proxy {
     config: Arc<Config>,
     upstreams: Arc<Upstreams>,
     compactor: Compactor,
-    /// Every request's finisher, so shutdown can wait for the last log lines and session writes.
+    /// The finishers of requests that took session state, so shutdown can wait for their writes.
     finishers: TaskTracker,
     request_ids: RequestIds,
 }
@@ -68,7 +68,7 @@ impl Proxy {
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let route = Route::of(request.method(), request.uri().path(), request.headers());
         let log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
-        let mut finish = Finish::start(&self.finishers, log);
+        let mut finish = Finish::new(log);
         let (parts, body) = request.into_parts();
 
         let body = match read_body(&parts.headers, body, self.config.limits.max_body_bytes).await {
@@ -83,13 +83,15 @@ impl Proxy {
             finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
         finish.log.session = session.as_ref().map(|s| s.key.clone());
-        finish.ctx = ctx;
+        if let Some(ctx) = ctx {
+            finish.keep(&self.finishers, ctx);
+        }
         let tap_usage = session.is_some();
 
         let forwarded_at = Instant::now();
         finish.log.overhead = forwarded_at - finish.log.started;
         finish.log.forwarded_at = Some(forwarded_at);
-        let recovery = ladder.as_mut().zip(finish.ctx.as_mut());
+        let recovery = ladder.as_mut().zip(finish.ctx());
         let forwarded = match forward::forward(&self.upstreams, &self.compactor, &head, body, recovery, tap_usage).await
         {
             Ok(forwarded) => forwarded,
