@@ -1,7 +1,9 @@
 //! Shared test harness: the fake upstream, the real compactor binary, and an HTTP client.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod agents;
 pub mod fake;
+pub mod provider;
 pub mod redis_server;
 pub mod strict;
 pub mod window;

@@ -7,6 +7,7 @@ mod common;
 
 mod compaction;
 mod operations;
+mod provider_sim;
 mod proxy;
 mod responses;
 mod rewrite_proxy;
