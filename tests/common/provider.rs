@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -458,22 +459,8 @@ impl ProviderSim {
             previous: Mutex::new(HashMap::new()),
             summaries: AtomicUsize::new(0),
         });
-        let accept_state = state.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let state = accept_state.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |request| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(handle(state, request).await) }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let served = state.clone();
+        serve(listener, move |request| handle(served.clone(), request));
         Self { addr, state }
     }
 
@@ -517,6 +504,33 @@ impl ProviderSim {
         let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         Prompt::read(dialect, &value, &self.state.spec).tokens
     }
+}
+
+/// Serves HTTP/1.1 and HTTP/2 on `listener` until the runtime stops, each request answered by
+/// `handler`: the accept loop every in-process fake server needs.
+pub fn serve<H, F, B>(listener: TcpListener, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let answer = handler(request);
+                    async move { Ok::<_, Infallible>(answer.await) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
 }
 
 type Reply = Response<Full<Bytes>>;
