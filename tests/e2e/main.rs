@@ -6,6 +6,7 @@
 mod common;
 
 mod compaction;
+mod hostile_input;
 mod operations;
 mod proxy;
 mod responses;
