@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_compaction;
 mod compaction;
 mod hostile_input;
 mod operations;
