@@ -139,6 +139,17 @@ pub fn span_in(body: &[u8], raw: &RawValue) -> Option<std::ops::Range<usize>> {
     (end <= body.len()).then_some(start..end)
 }
 
+/// `outer` with the value `inner` (a value borrowed from inside it) replaced by `replacement`; every
+/// other byte of `outer` is kept. `None` when `inner` does not lie inside `outer`.
+pub fn replace_within(outer: &str, inner: &RawValue, replacement: &str) -> Option<String> {
+    let span = span_in(outer.as_bytes(), inner)?;
+    let mut out = String::with_capacity(outer.len() - span.len() + replacement.len());
+    out.push_str(&outer[..span.start]);
+    out.push_str(replacement);
+    out.push_str(&outer[span.end..]);
+    Some(out)
+}
+
 impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct ObjectVisitor;
@@ -220,6 +231,17 @@ mod tests {
         let raw: &RawValue = serde_json::from_str(r#"{"t":"line\nnext \u00e9"}"#).unwrap();
         let object = RawObject::parse(raw).unwrap();
         assert_eq!(object.str("t").unwrap(), "line\nnext é");
+    }
+
+    #[test]
+    fn a_nested_value_is_replaced_in_place() {
+        let body = r#"{"type":"x","content":{"stdout" : "long\nlog","n":1.50}}"#;
+        let raw: &RawValue = serde_json::from_str(body).unwrap();
+        let content = RawObject::parse(RawObject::parse(raw).unwrap().get("content").unwrap()).unwrap();
+        let out = replace_within(raw.get(), content.get("stdout").unwrap(), &json_string("short")).unwrap();
+        assert_eq!(out, r#"{"type":"x","content":{"stdout" : "short","n":1.50}}"#);
+        let elsewhere: &RawValue = serde_json::from_str(r#""other""#).unwrap();
+        assert_eq!(replace_within(raw.get(), elsewhere, "\"\""), None);
     }
 
     #[test]
