@@ -5,7 +5,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_compaction;
 mod compaction;
+mod fidelity;
+mod hostile_input;
 mod operations;
 mod provider_sim;
 mod proxy;
