@@ -826,13 +826,23 @@ pub struct Run {
     pub records: Vec<Record>,
 }
 
+/// The admin token [`ProviderSim::compactor_config`] configures, so [`drive`] can see when
+/// compactor has recorded a turn.
+pub const ADMIN_TOKEN: &str = "sim-admin";
+
 /// Sends `turns` turns of `session` to `base` (the provider itself, or compactor in front of it)
 /// one after the other, each after the previous answer, as an agent does. The provider must serve
 /// only this session while it runs, so every record it makes belongs to it.
+///
+/// compactor records a session's state after the response has ended, off the request's path; a
+/// real agent spends at least a tool call before its next request, the driver none. So through
+/// compactor (with the admin API on, as `compactor_config` sets it) it waits for that write
+/// before the next turn, which makes every run of a session the same.
 pub async fn drive(base: &str, provider: &ProviderSim, session: &mut AgentSession, turns: usize) -> Run {
     let client = super::client();
     let first = provider.len();
     let mut results = Vec::new();
+    let mut recorded = 0;
     for _ in 0..turns {
         let turn = session.next_turn();
         let start = provider.len() - first;
@@ -846,12 +856,15 @@ pub async fn drive(base: &str, provider: &ProviderSim, session: &mut AgentSessio
         let result = match answer {
             Some(answer) => {
                 let body = answer.text();
-                let compactor = answer
+                let compactor: Vec<(String, String)> = answer
                     .headers
                     .iter()
                     .filter(|(name, _)| name.as_str().starts_with("x-compactor-"))
                     .map(|(name, value)| (name.to_string(), value.to_str().unwrap_or("").to_string()))
                     .collect();
+                if let Some((_, key)) = compactor.iter().find(|(name, _)| name == "x-compactor-session") {
+                    recorded = recorded_requests(&client, base, key, recorded).await;
+                }
                 TurnResult {
                     index: turn.index,
                     status: answer.status.as_u16(),
@@ -874,6 +887,30 @@ pub async fn drive(base: &str, provider: &ProviderSim, session: &mut AgentSessio
     }
     let records = provider.records_from(first);
     Run { agent: session.spec().agent, turns: results, facts: session.facts().to_vec(), records }
+}
+
+/// Waits (up to two seconds) until compactor's stored state for session `key` counts more than
+/// `before` requests, and returns the count; returns `before` when the admin API is off.
+async fn recorded_requests(client: &super::HttpClient, base: &str, key: &str, before: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    while tokio::time::Instant::now() < deadline {
+        let request = super::request("GET", &format!("{base}/admin/sessions/{key}"), &[("authorization", &bearer)], "");
+        let Ok(response) = client.request(request).await else { return before };
+        let answer = super::collect(response).await;
+        if answer.status != 200 {
+            return before;
+        }
+        let requests = serde_json::from_slice::<Value>(&answer.body)
+            .ok()
+            .and_then(|v| v["state"]["counters"]["requests"].as_u64());
+        match requests {
+            Some(count) if count > before => return count,
+            Some(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            None => return before,
+        }
+    }
+    before
 }
 
 /// A 200 stream that carries an error instead of an answer (Responses' `response.failed`).

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -472,9 +474,14 @@ impl ProviderSim {
         &self.state.spec
     }
 
-    /// compactor's configuration with both upstreams pointing here, then `extra` (tables).
+    /// compactor's configuration with both upstreams pointing here and the admin API on (token
+    /// [`agents::ADMIN_TOKEN`], which [`agents::drive`] uses), then `extra` (tables, no `[admin]`).
     pub fn compactor_config(&self, extra: &str) -> String {
-        format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{extra}", self.url())
+        format!(
+            "[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n[admin]\ntoken = \"{1}\"\n{extra}",
+            self.url(),
+            agents::ADMIN_TOKEN
+        )
     }
 
     pub fn len(&self) -> usize {
@@ -533,10 +540,10 @@ where
     });
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = Response<BoxBody<Bytes, Infallible>>;
 
 fn respond(status: u16, content_type: &str, body: impl Into<Bytes>) -> Reply {
-    let mut response = Response::new(Full::new(body.into()));
+    let mut response = Response::new(Full::new(body.into()).boxed());
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.headers_mut().insert("content-type", content_type.parse().expect("content type"));
     response
@@ -546,8 +553,12 @@ fn json_reply(status: u16, body: &Value) -> Reply {
     respond(status, "application/json", body.to_string())
 }
 
+/// A stream as providers send it: one frame per event, chunked, no Content-Length.
 fn sse_reply(events: &[String]) -> Reply {
-    let mut response = respond(200, "text/event-stream", events.concat());
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+        events.iter().map(|e| Ok(Frame::data(Bytes::from(e.clone())))).collect();
+    let mut response = Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed());
+    response.headers_mut().insert("content-type", "text/event-stream".parse().expect("header"));
     response.headers_mut().insert("cache-control", "no-cache".parse().expect("header"));
     response
 }

@@ -229,7 +229,10 @@ async fn usage_reports_cache_reads_by_prefix_in_each_dialects_fields() {
             let grown = with_stream(conversation(dialect, &system, &["start the work", "first step", "second step"]));
             let edited = with_stream(conversation(dialect, &system, &["start the WORK", "first step", "second step"]));
             let tokens = |body: &Value| provider.count(dialect, &serde_json::to_vec(body).unwrap());
-            let cold = usage(&post(&provider, dialect.path(), &session, &first).await);
+            let answer = post(&provider, dialect.path(), &session, &first).await;
+            // Streams come chunked, one frame per event, as providers send them.
+            assert_eq!(answer.header("content-length").is_none(), stream, "{dialect:?}");
+            let cold = usage(&answer);
             let warm = usage(&post(&provider, dialect.path(), &session, &grown).await);
             let broken = usage(&post(&provider, dialect.path(), &session, &edited).await);
             let lead = |unit_count: usize| {
@@ -597,4 +600,25 @@ async fn bills_price_breaks_by_prefix_and_by_breakpoints() {
     assert!(breakpoints.cost > prefix.cost, "the breakpoint rule re-writes more than the prefix");
     // OpenAI counts cached prefixes in steps of 128 tokens.
     assert_eq!(bill_by_prefix(&records, &OPENAI).cache_read % 128, 0);
+}
+
+#[tokio::test]
+async fn driving_through_compactor_waits_until_each_turn_is_recorded() {
+    let provider = ProviderSim::start(ProviderSpec::default()).await;
+    let proxy = Compactor::start_with(&provider.compactor_config(""), &[]);
+    let spec = SessionSpec::new(Agent::OpenCode, "sim-model").outputs(&[300]);
+    let run = drive(&proxy.url(""), &provider, &mut AgentSession::new(spec), 5).await;
+    let key = run.turns[4].compactor.iter().find(|(name, _)| name == "x-compactor-session").unwrap().1.clone();
+    // No waiting here: the driver already waited for the last turn's write.
+    let state = send(request(
+        "GET",
+        &proxy.url(&format!("/admin/sessions/{key}")),
+        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+        "",
+    ))
+    .await;
+    assert_eq!(state.status, 200, "{}", state.text());
+    assert_eq!(state.json()["state"]["counters"]["requests"], 5);
+    // The streamed usage reached compactor: what it stored is the provider's count.
+    assert_eq!(state.json()["state"]["usage"]["prompt_tokens"], run.answered(4).unwrap().tokens);
 }
