@@ -29,7 +29,8 @@ impl Overflow {
 }
 
 /// Codes that mean overflow whatever the message says.
-const OVERFLOW_CODES: [&str; 3] = ["context_length_exceeded", "exceed_context_size_error", "input_too_large"];
+const OVERFLOW_CODES: [&str; 4] =
+    ["context_length_exceeded", "exceed_context_size_error", "input_too_large", "model_max_prompt_tokens_exceeded"];
 /// Codes and phrases of rate limits and quotas: never an overflow.
 const RATE_LIMIT_CODES: [&str; 5] =
     ["rate_limit_exceeded", "rate_limit_error", "resource_exhausted", "throttlingexception", "insufficient_quota"];
@@ -50,7 +51,7 @@ static OVERFLOW_PHRASES: LazyLock<RegexSet> = LazyLock::new(|| {
         r"context_length_exceeded",
         r"prompt is too long",
         r"prompt too long",
-        r"exceed(s|ed)? (the )?context (limit|window|length|size)",
+        r"exceed(s|ed)? (the )?(model'?s? )?context (limit|window|length|size)",
         r"exceeds the (available|maximum) context",
         r"input is too long",
         r"input token count .*exceeds the maximum",
@@ -69,6 +70,14 @@ static OVERFLOW_PHRASES: LazyLock<RegexSet> = LazyLock::new(|| {
         r"your input exceeds the context window",
         r"exceeds budget",
         r"reduce the length of the (messages|input)",
+        r"prompt token count of \d+ exceeds the limit of \d+",
+        r"range of input length should be \[1, ?\d+\]",
+        r"but the configured context size is",
+        r"exceeded model token limit",
+        r"does not fit in (the )?context length",
+        r"context window exceeds limit",
+        r"longer than the maximum model length",
+        r"context size has been exceeded",
     ])
     .unwrap_or_else(|_| RegexSet::empty())
 });
@@ -103,6 +112,14 @@ static LIMIT: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         r"exceeds budget \((\d+) tokens\)",
         r"configured limit of (\d+)",
         r"cannot exceed (\d+)",
+        r"maximum context length of \S+ is (\d+)",
+        r"prompt token count of \d+ exceeds the limit of (\d+)",
+        r"range of input length should be \[1, ?(\d+)\]",
+        r"configured context size is ([\d,]+) tokens",
+        r"model token limit: (\d+)",
+        r"context length only supports (\d+)",
+        r"maximum model length of (\d+)",
+        r"while limit is (\d+)",
     ])
 });
 
@@ -127,6 +144,10 @@ static PROMPT: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         r"request contains (\d+) tokens",
         r"current message \((\d+) tokens\)",
         r"\((\d+) of text input",
+        r"prompt token count of (\d+)",
+        r"prompt has ([\d,]+) tokens",
+        r"the input has (\d+) tokens",
+        r"prompt \(length (\d+)\)",
     ])
 });
 
@@ -146,8 +167,9 @@ fn compile(patterns: &[&str]) -> Vec<Regex> {
     patterns.iter().filter_map(|p| Regex::new(p).ok()).collect()
 }
 
+/// The first number a pattern captures; thousands separators (`256,000`) are dropped.
 fn first_number(patterns: &[Regex], text: &str) -> Option<u64> {
-    patterns.iter().find_map(|re| re.captures(text)?.get(1)?.as_str().parse().ok())
+    patterns.iter().find_map(|re| re.captures(text)?.get(1)?.as_str().replace(',', "").parse().ok())
 }
 
 /// Detects overflow errors; holds the user's extra patterns, compiled once.

@@ -45,3 +45,9 @@ impl Settings {
         Rewriter::new(self.0, TokenCounter::new(cache_entries), ModelTable::default())
     }
 }
+
+impl From<RewriteSettings> for Settings {
+    fn from(settings: RewriteSettings) -> Self {
+        Self(settings)
+    }
+}

@@ -68,6 +68,15 @@ fn prompt_plus_max_tokens_errors_say_the_prompt_fits() {
 }
 
 #[test]
+fn numbers_with_thousands_separators_are_read_whole() {
+    // DS4's server writes its counts with separators (quoted in earendil-works/pi#6262).
+    let body =
+        br#"{"error":{"message":"Prompt has 5,958,968 tokens, but the configured context size is 256,000 tokens"}}"#;
+    let found = OverflowDetector::default().detect(400, body).unwrap();
+    assert_eq!((found.prompt_tokens, found.limit), (Some(5_958_968), Some(256_000)));
+}
+
+#[test]
 fn extra_patterns_from_the_configuration_are_honoured() {
     let body = br#"{"error":{"message":"Conversation is way too big for this little model"}}"#;
     assert!(OverflowDetector::default().detect(400, body).is_none());
