@@ -58,13 +58,19 @@ impl TapBody {
     pub fn new(
         inner: Incoming,
         idle_timeout: Duration,
-        finish: Finish,
-        usage: Option<UsageTap>,
+        mut finish: Finish,
+        mut usage: Option<UsageTap>,
         prefix: Option<Bytes>,
     ) -> Self {
         let streaming = finish.log.streaming;
         if streaming {
             metric::stream_started();
+        }
+        let prefix = prefix.filter(|p| !p.is_empty());
+        let mut finished = false;
+        if prefix.is_none() && inner.is_end_stream() {
+            // An empty body is never polled: it is complete as it stands.
+            complete(&mut finished, &mut finish, &mut usage);
         }
         Self {
             inner,
@@ -74,10 +80,18 @@ impl TapBody {
             finish,
             streaming,
             usage,
-            prefix: prefix.filter(|p| !p.is_empty()),
-            finished: false,
+            prefix,
+            finished,
         }
     }
+}
+
+/// The body was sent in full: the usage read so far is final.
+fn complete(finished: &mut bool, finish: &mut Finish, usage: &mut Option<UsageTap>) {
+    *finished = true;
+    finish.log.outcome = Outcome::Complete;
+    finish.usage = usage.take().and_then(UsageTap::finish);
+    finish.send();
 }
 
 impl Body for TapBody {
@@ -94,6 +108,9 @@ impl Body for TapBody {
             if let Some(tap) = this.usage.as_mut() {
                 tap.observe(&prefix);
             }
+            if this.inner.is_end_stream() {
+                complete(this.finished, this.finish, this.usage);
+            }
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         loop {
@@ -106,6 +123,11 @@ impl Body for TapBody {
                             tap.observe(data);
                         }
                     }
+                    // A body with a declared length (or an h2 END_STREAM) is over with its last
+                    // frame: hyper will not poll again, so the end is recorded now.
+                    if this.inner.is_end_stream() {
+                        complete(this.finished, this.finish, this.usage);
+                    }
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(error))) => {
@@ -115,10 +137,7 @@ impl Body for TapBody {
                     return Poll::Ready(Some(Err(BodyError::Upstream(error))));
                 }
                 Poll::Ready(None) => {
-                    *this.finished = true;
-                    this.finish.log.outcome = Outcome::Complete;
-                    this.finish.usage = this.usage.take().and_then(UsageTap::finish);
-                    this.finish.send();
+                    complete(this.finished, this.finish, this.usage);
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}

@@ -408,4 +408,16 @@ impl Body for ChannelBody {
             ChannelBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
     }
+
+    // A complete reply declares its length, as providers' JSON replies do (Content-Length).
+    fn is_end_stream(&self) -> bool {
+        matches!(self, ChannelBody::Full(None))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            ChannelBody::Full(bytes) => http_body::SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            ChannelBody::Channel(_) => http_body::SizeHint::default(),
+        }
+    }
 }

@@ -297,3 +297,40 @@ async fn shutdown_waits_until_the_state_of_a_request_in_flight_is_stored() {
     let keys = redis.keys();
     assert!(keys.iter().any(|k| k.ends_with(":pruned")) && keys.iter().any(|k| k.ends_with(":usage")), "{keys:?}");
 }
+
+#[tokio::test]
+async fn usage_is_recorded_from_plain_replies_that_declare_their_length() {
+    // Providers answer plain JSON with a Content-Length: the body ends with its last frame, and the
+    // usage in it must still reach the session, in every dialect.
+    let (fake, proxy) = ProxyProcess::with_fake("[admin]\ntoken = \"admin-secret\"\n").await;
+    let bodies = [
+        ("/v1/chat/completions", json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})),
+        (
+            "/v1/messages",
+            json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "gpt-5-codex", "input": [{"type": "message", "role": "user", "content": "hi"}]}),
+        ),
+    ];
+    for (path, body) in bodies {
+        let answer = proxy.post(path, &[("x-session-id", path), ("authorization", "Bearer k")], &body).await;
+        assert_eq!(answer.status, 200, "{path}");
+        assert!(answer.header("content-length").is_some(), "{path}: the reply declares its length");
+        let session = answer.header("x-compactor-session").unwrap().to_string();
+        let mut state = Value::Null;
+        assert!(
+            eventually(async || {
+                state = proxy.get_with_token(&format!("/admin/sessions/{session}"), "admin-secret").await.json();
+                state["state"]["usage"]["prompt_tokens"] == 12
+            })
+            .await,
+            "{path}: {state}"
+        );
+        assert_eq!(state["state"]["usage"]["output_tokens"], 1, "{path}");
+    }
+    let complete = proxy.logs().iter().filter(|l| l.contains("outcome=complete") && l.contains("status=200")).count();
+    assert!(complete >= 3, "every request logged as complete: {:?}", proxy.logs());
+    assert_eq!(fake.received().len(), 3);
+}
