@@ -159,49 +159,91 @@ impl<'a> Conversation<'a> {
 
     /// Whether message `index` must be re-rendered.
     pub fn message_changed(&self, index: usize) -> bool {
-        self.items.iter().any(|i| i.message == index && i.edit != Edit::Keep)
+        self.items_of(index).iter().any(|i| i.edit != Edit::Keep)
     }
 
-    /// The name of the tool a call id belongs to.
+    /// The positions in `items` of message `index`'s items. Items are in message order (every
+    /// dialect parses them so), so two binary searches find them: asking this for every message
+    /// costs O(m log n), where a scan per message would cost O(m x n) on a hostile request.
+    pub fn item_range(&self, index: usize) -> std::ops::Range<usize> {
+        let start = self.items.partition_point(|i| i.message < index);
+        let len = self.items[start..].partition_point(|i| i.message == index);
+        start..start + len
+    }
+
+    /// The items of message `index`.
+    pub fn items_of(&self, index: usize) -> &[Item<'a>] {
+        &self.items[self.item_range(index)]
+    }
+
+    /// The name of the tool a call id belongs to (the first call with that id). One lookup scans
+    /// the conversation; a policy asking for many builds [`Conversation::tool_names`] once.
     pub fn tool_name(&self, call_id: &str) -> Option<&str> {
         self.items.iter().find_map(|item| match &item.kind {
             Kind::ToolCall { id: Some(id), name, .. } if id == call_id => Some(name.as_ref()),
             _ => None,
         })
     }
+
+    /// The name of the tool of every call id (the first call with an id names it).
+    pub fn tool_names(&self) -> std::collections::HashMap<&str, &str> {
+        let mut names = std::collections::HashMap::new();
+        for item in &self.items {
+            if let Kind::ToolCall { id: Some(id), name, .. } = &item.kind {
+                names.entry(id.as_ref()).or_insert(name.as_ref());
+            }
+        }
+        names
+    }
 }
 
 impl Conversation<'_> {
     /// Whether the conversation may be cut right before message `index` (everything before it
     /// summarized, everything from it kept) without separating a tool call from its result,
-    /// client or provider run, or an item compactor does not know from its neighbours.
+    /// client or provider run, or an item compactor does not know from its neighbours. One
+    /// question costs a pass over the conversation; [`Conversation::clean_cuts`] answers all.
     pub fn is_clean_cut(&self, index: usize) -> bool {
-        if index == 0 || index >= self.roles.len() {
-            return true;
-        }
-        let unknown_at = |message: usize| {
-            self.items.iter().any(|item| item.message == message && matches!(item.kind, Kind::Other { .. }))
-        };
-        if unknown_at(index - 1) || unknown_at(index) {
-            return false;
-        }
-        // A pair straddles the cut when its call is before it and its result at or after it; a
-        // result answers the nearest call with its id before it (some agents reuse ids).
+        self.clean_cuts().get(index).copied().unwrap_or(true)
+    }
+
+    /// For every message index, whether the conversation may be cut right before it (see
+    /// [`Conversation::is_clean_cut`]), in one pass over the items.
+    pub fn clean_cuts(&self) -> Vec<bool> {
+        let count = self.roles.len();
+        // Pairs straddling each cut, as a difference array: a pair whose call is in message c
+        // and result in message r (c < r) forbids the cuts c+1 ..= r.
+        let mut straddling = vec![0i64; count + 2];
+        let mut unknown = vec![false; count];
+        // A result answers the nearest call with its id before it (some agents reuse ids).
         let mut calls: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for item in &self.items {
+            if matches!(item.kind, Kind::Other { .. })
+                && let Some(slot) = unknown.get_mut(item.message)
+            {
+                *slot = true;
+            }
             match (&item.kind, item.call_id()) {
                 (Kind::ToolCall { .. }, Some(id)) => {
                     calls.insert(id, item.message);
                 }
-                (Kind::ToolResult { .. }, Some(id))
-                    if calls.get(id).is_some_and(|&call| call < index && item.message >= index) =>
-                {
-                    return false;
+                (Kind::ToolResult { .. }, Some(id)) => {
+                    if let Some(&call) = calls.get(id)
+                        && call < item.message
+                    {
+                        straddling[call + 1] += 1;
+                        straddling[(item.message + 1).min(count + 1)] -= 1;
+                    }
                 }
                 _ => {}
             }
         }
-        true
+        let mut open = 0i64;
+        (0..count)
+            .map(|index| {
+                open += straddling[index];
+                index == 0 || (open == 0 && !unknown[index - 1] && !unknown[index])
+            })
+            .collect()
     }
 
     /// The messages where results of assistant message `assistant`'s tool calls belong: the run

@@ -1,14 +1,29 @@
-//! Reading a request costs time linear in its size, whatever shape a hostile client gives it:
-//! doubling the input about doubles the time (issue 9). Each shape is sized so one run takes tens
-//! of milliseconds in a debug build; n, 2n and 4n are timed in turn, five rounds, and the fastest
-//! run of each size is compared: 4n must cost well under the 16x a quadratic step would. Taking
-//! the sizes in turn spreads a busy moment of a shared machine over all three.
+//! Every step over request content costs time linear in its size, whatever shape a hostile client
+//! gives it: doubling the input about doubles the time (issue 9). Reading a request, the whole
+//! rewrite pipeline (parse, count, truncate, dedupe, prune, repair, render), choosing a compaction
+//! cut and rebuilding, recognizing an overflow in an error body, and reading SSE usage are each
+//! timed on hostile shapes.
+//!
+//! Each shape is sized so one run takes tens of milliseconds in a debug build; n, 2n and 4n are
+//! timed in turn, five rounds, and the fastest run of each size is compared: 4n must cost well
+//! under the 16x a quadratic step would. Taking the sizes in turn spreads a busy moment of a
+//! shared machine over all three, and one timing test runs at a time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeSet;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use compactor::compaction::plan;
+use compactor::config::Config;
 use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::json::RawObject;
+use compactor::overflow::OverflowDetector;
+use compactor::proxy::usage::{Framing, UsageTap};
+use compactor::rewrite::Rewriter;
+use compactor::session::state::CompactionRecord;
+use compactor::tokens::{ModelTable, TokenCounter};
 
 /// One run must last at least this long for the timing to mean something.
 const CALIBRATED_RUN: Duration = Duration::from_millis(50);
@@ -18,6 +33,11 @@ const LARGEST_N: usize = 1 << 22;
 const MAX_RATIO_AT_4N: f64 = 6.0;
 /// Rounds of n, 2n, 4n; the fastest run of each size counts.
 const ROUNDS: usize = 5;
+/// Rounds of each calibration size.
+const CALIBRATION_ROUNDS: usize = 3;
+
+/// Timing tests take the machine one at a time: tests of one binary run in parallel.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// `n` extra fields `"k0":0,"k1":1,…` ready to splice into an object.
 fn many_fields(n: usize) -> String {
@@ -28,95 +48,74 @@ fn many_fields(n: usize) -> String {
     out
 }
 
-/// A shape of hostile body: how to build one of size `n`, and the step that reads it.
+/// A shape of hostile input: how to build one of size `n`, and the step that reads it (true when
+/// it did the work it is timed for, so a refusal is never what is measured).
 struct Shape {
     name: &'static str,
-    body: fn(usize) -> Vec<u8>,
-    read: fn(&[u8]) -> bool,
+    body: Box<dyn Fn(usize) -> Vec<u8>>,
+    step: Box<Step>,
 }
 
-fn shapes() -> Vec<Shape> {
-    vec![
-        Shape {
-            name: "one object with n keys",
-            body: |n| format!("{{\"a\":0{}}}", many_fields(n)).into_bytes(),
-            read: |body| serde_json::from_slice::<RawObject>(body).is_ok(),
-        },
-        Shape {
-            name: "a chat request with n top-level keys",
-            body: |n| {
-                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{}}}"#, many_fields(n))
-                    .into_bytes()
-            },
-            read: |body| ParsedRequest::parse(Dialect::ChatCompletions, body).is_some(),
-        },
-        Shape {
-            name: "a chat message with n keys",
-            body: |n| {
-                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"{}}}]}}"#, many_fields(n))
-                    .into_bytes()
-            },
-            read: |body| ParsedRequest::parse(Dialect::ChatCompletions, body).is_some(),
-        },
-        Shape {
-            name: "an anthropic content block with n keys",
-            body: |n| {
-                format!(
-                    r#"{{"model":"m","max_tokens":1,"messages":[{{"role":"user","content":[{{"type":"text","text":"hi"{}}}]}}]}}"#,
-                    many_fields(n)
-                )
-                .into_bytes()
-            },
-            read: |body| ParsedRequest::parse(Dialect::AnthropicMessages, body).is_some(),
-        },
-        Shape {
-            name: "a responses request with n input items",
-            body: |n| {
-                let item = r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}"#;
-                format!(r#"{{"model":"m","input":[{}]}}"#, vec![item; n.max(1)].join(",")).into_bytes()
-            },
-            read: |body| ParsedRequest::parse(Dialect::Responses, body).is_some(),
-        },
-    ]
+/// A step over an input: true when it did its work.
+type Step = dyn Fn(&[u8]) -> bool;
+
+fn shape(
+    name: &'static str,
+    body: impl Fn(usize) -> Vec<u8> + 'static,
+    step: impl Fn(&[u8]) -> bool + 'static,
+) -> Shape {
+    Shape { name, body: Box::new(body), step: Box::new(step) }
 }
 
-/// How long one `read` of `body` takes.
-fn time_one(read: fn(&[u8]) -> bool, body: &[u8]) -> Duration {
+/// How long one `step` over `body` takes.
+fn time_one(step: &Step, body: &[u8]) -> Duration {
     let start = Instant::now();
-    assert!(read(body), "the body must be readable, or the timing measures a refusal");
+    assert!(step(body), "the step must do its work, or the timing measures a refusal");
     start.elapsed()
 }
 
-/// The fastest run of each body over [`ROUNDS`] rounds that take the bodies in turn.
-fn fastest_in_turn(read: fn(&[u8]) -> bool, bodies: &[Vec<u8>]) -> Vec<Duration> {
+/// The fastest run of each body over `rounds` rounds that take the bodies in turn.
+fn fastest_in_turn(step: &Step, bodies: &[Vec<u8>], rounds: usize) -> Vec<Duration> {
     let mut fastest = vec![Duration::MAX; bodies.len()];
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         for (best, body) in fastest.iter_mut().zip(bodies) {
-            *best = (*best).min(time_one(read, body));
+            *best = (*best).min(time_one(step, body));
         }
     }
     fastest
 }
 
-#[test]
-fn reading_a_request_costs_time_linear_in_its_size() {
+/// Times every shape at n, 2n and 4n and fails naming each shape whose cost grew faster than
+/// linear (with every shape's figures, for the README).
+fn assert_linear(shapes: Vec<Shape>) {
+    let _machine = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut report = Vec::new();
     let mut too_slow = Vec::new();
-    // One shape at a time: tests in this binary run in parallel, and timings need the cores.
-    for shape in shapes() {
+    for shape in shapes {
         let mut n = 1_000;
-        // Calibrated on the fastest of five runs, so one slow run on a busy machine does not
+        // Calibrated on the fastest of a few runs, so one slow run on a busy machine does not
         // leave the sizes too small to time.
-        while fastest_in_turn(shape.read, &[(shape.body)(n)])[0] < CALIBRATED_RUN && n < LARGEST_N {
+        while fastest_in_turn(&*shape.step, &[(shape.body)(n)], CALIBRATION_ROUNDS)[0] < CALIBRATED_RUN && n < LARGEST_N
+        {
             n *= 2;
         }
-        let bodies: Vec<Vec<u8>> = [n, 2 * n, 4 * n].into_iter().map(shape.body).collect();
-        let times = fastest_in_turn(shape.read, &bodies);
+        let bodies: Vec<Vec<u8>> = [n, 2 * n, 4 * n].into_iter().map(&*shape.body).collect();
+        let mut times = fastest_in_turn(&*shape.step, &bodies, ROUNDS);
+        let ratio_of = |times: &[Duration]| times[2].as_secs_f64() / times[0].as_secs_f64();
+        if ratio_of(&times) >= MAX_RATIO_AT_4N {
+            // A busy moment of the shared machine can land on one size; a quadratic step fails
+            // the second measure too.
+            let again = fastest_in_turn(&*shape.step, &bodies, ROUNDS);
+            if ratio_of(&again) < ratio_of(&times) {
+                times = again;
+            }
+        }
         let (base, double, quadruple) = (times[0], times[1], times[2]);
-        let ratio = quadruple.as_secs_f64() / base.as_secs_f64();
+        let ratio = ratio_of(&times);
         let line = format!(
-            "{}: n={n} {:.1} ms, 2n {:.1} ms ({:.2}x), 4n {:.1} ms ({ratio:.2}x)",
+            "{}: n={n} ({} KB) {:.1} ms, 2n {:.1} ms ({:.2}x), 4n {:.1} ms ({ratio:.2}x)",
             shape.name,
+            bodies[0].len() / 1000,
             base.as_secs_f64() * 1e3,
             double.as_secs_f64() * 1e3,
             double.as_secs_f64() / base.as_secs_f64(),
@@ -129,4 +128,400 @@ fn reading_a_request_costs_time_linear_in_its_size() {
         report.push(line);
     }
     assert!(too_slow.is_empty(), "not linear:\n{}\n\nall shapes:\n{}", too_slow.join("\n"), report.join("\n"));
+}
+
+#[test]
+fn reading_a_request_costs_time_linear_in_its_size() {
+    let parses = |dialect: Dialect| move |body: &[u8]| ParsedRequest::parse(dialect, body).is_some();
+    assert_linear(vec![
+        shape(
+            "one object with n keys",
+            |n| format!("{{\"a\":0{}}}", many_fields(n)).into_bytes(),
+            |body| serde_json::from_slice::<RawObject>(body).is_ok(),
+        ),
+        shape(
+            "a chat request with n top-level keys",
+            |n| {
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{}}}"#, many_fields(n))
+                    .into_bytes()
+            },
+            parses(Dialect::ChatCompletions),
+        ),
+        shape(
+            "a chat message with n keys",
+            |n| {
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"{}}}]}}"#, many_fields(n))
+                    .into_bytes()
+            },
+            parses(Dialect::ChatCompletions),
+        ),
+        shape(
+            "an anthropic content block with n keys",
+            |n| {
+                format!(
+                    r#"{{"model":"m","max_tokens":1,"messages":[{{"role":"user","content":[{{"type":"text","text":"hi"{}}}]}}]}}"#,
+                    many_fields(n)
+                )
+                .into_bytes()
+            },
+            parses(Dialect::AnthropicMessages),
+        ),
+        shape(
+            "a responses request with n input items",
+            |n| {
+                let item = r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}"#;
+                format!(r#"{{"model":"m","input":[{}]}}"#, vec![item; n.max(1)].join(",")).into_bytes()
+            },
+            parses(Dialect::Responses),
+        ),
+        shape(
+            "a responses request with n developer messages made of parts",
+            |n| {
+                let item =
+                    r#"{"type":"message","role":"developer","content":[{"type":"input_text","text":"be terse"}]}"#;
+                format!(r#"{{"model":"m","input":[{}]}}"#, vec![item; n.max(1)].join(",")).into_bytes()
+            },
+            parses(Dialect::Responses),
+        ),
+    ]);
+}
+
+/// The policies with small windows, so every hostile shape makes them act; the token cache is
+/// shared and warm after the first run, so what is timed is compactor's own work.
+static REWRITER: LazyLock<Rewriter> = LazyLock::new(|| {
+    let mut settings = Config::default().rewrite_settings();
+    settings.prune.protect_tokens = 500;
+    settings.prune.minimum_tokens = 100;
+    settings.tool_output_max_tokens = 2_000;
+    settings.blocking_tokenize_bytes = usize::MAX;
+    Rewriter::new(settings, TokenCounter::new(1_000_000), ModelTable::default())
+});
+
+/// Parse, count, repair, truncate, dedupe, prune, repair and render; true when the body changed.
+fn rewrites(dialect: Dialect) -> impl Fn(&[u8]) -> bool {
+    move |body| REWRITER.rewrite_body(dialect, body, &BTreeSet::new()).is_some_and(|r| r.body.is_some())
+}
+
+fn chat(messages: &[String]) -> Vec<u8> {
+    format!(r#"{{"model":"gpt-4o","messages":[{}]}}"#, messages.join(",")).into_bytes()
+}
+
+fn anthropic(messages: &[String]) -> Vec<u8> {
+    format!(r#"{{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{}]}}"#, messages.join(",")).into_bytes()
+}
+
+/// A tool output of about 80 tokens, the same for every call: dedupe's food.
+fn repeated_output() -> String {
+    "src/lib.rs:12: warning: unused variable `count`, prefix it with an underscore\n".repeat(5)
+}
+
+#[test]
+fn the_rewrite_pipeline_costs_time_linear_in_the_request() {
+    assert_linear(vec![
+        shape(
+            "chat, n tiny messages after a call without its result",
+            |n| {
+                let mut messages = vec![
+                    r#"{"role":"user","content":"go"}"#.to_string(),
+                    r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c0","type":"function","function":{"name":"run","arguments":"{}"}}]}"#.to_string(),
+                ];
+                for i in 0..n {
+                    let role = if i % 2 == 0 { "user" } else { "assistant" };
+                    messages.push(format!(r#"{{"role":"{role}","content":"hi"}}"#));
+                }
+                chat(&messages)
+            },
+            rewrites(Dialect::ChatCompletions),
+        ),
+        shape(
+            "chat, one turn with n calls without results and n orphaned results",
+            |n| {
+                let calls: Vec<String> = (0..n)
+                    .map(|i| {
+                        format!(r#"{{"id":"c{i}","type":"function","function":{{"name":"run","arguments":"{{}}"}}}}"#)
+                    })
+                    .collect();
+                let mut messages = vec![
+                    r#"{"role":"user","content":"go"}"#.to_string(),
+                    format!(r#"{{"role":"assistant","content":null,"tool_calls":[{}]}}"#, calls.join(",")),
+                ];
+                messages.extend((0..n).map(|i| format!(r#"{{"role":"tool","tool_call_id":"x{i}","content":"ok"}}"#)));
+                chat(&messages)
+            },
+            rewrites(Dialect::ChatCompletions),
+        ),
+        shape(
+            "chat, one tool output of n lines",
+            |n| {
+                let output: String = (0..n / 4).map(|i| format!("line {i}: compiled crate number {i}\n")).collect();
+                chat(&[
+                    r#"{"role":"user","content":"build"}"#.to_string(),
+                    r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c0","type":"function","function":{"name":"run","arguments":"{}"}}]}"#.to_string(),
+                    format!(r#"{{"role":"tool","tool_call_id":"c0","content":{}}}"#, serde_json::Value::from(output)),
+                ])
+            },
+            rewrites(Dialect::ChatCompletions),
+        ),
+        shape(
+            "anthropic, one id used by n calls and n results",
+            |n| {
+                let mut messages = vec![r#"{"role":"user","content":"go"}"#.to_string()];
+                for _ in 0..n / 2 {
+                    messages.push(
+                        r#"{"role":"assistant","content":[{"type":"tool_use","id":"same","name":"run","input":{}}]}"#
+                            .to_string(),
+                    );
+                    messages.push(r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"same","content":"ok"},{"type":"tool_result","tool_use_id":"same","content":"again"}]}"#.to_string());
+                }
+                anthropic(&messages)
+            },
+            rewrites(Dialect::AnthropicMessages),
+        ),
+        shape(
+            "anthropic, n calls answered in one message of n blocks, one result too long",
+            |n| {
+                let calls: Vec<String> =
+                    (0..n).map(|i| format!(r#"{{"type":"tool_use","id":"t{i}","name":"run","input":{{}}}}"#)).collect();
+                let mut results: Vec<String> = (1..n)
+                    .map(|i| format!(r#"{{"type":"tool_result","tool_use_id":"t{i}","content":"ok"}}"#))
+                    .collect();
+                let long: String = (0..1_000).map(|i| format!("row {i} of the table\n")).collect();
+                results.push(format!(
+                    r#"{{"type":"tool_result","tool_use_id":"t0","content":{}}}"#,
+                    serde_json::Value::from(long)
+                ));
+                anthropic(&[
+                    r#"{"role":"user","content":"go"}"#.to_string(),
+                    format!(r#"{{"role":"assistant","content":[{}]}}"#, calls.join(",")),
+                    format!(r#"{{"role":"user","content":[{}]}}"#, results.join(",")),
+                ])
+            },
+            rewrites(Dialect::AnthropicMessages),
+        ),
+        shape(
+            "anthropic, n calls without results before a user message of n text blocks",
+            |n| {
+                let calls: Vec<String> =
+                    (0..n).map(|i| format!(r#"{{"type":"tool_use","id":"t{i}","name":"run","input":{{}}}}"#)).collect();
+                let texts = vec![r#"{"type":"text","text":"and then"}"#; n];
+                anthropic(&[
+                    r#"{"role":"user","content":"go"}"#.to_string(),
+                    format!(r#"{{"role":"assistant","content":[{}]}}"#, calls.join(",")),
+                    format!(r#"{{"role":"user","content":[{}]}}"#, texts.join(",")),
+                ])
+            },
+            rewrites(Dialect::AnthropicMessages),
+        ),
+        shape(
+            "responses, n function calls with the same long output",
+            |n| {
+                let output = serde_json::Value::from(repeated_output());
+                let mut items = vec![r#"{"type":"message","role":"user","content":"go"}"#.to_string()];
+                for i in 0..n / 8 {
+                    items.push(format!(
+                        r#"{{"type":"function_call","call_id":"f{i}","name":"read","arguments":"{{}}"}}"#
+                    ));
+                    items.push(format!(r#"{{"type":"function_call_output","call_id":"f{i}","output":{output}}}"#));
+                }
+                format!(r#"{{"model":"gpt-5","input":[{}]}}"#, items.join(",")).into_bytes()
+            },
+            rewrites(Dialect::Responses),
+        ),
+        shape(
+            "chat, n distinct outputs of a tool that is never pruned",
+            |n| {
+                let mut messages = vec![r#"{"role":"user","content":"go"}"#.to_string()];
+                for i in 0..n / 8 {
+                    let name = if i % 2 == 0 { "skill" } else { "read" };
+                    messages.push(format!(r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c{i}","type":"function","function":{{"name":"{name}","arguments":"{{}}"}}}}]}}"#));
+                    let output = serde_json::Value::from(format!("{i}: {}", repeated_output()));
+                    messages.push(format!(r#"{{"role":"tool","tool_call_id":"c{i}","content":{output}}}"#));
+                }
+                chat(&messages)
+            },
+            rewrites(Dialect::ChatCompletions),
+        ),
+    ]);
+}
+
+/// Choose where to cut, pick the user's messages to keep, hash the covered prefix, rebuild the
+/// conversation and find the record again, as a compaction and every later turn do.
+fn cuts_and_rebuilds(dialect: Dialect, keep_recent_tokens: u32) -> impl Fn(&[u8]) -> bool {
+    move |body| {
+        let mut parsed = ParsedRequest::parse(dialect, body).unwrap();
+        let model = REWRITER.models.lookup(parsed.model.as_deref().unwrap_or(""));
+        REWRITER.count_items(&mut parsed, model.encoding);
+        let count = |text: &str| REWRITER.counter.count(model.encoding, text);
+        let cut = plan::choose_cut(&parsed, keep_recent_tokens, 0).unwrap_or(parsed.messages.len() / 2);
+        let record = CompactionRecord {
+            generation: 1,
+            summary: "The user asked for a fix; it is done.".into(),
+            covered_messages: cut as u64,
+            covered_hash: plan::prefix_hash(&parsed, cut),
+            first_kept: cut as u64,
+            user_messages: plan::user_messages(&parsed, cut, 1_000_000),
+            truncate_user_tokens: 256,
+            tokens_before: 0,
+            tokens_after: 0,
+            trigger: "overflow".into(),
+            model: "m".into(),
+            at_unix_ms: 0,
+        };
+        let Some(rebuilt) = plan::rebuild(&parsed, &record, "Summary: ", &count) else { return false };
+        let records = [record];
+        plan::matching_record(&parsed, &records).is_some() && ParsedRequest::parse(dialect, &rebuilt).is_some()
+    }
+}
+
+#[test]
+fn choosing_a_compaction_cut_and_rebuilding_cost_time_linear_in_the_request() {
+    assert_linear(vec![
+        shape(
+            "chat, n tiny messages",
+            |n| {
+                let messages: Vec<String> = (0..n)
+                    .map(|i| {
+                        let role = if i % 2 == 0 { "user" } else { "assistant" };
+                        format!(r#"{{"role":"{role}","content":"message {i}"}}"#)
+                    })
+                    .collect();
+                chat(&messages)
+            },
+            cuts_and_rebuilds(Dialect::ChatCompletions, 200),
+        ),
+        shape(
+            "chat, n messages inside one call answered only at the end (no clean cut)",
+            |n| {
+                let mut messages = vec![
+                    r#"{"role":"user","content":"go"}"#.to_string(),
+                    r#"{"role":"assistant","content":null,"tool_calls":[{"id":"long","type":"function","function":{"name":"run","arguments":"{}"}}]}"#.to_string(),
+                ];
+                for i in 0..n {
+                    let role = if i % 2 == 0 { "user" } else { "assistant" };
+                    messages.push(format!(r#"{{"role":"{role}","content":"waiting {i}"}}"#));
+                }
+                messages.push(r#"{"role":"tool","tool_call_id":"long","content":"done"}"#.to_string());
+                chat(&messages)
+            },
+            cuts_and_rebuilds(Dialect::ChatCompletions, 200),
+        ),
+        shape(
+            "anthropic, n tool pairs, every result a turn late",
+            |n| {
+                let mut messages = vec![r#"{"role":"user","content":"go"}"#.to_string()];
+                for i in 0..n / 2 {
+                    messages.push(format!(r#"{{"role":"assistant","content":[{{"type":"thinking","thinking":"hm","signature":"s"}},{{"type":"tool_use","id":"t{i}","name":"run","input":{{}}}}]}}"#));
+                    messages.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"ok {i}"}},{{"type":"text","text":"next"}}]}}"#));
+                }
+                anthropic(&messages)
+            },
+            cuts_and_rebuilds(Dialect::AnthropicMessages, 100_000_000),
+        ),
+    ]);
+}
+
+#[test]
+fn recognizing_an_overflow_costs_time_linear_in_the_error_body() {
+    let detector = OverflowDetector::new(&["never matches (\\d+) here".to_string()]).unwrap();
+    let detects = move |body: &[u8]| detector.detect(400, body).is_some();
+    let detector = OverflowDetector::default();
+    let detects_in_stream = move |body: &[u8]| detector.detect(200, body).is_some();
+    assert_linear(vec![
+        shape(
+            "a JSON error whose message is n bytes",
+            |n| {
+                let message =
+                    format!("prompt is too long: 250000 tokens > 200000 maximum. {}", "context ".repeat(n / 8));
+                serde_json::json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}})
+                    .to_string()
+                    .into_bytes()
+            },
+            detects.clone(),
+        ),
+        shape(
+            "a JSON error with n detail entries",
+            |n| {
+                let details: Vec<serde_json::Value> =
+                    (0..n / 16).map(|i| serde_json::json!({"msg": format!("field {i}"), "code": "x"})).collect();
+                serde_json::json!({"error": {"message": "This model's maximum context length is 8192 tokens", "details": details}})
+                    .to_string()
+                    .into_bytes()
+            },
+            detects.clone(),
+        ),
+        shape(
+            "a plain-text error of n lines",
+            |n| {
+                let mut text = "the input exceeds the context window\n".to_string();
+                text.push_str(&"upstream said something unrelated\n".repeat(n / 32));
+                text.into_bytes()
+            },
+            detects,
+        ),
+        shape(
+            "a 200 stream of n events ending in an overflow error",
+            |n| {
+                let mut text = ": processing\n\n".repeat(n / 16);
+                text.push_str(
+                    "data: {\"error\":{\"message\":\"prompt is too long\",\"code\":\"context_length_exceeded\"}}\n\n",
+                );
+                text.into_bytes()
+            },
+            detects_in_stream,
+        ),
+    ]);
+}
+
+/// Feeds the body to a usage tap in `chunk`-byte pieces; true when it read a usage.
+fn taps(framing: Framing, chunk: usize) -> impl Fn(&[u8]) -> bool {
+    move |body| {
+        let mut tap = UsageTap::new(framing);
+        for piece in body.chunks(chunk) {
+            tap.observe(&Bytes::copy_from_slice(piece));
+        }
+        tap.finish().is_some()
+    }
+}
+
+#[test]
+fn reading_usage_from_a_response_costs_time_linear_in_its_size() {
+    let usage = r#"{"type":"message_delta","usage":{"output_tokens":42}}"#;
+    assert_linear(vec![
+        shape(
+            "a stream of n small events, in 100-byte chunks",
+            move |n| {
+                let mut text = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"a\"}}\n\n"
+                    .repeat(n / 64);
+                text.push_str(&format!("event: message_delta\ndata: {usage}\n\n"));
+                text.into_bytes()
+            },
+            taps(Framing::EventStream, 100),
+        ),
+        shape(
+            "n events of two data lines, in 7-byte chunks",
+            move |n| {
+                let mut text = "data: {\"a\":\ndata: 1}\n\n".repeat(n / 24);
+                text.push_str(&format!("event: message_delta\ndata: {usage}\n\n"));
+                text.into_bytes()
+            },
+            taps(Framing::EventStream, 7),
+        ),
+        shape(
+            "a stream with CR line endings and n comments, in 1000-byte chunks",
+            move |n| {
+                let mut text = ":\r".repeat(n / 2);
+                text.push_str(&format!("\rdata: {usage}\r\r"));
+                text.into_bytes()
+            },
+            taps(Framing::EventStream, 1000),
+        ),
+        shape(
+            "a plain JSON reply of n content blocks, in 16-byte chunks",
+            |n| {
+                let blocks = vec![r#"{"type":"text","text":"a"}"#; n / 32 + 1].join(",");
+                format!(r#"{{"content":[{blocks}],"usage":{{"input_tokens":5,"output_tokens":1}}}}"#).into_bytes()
+            },
+            taps(Framing::Json, 16),
+        ),
+    ]);
 }

@@ -39,27 +39,31 @@ fn strip_cache_control(value: &mut serde_json::Value) {
     }
 }
 
-/// Whether the conversation may be cut right before message `index` with every tool pair intact:
-/// a user turn that carries no tool results, or an assistant turn (its results follow it).
-fn is_boundary(parsed: &ParsedRequest, index: usize) -> bool {
-    let role = parsed.messages[index].role;
-    let carries_results = parsed
-        .conversation
-        .items
-        .iter()
-        .any(|item| item.message == index && matches!(item.kind, Kind::ToolResult { .. }));
-    // A reasoning item belongs to the item after it: never cut between them.
-    let after_reasoning = index > 0
-        && parsed
-            .conversation
-            .items
-            .iter()
-            .any(|item| item.message == index - 1 && matches!(item.kind, Kind::Thinking { .. }))
-        && parsed.messages[index - 1].blocks.is_none();
-    matches!(role, Role::User | Role::Assistant)
-        && !carries_results
-        && !after_reasoning
-        && parsed.conversation.is_clean_cut(index)
+/// For every message, whether the conversation may be cut right before it with every tool pair
+/// intact: a user turn that carries no tool results, or an assistant turn (its results follow
+/// it), never right after a reasoning item. One pass over the conversation answers every index.
+fn boundaries(parsed: &ParsedRequest) -> Vec<bool> {
+    let count = parsed.messages.len();
+    let mut carries_results = vec![false; count];
+    let mut has_thinking = vec![false; count];
+    for item in &parsed.conversation.items {
+        match item.kind {
+            Kind::ToolResult { .. } => carries_results[item.message] = true,
+            Kind::Thinking { .. } => has_thinking[item.message] = true,
+            _ => {}
+        }
+    }
+    let clean = parsed.conversation.clean_cuts();
+    (0..count)
+        .map(|index| {
+            // A reasoning item belongs to the item after it: never cut between them.
+            let after_reasoning = index > 0 && has_thinking[index - 1] && parsed.messages[index - 1].blocks.is_none();
+            matches!(parsed.messages[index].role, Role::User | Role::Assistant)
+                && !carries_results[index]
+                && !after_reasoning
+                && clean.get(index).copied().unwrap_or(true)
+        })
+        .collect()
 }
 
 /// The first message to keep verbatim: about `keep_recent_tokens` from the end, at a clean turn
@@ -79,8 +83,9 @@ pub fn choose_cut(parsed: &ParsedRequest, keep_recent_tokens: u32, after: usize)
             break;
         }
     }
-    let before = (lower..=target).rev().find(|&i| is_boundary(parsed, i));
-    before.or_else(|| (target + 1..count).find(|&i| is_boundary(parsed, i)))
+    let boundary = boundaries(parsed);
+    let before = (lower..=target).rev().find(|&i| boundary[i]);
+    before.or_else(|| (target + 1..count).find(|&i| boundary[i]))
 }
 
 /// Indices of the user's own messages in `lead..cut`, newest first up to `budget` tokens, returned
@@ -106,7 +111,7 @@ pub fn user_messages(parsed: &ParsedRequest, cut: usize, budget: u32) -> Vec<u32
 /// The text of a message that is only the user's words (no tool results), attachments left out.
 fn user_text(parsed: &ParsedRequest, index: usize) -> Option<String> {
     let mut texts = Vec::new();
-    for item in parsed.conversation.items.iter().filter(|i| i.message == index) {
+    for item in parsed.conversation.items_of(index) {
         match &item.kind {
             Kind::Text { text, .. } => texts.push(text.as_ref()),
             Kind::Attachment | Kind::Other { .. } => {}

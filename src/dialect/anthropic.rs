@@ -230,13 +230,15 @@ fn readable<'a>(type_name: &str, content: Option<&'a RawValue>, block: &'a RawVa
 /// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
 pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
+    let owed_by = inserts_by_assistant(parsed);
+    let none: &[&InsertResult] = &[];
+    let owed_after = |assistant: usize| owed_by.get(assistant).map_or(none, Vec::as_slice);
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
-        let owed: Vec<&InsertResult> =
-            if index > 0 && message.role == Role::User { inserts_for(parsed, index - 1) } else { Vec::new() };
+        let owed = if index > 0 && message.role == Role::User { owed_after(index - 1) } else { none };
         if conversation.message_changed(index) || !owed.is_empty() {
-            if let Some(text) = render_message(parsed, index, message, &owed) {
+            if let Some(text) = render_message(parsed, index, message, owed) {
                 out.push(&text);
             }
         } else {
@@ -244,7 +246,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
         }
         // No user message follows this assistant turn: the results get one of their own.
         if message.role == Role::Assistant && parsed.messages.get(index + 1).is_none_or(|m| m.role != Role::User) {
-            let owed = inserts_for(parsed, index);
+            let owed = owed_after(index);
             if !owed.is_empty() {
                 let blocks: Vec<String> = owed.iter().map(|i| synthetic_block(i)).collect();
                 out.push(&format!(r#"{{"role":"user","content":[{}]}}"#, blocks.join(",")));
@@ -254,9 +256,16 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     out.finish()
 }
 
-fn inserts_for<'p>(parsed: &'p ParsedRequest, assistant: usize) -> Vec<&'p InsertResult> {
+/// The synthetic results each assistant turn owes, grouped once.
+fn inserts_by_assistant<'p>(parsed: &'p ParsedRequest) -> Vec<Vec<&'p InsertResult>> {
     let conversation = &parsed.conversation;
-    conversation.inserts.iter().filter(|i| conversation.items[i.call_item].message == assistant).collect()
+    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
+    for insert in &conversation.inserts {
+        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
+            slot.push(insert);
+        }
+    }
+    owed
 }
 
 fn synthetic_block(insert: &InsertResult) -> String {
@@ -290,7 +299,7 @@ fn replace_result_text(block: &RawValue, text: &str) -> Option<String> {
 /// A changed message with its kept blocks raw, edited results re-rendered, synthetic results
 /// placed after the existing ones; `None` when nothing is left of it.
 fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed: &[&InsertResult]) -> Option<String> {
-    let items: Vec<&Item> = parsed.conversation.items.iter().filter(|i| i.message == index).collect();
+    let items = parsed.conversation.items_of(index);
     // (is a client tool_result, rendered block)
     let mut blocks: Vec<(bool, String)> = Vec::new();
     match &message.blocks {
@@ -310,8 +319,16 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
             }
         }
         Some(raw_blocks) => {
-            for (b, block) in raw_blocks.iter().enumerate() {
-                let item = items.iter().find(|i| i.block == Some(b));
+            // The item of each block, found once: one item per block, in block order.
+            let mut by_block: Vec<Option<&Item>> = vec![None; raw_blocks.len()];
+            for item in items {
+                if let Some(slot) = item.block.and_then(|b| by_block.get_mut(b))
+                    && slot.is_none()
+                {
+                    *slot = Some(item);
+                }
+            }
+            for (block, item) in raw_blocks.iter().zip(by_block) {
                 let client_result = item.is_some_and(|i| i.repairable && matches!(i.kind, Kind::ToolResult { .. }));
                 match item.map(|i| (&i.edit, &i.kind)) {
                     Some((Edit::Remove, _)) => {}
@@ -330,9 +347,7 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
     if !owed.is_empty() {
         // tool_result blocks must come before any other content of the user message.
         let at = blocks.iter().take_while(|(is_result, _)| *is_result).count();
-        for (offset, insert) in owed.iter().enumerate() {
-            blocks.insert(at + offset, (true, synthetic_block(insert)));
-        }
+        blocks.splice(at..at, owed.iter().map(|insert| (true, synthetic_block(insert))));
     }
     if blocks.is_empty() {
         return None;

@@ -5,11 +5,12 @@
 //! came, and a tool message holding one is never shortened.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
 use super::{Message, ParsedRequest, only_text_and_media, text_of_parts};
-use crate::conversation::{Edit, Item, Kind, Role};
+use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
 pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a RawValue>) -> Option<()> {
@@ -106,6 +107,7 @@ fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
 /// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
 pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
+    let owed = inserts_by_anchor(parsed);
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
         if conversation.message_changed(index) {
@@ -115,27 +117,40 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
         } else {
             out.push(message.raw.get());
         }
-        // Synthetic results go right after the last tool message answering this assistant turn.
-        for insert in &conversation.inserts {
-            let assistant = conversation.items[insert.call_item].message;
-            let zone = conversation.result_zone(assistant);
-            let anchor = if conversation.roles.get(zone.start) == Some(&Role::Tool) { zone.end - 1 } else { assistant };
-            if anchor == index {
-                let mut text = String::from(r#"{"role":"tool","tool_call_id":"#);
-                json::push_json_string(&mut text, &insert.call_id);
-                text.push_str(r#","content":"#);
-                json::push_json_string(&mut text, &insert.text);
-                text.push('}');
-                out.push(&text);
-            }
+        for insert in owed.get(index).into_iter().flatten() {
+            let mut text = String::from(r#"{"role":"tool","tool_call_id":"#);
+            json::push_json_string(&mut text, &insert.call_id);
+            text.push_str(r#","content":"#);
+            json::push_json_string(&mut text, &insert.text);
+            text.push('}');
+            out.push(&text);
         }
     }
     out.finish()
 }
 
+/// The synthetic results to write after each message: right after the last tool message
+/// answering their assistant turn (or the turn itself). Each turn's zone is looked up once.
+fn inserts_by_anchor<'p>(parsed: &'p ParsedRequest) -> Vec<Vec<&'p InsertResult>> {
+    let conversation = &parsed.conversation;
+    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
+    let mut anchors: HashMap<usize, usize> = HashMap::new();
+    for insert in &conversation.inserts {
+        let assistant = conversation.items[insert.call_item].message;
+        let anchor = *anchors.entry(assistant).or_insert_with(|| {
+            let zone = conversation.result_zone(assistant);
+            if conversation.roles.get(zone.start) == Some(&Role::Tool) { zone.end - 1 } else { assistant }
+        });
+        if let Some(slot) = owed.get_mut(anchor) {
+            slot.push(insert);
+        }
+    }
+    owed
+}
+
 /// A changed message: a tool message with new content, or nothing when removed.
 fn render_message(parsed: &ParsedRequest, index: usize, message: &Message) -> Option<String> {
-    let items: Vec<&Item> = parsed.conversation.items.iter().filter(|i| i.message == index).collect();
+    let items = parsed.conversation.items_of(index);
     if items.iter().any(|i| i.edit == Edit::Remove && i.block.is_none()) {
         return None;
     }
@@ -153,10 +168,18 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message) -> Op
             let Some(blocks) = &message.blocks else {
                 return Some(message.raw.get().to_string());
             };
+            // The part item of each block (tool calls number their own blocks), found once.
+            let mut by_block: Vec<Option<&Item>> = vec![None; blocks.len()];
+            for item in items.iter().filter(|i| !matches!(i.kind, Kind::ToolCall { .. })) {
+                if let Some(slot) = item.block.and_then(|b| by_block.get_mut(b))
+                    && slot.is_none()
+                {
+                    *slot = Some(item);
+                }
+            }
             let mut content = String::from("[");
             let mut first = true;
-            for (b, block) in blocks.iter().enumerate() {
-                let edit = items.iter().find(|i| i.block == Some(b) && !matches!(i.kind, Kind::ToolCall { .. }));
+            for (block, edit) in blocks.iter().zip(&by_block) {
                 let text = match edit.map(|i| &i.edit) {
                     Some(Edit::Remove) => continue,
                     Some(Edit::Replace(text)) => format!(r#"{{"type":"text","text":{}}}"#, json::json_string(text)),

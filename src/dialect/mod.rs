@@ -168,8 +168,7 @@ impl<'a> ParsedRequest<'a> {
 
     /// Tokens of message `index` as counted (items plus framing).
     pub fn message_tokens(&self, index: usize) -> u32 {
-        self.conversation.items.iter().filter(|i| i.message == index).map(|i| i.tokens).sum::<u32>()
-            + crate::conversation::FRAMING_TOKENS
+        self.conversation.items_of(index).iter().map(|i| i.tokens).sum::<u32>() + crate::conversation::FRAMING_TOKENS
     }
 }
 

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use serde_json::value::RawValue;
 
 use super::{Message, ParsedRequest, only_text_and_media, string_kind, text_of_parts};
-use crate::conversation::{Edit, Item, Kind, Role};
+use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
 /// Parts a function or custom tool output may hold and still be replaced by one text.
@@ -56,6 +56,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
                     _ => return None,
                 };
                 let content = object.get("content")?;
+                let first_part = items.len();
                 if content.get().starts_with('[') {
                     for (b, part) in json::as_array(content)?.into_iter().enumerate() {
                         items.push(item(Some(b), part_kind(role, part)));
@@ -64,9 +65,9 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
                     items.push(item(None, string_kind(role, json::as_str(content)?, &mut parsed.system)));
                 }
                 if role == Role::System && content.get().starts_with('[') {
-                    let texts: Vec<String> = items
+                    // This message's parts are the items just pushed.
+                    let texts: Vec<String> = items[first_part..]
                         .iter()
-                        .filter(|i| i.message == index)
                         .filter_map(|i| match &i.kind {
                             Kind::System { text } => Some(text.to_string()),
                             _ => None,
@@ -225,16 +226,22 @@ fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
 /// synthetic output goes right after its call.
 pub(super) fn render_items(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
+    // Each call's synthetic output, grouped by the item of the call once.
+    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
+    for insert in &conversation.inserts {
+        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
+            slot.push(insert);
+        }
+    }
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
-        let mut edits = conversation.items.iter().filter(|i| i.message == index).map(|i| &i.edit);
-        let edit = edits.find(|e| **e != Edit::Keep);
+        let edit = conversation.items_of(index).iter().map(|i| &i.edit).find(|e| **e != Edit::Keep);
         match edit {
             Some(Edit::Remove) => {}
             Some(Edit::Replace(text)) => out.push(&replace_output(message, text)),
             _ => out.push(message.raw.get()),
         }
-        for insert in conversation.inserts.iter().filter(|i| conversation.items[i.call_item].message == index) {
+        for insert in owed.get(index).into_iter().flatten() {
             let output_type = match message.object.str("type").as_deref() {
                 Some("custom_tool_call") => "custom_tool_call_output",
                 _ => "function_call_output",

@@ -1,7 +1,7 @@
 //! Lossless first: when the same tool output appears again later, the older copy becomes a short
 //! pointer to the newer one.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -12,8 +12,8 @@ const MIN_TOKENS: u32 = 64;
 
 /// Replaces older duplicates of tool outputs with pointers; returns how many.
 pub fn apply(conversation: &mut Conversation) -> usize {
-    let mut seen: HashSet<u128> = HashSet::new();
-    let mut newer_call: Vec<(u128, String)> = Vec::new();
+    // The newest call of each output seen so far (walking back from the newest), by content hash.
+    let mut newer_call: HashMap<u128, String> = HashMap::new();
     let mut deduped = 0;
     for item in conversation.items.iter_mut().rev() {
         let Kind::ToolResult { call_id, text, attachments: 0 } = &item.kind else { continue };
@@ -21,11 +21,10 @@ pub fn apply(conversation: &mut Conversation) -> usize {
             continue;
         }
         let hash = xxh3_128(text.as_bytes());
-        if seen.insert(hash) {
-            newer_call.push((hash, call_id.as_deref().unwrap_or("").to_string()));
+        let Some(newer) = newer_call.get(&hash) else {
+            newer_call.insert(hash, call_id.as_deref().unwrap_or("").to_string());
             continue;
-        }
-        let newer = newer_call.iter().find(|(h, _)| *h == hash).map(|(_, id)| id.as_str()).unwrap_or("");
+        };
         item.edit = Edit::Replace(pointer(newer));
         deduped += 1;
     }

@@ -2,7 +2,7 @@
 //! replaced by a placeholder once enough of them add up. Decisions are remembered per session so
 //! the rewritten prefix stays byte-stable across turns.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use crate::conversation::{Conversation, Edit, Kind};
 
@@ -31,11 +31,18 @@ pub fn apply(
     previously: &BTreeSet<String>,
     count: &dyn Fn(&str) -> u32,
 ) -> Pruned {
-    let protected_call = |conversation: &Conversation, call_id: Option<&str>| {
-        call_id
-            .and_then(|id| conversation.tool_name(id))
-            .is_some_and(|name| settings.protected_tools.iter().any(|p| p.eq_ignore_ascii_case(name)))
+    // Call ids of protected tools, looked up once: one scan per result would be O(n^2).
+    let protected_ids: HashSet<String> = if settings.protected_tools.is_empty() {
+        HashSet::new()
+    } else {
+        conversation
+            .tool_names()
+            .into_iter()
+            .filter(|(_, name)| settings.protected_tools.iter().any(|p| p.eq_ignore_ascii_case(name)))
+            .map(|(id, _)| id.to_string())
+            .collect()
     };
+    let protected_call = |call_id: Option<&str>| call_id.is_some_and(|id| protected_ids.contains(id));
     // Outputs no bigger than the placeholder (a synthetic "aborted", an empty result) gain nothing
     // from pruning; leaving them out of the window too keeps a second pass deciding the same.
     let not_worth = count(&settings.placeholder) + crate::conversation::FRAMING_TOKENS;
@@ -63,7 +70,7 @@ pub fn apply(
             Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
             Edit::Remove => continue,
         };
-        if current <= not_worth || protected_call(conversation, call_id) {
+        if current <= not_worth || protected_call(call_id) {
             continue;
         }
         if call_id.is_some_and(|id| previously.contains(id)) {

@@ -5,6 +5,10 @@
 //! provider runs inside its own turn (Anthropic `server_tool_use`, Responses' hosted tools), a pair
 //! whose output compactor cannot write, and any result claiming such a call's id are left exactly
 //! as the client sent them.
+//!
+//! Every lookup goes through a map built once (results by call id, call ids, inserts), so a
+//! hostile request with many calls, many results or one id used over and over costs time linear
+//! in its size.
 
 use std::collections::{HashMap, HashSet};
 
@@ -13,13 +17,17 @@ use crate::conversation::{Conversation, Edit, InsertResult, Kind, Role};
 /// The content of a synthetic result for a call that never got one.
 pub const ABORTED: &str = "aborted";
 
+/// The results claiming one call id, in order, and how far the calls of that id have read them.
+#[derive(Default)]
+struct Claimants {
+    /// Item indices of the results (repairable, not removed), in item order.
+    results: Vec<usize>,
+    /// Results before this position are matched or stand before every later call's zone.
+    next: usize,
+}
+
 /// Repairs pairing; returns how many results were inserted, moved or removed.
 pub fn apply(conversation: &mut Conversation) -> usize {
-    // Each call's result must be in the zone right after its assistant message.
-    let mut calls: Vec<(usize, String)> = Vec::new();
-    let mut matched: HashSet<usize> = HashSet::new();
-    let mut answered: HashSet<String> = HashSet::new();
-    let message_count = conversation.roles.len();
     // Ids of calls repair must not touch: results claiming them are not orphans of ours either.
     let untouchable: HashSet<String> = conversation
         .items
@@ -27,25 +35,42 @@ pub fn apply(conversation: &mut Conversation) -> usize {
         .filter(|item| !item.repairable && matches!(item.kind, Kind::ToolCall { .. }))
         .filter_map(|item| item.call_id().map(str::to_string))
         .collect();
-    for assistant in 0..message_count {
+    let mut claimants: HashMap<String, Claimants> = HashMap::new();
+    for (index, item) in conversation.items.iter().enumerate() {
+        if let Kind::ToolResult { call_id: Some(id), .. } = &item.kind
+            && item.repairable
+            && item.edit != Edit::Remove
+        {
+            claimants.entry(id.to_string()).or_default().results.push(index);
+        }
+    }
+
+    // Each call's result must be in the zone right after its assistant message: the first
+    // unmatched result with its id there. Assistant turns come in order and their zones start
+    // later and later, so a result passed over for one call is never wanted by a later one.
+    let mut calls: Vec<(usize, String)> = Vec::new();
+    let mut matched: HashSet<usize> = HashSet::new();
+    let mut answered: HashSet<String> = HashSet::new();
+    for assistant in 0..conversation.roles.len() {
         if conversation.roles[assistant] != Role::Assistant {
             continue;
         }
         let zone = conversation.result_zone(assistant);
-        for (index, item) in conversation.items.iter().enumerate() {
-            if item.message != assistant || item.edit == Edit::Remove || !item.repairable {
+        for index in conversation.item_range(assistant) {
+            let item = &conversation.items[index];
+            if item.edit == Edit::Remove || !item.repairable {
                 continue;
             }
             let Kind::ToolCall { id: Some(id), .. } = &item.kind else { continue };
             calls.push((index, id.to_string()));
-            let result = conversation.items.iter().enumerate().position(|(r, result)| {
-                zone.contains(&result.message)
-                    && result.repairable
-                    && result.edit != Edit::Remove
-                    && !matched.contains(&r)
-                    && matches!(&result.kind, Kind::ToolResult { call_id: Some(c), .. } if c == id)
-            });
-            if let Some(r) = result {
+            let Some(claim) = claimants.get_mut(id.as_ref()) else { continue };
+            while claim.results.get(claim.next).is_some_and(|&r| conversation.items[r].message < zone.start) {
+                claim.next += 1;
+            }
+            if let Some(&r) = claim.results.get(claim.next)
+                && zone.contains(&conversation.items[r].message)
+            {
+                claim.next += 1;
                 matched.insert(r);
                 answered.insert(id.to_string());
             }
@@ -53,6 +78,7 @@ pub fn apply(conversation: &mut Conversation) -> usize {
     }
 
     // Results that answer no call where they stand: moved to their call if it lacks one, else removed.
+    let call_ids: HashSet<&str> = calls.iter().map(|(_, id)| id.as_str()).collect();
     let mut repaired = 0;
     let mut moved: HashMap<String, String> = HashMap::new();
     for (index, item) in conversation.items.iter_mut().enumerate() {
@@ -64,7 +90,7 @@ pub fn apply(conversation: &mut Conversation) -> usize {
         {
             continue;
         }
-        let exists = calls.iter().any(|(_, call)| call == id.as_ref());
+        let exists = call_ids.contains(id.as_ref());
         if exists && !answered.contains(id.as_ref()) && !moved.contains_key(id.as_ref()) {
             let content = match &item.edit {
                 Edit::Replace(replaced) => replaced.clone(),
@@ -76,11 +102,13 @@ pub fn apply(conversation: &mut Conversation) -> usize {
         repaired += 1;
     }
 
+    let mut inserted: HashSet<String> = conversation.inserts.iter().map(|i| i.call_id.clone()).collect();
     for (call_item, id) in calls {
-        if answered.contains(&id) || conversation.inserts.iter().any(|i| i.call_id == id) {
+        if answered.contains(&id) || inserted.contains(&id) {
             continue;
         }
         let text = moved.remove(&id).unwrap_or_else(|| ABORTED.to_string());
+        inserted.insert(id.clone());
         conversation.inserts.push(InsertResult { call_item, call_id: id, text });
         repaired += 1;
     }
