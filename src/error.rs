@@ -18,6 +18,8 @@ pub enum ProxyError {
     ClientBody(#[source] Cause),
     #[error("the upstream at {upstream} could not be reached")]
     UpstreamUnreachable { upstream: String, source: Cause },
+    #[error("the upstream at {upstream} broke off its response")]
+    UpstreamCut { upstream: String, source: Cause },
     #[error("the upstream at {upstream} did not answer within {} ms", timeout.as_millis())]
     UpstreamTimeout { upstream: String, timeout: std::time::Duration },
     #[error("cannot build the upstream request: invalid upstream URL")]
@@ -32,6 +34,8 @@ pub enum ProxyError {
     MethodNotAllowed { allow: &'static str },
     #[error("session store unavailable")]
     StoreUnavailable(#[source] Cause),
+    #[error("compactor is serving its limit of {limit} connections; retry shortly")]
+    Overloaded { limit: u64 },
 }
 
 impl ProxyError {
@@ -39,12 +43,12 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ClientBody(_) | Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => StatusCode::BAD_REQUEST,
-            Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable(_) | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -54,12 +58,14 @@ impl ProxyError {
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::ClientBody(_) => "bad_request_body",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
+            Self::UpstreamCut { .. } => "upstream_cut",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => "bad_upstream_request",
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::StoreUnavailable(_) => "store_unavailable",
+            Self::Overloaded { .. } => "overloaded",
         }
     }
 
@@ -67,7 +73,11 @@ impl ProxyError {
     /// way (an upstream or the store), not in the request.
     pub fn retryable(&self) -> bool {
         match self {
-            Self::UpstreamUnreachable { .. } | Self::UpstreamTimeout { .. } | Self::StoreUnavailable(_) => true,
+            Self::UpstreamUnreachable { .. }
+            | Self::UpstreamCut { .. }
+            | Self::UpstreamTimeout { .. }
+            | Self::StoreUnavailable(_)
+            | Self::Overloaded { .. } => true,
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
             | Self::BadUpstreamUrl(_)
@@ -85,6 +95,7 @@ impl ProxyError {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::GATEWAY_TIMEOUT => "timeout_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
             s if s.is_client_error() => "invalid_request_error",
             _ => "api_error",
         }

@@ -20,3 +20,4 @@ pub mod sse;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;
+pub mod work;

@@ -58,13 +58,20 @@ fn main() -> ExitCode {
                 }
             }
         }),
-        None => match runtime.block_on(run(config)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("compactor: {error:#}");
-                ExitCode::FAILURE
+        None => {
+            let result = runtime.block_on(run(config));
+            // `run` returns by the drain deadline; work still running then (a request's rewrite
+            // on a blocking thread, a stuck task) is abandoned, not waited for, as dropping the
+            // runtime would.
+            runtime.shutdown_background();
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("compactor: {error:#}");
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
     }
 }
 

@@ -65,6 +65,41 @@ impl Route {
     }
 }
 
+/// The one path rule: compactor routes the path it sends upstream, and sends it normalized. Dot
+/// segments are resolved (`.` and `..`, percent-encoded ones too: `%2e%2e`), repeated slashes
+/// collapsed; a trailing slash stays. `/v1/messages/../chat/completions` is routed and sent as
+/// `/v1/chat/completions`, so no request is rewritten as one API and sent to another's upstream.
+/// `None` when the path is already normal (the common case: nothing is allocated).
+pub fn normalize_path(path: &str) -> Option<String> {
+    let is_dot = |segment: &str| segment == "." || segment.eq_ignore_ascii_case("%2e");
+    let is_dot_dot =
+        |segment: &str| matches!(segment.len(), 2 | 4 | 6) && segment.to_ascii_lowercase().replace("%2e", ".") == "..";
+    let segments = path.split('/').skip(1);
+    let needs = path.contains("//")
+        || !path.starts_with('/')
+        || segments.clone().any(|segment| is_dot(segment) || is_dot_dot(segment));
+    if !needs {
+        return None;
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    for segment in path.split('/') {
+        if segment.is_empty() || is_dot(segment) {
+            continue;
+        }
+        if is_dot_dot(segment) {
+            kept.pop();
+        } else {
+            kept.push(segment);
+        }
+    }
+    let mut normal = format!("/{}", kept.join("/"));
+    let last = path.rsplit('/').next().unwrap_or("");
+    if (path.ends_with('/') || is_dot(last) || is_dot_dot(last)) && !normal.ends_with('/') {
+        normal.push('/');
+    }
+    Some(normal)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +130,23 @@ mod tests {
         let route = Route::of(&Method::GET, "/v1/models", &headers);
         assert_eq!(route.family, ApiFamily::Anthropic);
         assert_eq!(route.label(), "anthropic_models");
+    }
+
+    #[test]
+    fn paths_are_normalized_before_routing() {
+        assert_eq!(normalize_path("/v1/chat/completions"), None);
+        assert_eq!(normalize_path("/v1/messages/"), None);
+        assert_eq!(normalize_path("/v1/messages/../chat/completions").as_deref(), Some("/v1/chat/completions"));
+        assert_eq!(normalize_path("/v1/messages/%2E%2e/chat/completions").as_deref(), Some("/v1/chat/completions"));
+        assert_eq!(normalize_path("/v1/chat/completions/../../messages").as_deref(), Some("/v1/messages"));
+        assert_eq!(normalize_path("/v1//messages").as_deref(), Some("/v1/messages"));
+        assert_eq!(normalize_path("/./v1/./models/.").as_deref(), Some("/v1/models/"));
+        assert_eq!(normalize_path("/../../etc").as_deref(), Some("/etc"));
+        assert_eq!(normalize_path("/v1/..").as_deref(), Some("/"));
+        // A segment that merely contains dots is a name.
+        assert_eq!(normalize_path("/v1/files/a..b/.hidden"), None);
+        let normal = normalize_path("/v1/messages/../chat/completions").unwrap();
+        let routed = Route::of(&Method::POST, &normal, &HeaderMap::new());
+        assert_eq!((routed.family, routed.endpoint), (ApiFamily::OpenAi, Endpoint::ChatCompletions));
     }
 }

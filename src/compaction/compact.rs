@@ -28,6 +28,8 @@ pub enum CompactError {
     Busy,
     #[error("summary call failed")]
     SummaryFailed(#[source] SummaryError),
+    #[error("stopped")]
+    Stopped(#[source] crate::work::Stopped),
 }
 
 /// What one compaction needs, borrowed from the [`super::Compactor`].
@@ -87,7 +89,7 @@ impl Compaction<'_> {
         let settings = self.settings;
         let mut parsed =
             ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
-        let model = self.rewriter.count(&mut parsed).await;
+        let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let previous = ladder.record.as_ref();
         let after = previous.map_or(0, |r| r.covered_messages as usize);

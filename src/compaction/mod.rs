@@ -32,6 +32,7 @@ use crate::session::{Identifier, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::tokens::TokenCounter;
 use crate::upstream::{RequestHead, Upstreams};
+use crate::work;
 
 pub use compact::CompactError;
 use compact::Compaction;
@@ -78,6 +79,15 @@ pub enum Next {
     GiveUp,
 }
 
+/// A request whose rewrite ran out of budget (or whose client left): it goes as it came.
+fn over_budget(route: &'static str, stopped: work::Stopped, body: Bytes) -> Prepared {
+    if stopped == work::Stopped::OverBudget {
+        metric::rewrite_skipped(route, "over_budget");
+        tracing::warn!(route, bytes = body.len(), "rewrite budget spent: forwarding the request as it came");
+    }
+    Prepared::untouched(body)
+}
+
 /// A Responses request whose history is stored upstream.
 fn is_stateful(parsed: &ParsedRequest) -> bool {
     ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v.get() != "null"))
@@ -114,9 +124,13 @@ impl Compactor {
     pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
-        let Some(parsed) = ParsedRequest::parse(dialect, &body) else {
-            metric::rewrite_skipped(route, "unparsed");
-            return Prepared::untouched(body);
+        let parsed = match work::step(|| ParsedRequest::parse(dialect, &body)).await {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => {
+                metric::rewrite_skipped(route, "unparsed");
+                return Prepared::untouched(body);
+            }
+            Err(stopped) => return over_budget(route, stopped, body),
         };
         let session = self.identifier.identify(&head.headers, Some(&parsed));
         if is_stateful(&parsed) {
@@ -136,6 +150,9 @@ impl Compactor {
         // The parse is handed on to the rewrite rather than repeated.
         let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed)).await;
         let Some((mut sent, mut report)) = derived else {
+            if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
+                return over_budget(route, stopped, body.clone());
+            }
             return Prepared::untouched(body.clone());
         };
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
@@ -290,21 +307,22 @@ impl Compactor {
     ) -> Option<(Bytes, RewriteReport)> {
         let mut client = match client {
             Some(parsed) => parsed,
-            None => ParsedRequest::parse(ladder.dialect, &ladder.client_body)?,
+            None => work::step(|| ParsedRequest::parse(ladder.dialect, &ladder.client_body)).await.ok()??,
         };
         let pruned = &ctx.state().pruned;
         let Some(record) = &ladder.record else {
-            let mut rewritten = self.rewriter.rewrite_with(&mut client, pruned, settings).await;
+            let mut rewritten = self.rewriter.rewrite_with(&mut client, pruned, settings).await.ok()?;
             let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| ladder.client_body.clone());
             return Some((body, rewritten.report));
         };
         // The client sent more than goes out: "before" counts the client's whole history.
-        let model = self.rewriter.count(&mut client).await;
+        let model = self.rewriter.count(&mut client).await.ok()?;
         let tokens_before = Rewriter::scaled(client.conversation.tokens_before(), model);
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
-        let rebuilt = plan::rebuild(&client, record, &self.settings.summary_prefix, &count)?;
-        let mut parsed = ParsedRequest::parse(ladder.dialect, &rebuilt)?;
-        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, pruned, settings).await;
+        let rebuild = || plan::rebuild(&client, record, &self.settings.summary_prefix, &count);
+        let rebuilt = work::step(rebuild).await.ok()??;
+        let mut parsed = work::step(|| ParsedRequest::parse(ladder.dialect, &rebuilt)).await.ok()??;
+        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, pruned, settings).await.ok()?;
         rewritten.report.tokens_before = tokens_before;
         rewritten.report.message_count = client.messages.len();
         let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());

@@ -60,6 +60,13 @@ impl Config {
             },
             limits: LimitsConfig {
                 max_body_bytes: r.parse("limits.max_body_bytes", d.limits.max_body_bytes, positive),
+                rewrite_budget: r.parse("limits.rewrite_budget_ms", d.limits.rewrite_budget, positive_ms),
+                header_read_timeout: r.parse(
+                    "limits.header_read_timeout_ms",
+                    d.limits.header_read_timeout,
+                    positive_ms,
+                ),
+                max_connections: r.parse("limits.max_connections", d.limits.max_connections, positive),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),
@@ -262,9 +269,12 @@ mod tests {
     }
 
     #[test]
-    fn a_base_url_never_shows_its_credentials() {
-        let config = from_toml("[upstream]\nopenai = \"https://user:pw-secret@gateway.example/v1\"\n").unwrap();
-        assert_eq!(config.upstream.openai.to_string(), "https://gateway.example/v1");
+    fn a_base_url_with_credentials_is_refused_naming_the_key_never_the_password() {
+        let err = from_toml("[upstream]\nanthropic = \"https://user:pw-secret@gateway.example/v1\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`upstream.anthropic`") && err.contains("credentials"), "{err}");
+        assert!(!err.contains("pw-secret"), "{err}");
     }
 
     #[test]

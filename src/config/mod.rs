@@ -133,6 +133,16 @@ pub struct UpstreamConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct LimitsConfig {
     pub max_body_bytes: u64,
+    /// The most time compactor spends working on one request's content (parsing, counting,
+    /// rewriting, rebuilding; waits on the store and summary calls excluded) before it gives up
+    /// and forwards the request as it came.
+    #[serde(rename = "rewrite_budget_ms", serialize_with = "millis")]
+    pub rewrite_budget: Duration,
+    /// How long a client may take to send a request's headers.
+    #[serde(rename = "header_read_timeout_ms", serialize_with = "millis")]
+    pub header_read_timeout: Duration,
+    /// Client connections served at once; one more is answered 503 and closed.
+    pub max_connections: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -185,6 +195,13 @@ impl BaseUrl {
             _ => return Err("must start with http:// or https://".into()),
         }
         let authority = uri.authority().ok_or("has no host")?.to_string();
+        if authority.contains('@') {
+            // They would show in error messages and logs and go upstream inside the Host header;
+            // compactor passes each client's own credential instead.
+            return Err("must not carry credentials (`user:password@`): compactor forwards each client's own \
+                        `Authorization` / `x-api-key` header; give the credential to the clients instead"
+                .into());
+        }
         if uri.query().is_some() {
             return Err("must not carry a query string".into());
         }
@@ -202,13 +219,10 @@ impl BaseUrl {
     }
 }
 
-/// The URL without any user:password it may carry, for logs and error messages.
+/// The URL, for logs and error messages (it never carries credentials: parsing refuses them).
 impl std::fmt::Display for BaseUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.authority.rsplit_once('@') {
-            Some((_, host)) => write!(f, "{}", self.text.replacen(&self.authority, host, 1)),
-            None => f.write_str(&self.text),
-        }
+        f.write_str(&self.text)
     }
 }
 
@@ -241,7 +255,12 @@ impl Default for Config {
                 http2: false,
                 native_roots: false,
             },
-            limits: LimitsConfig { max_body_bytes: 32 * 1024 * 1024 },
+            limits: LimitsConfig {
+                max_body_bytes: 32 * 1024 * 1024,
+                rewrite_budget: Duration::from_millis(10_000),
+                header_read_timeout: Duration::from_millis(60_000),
+                max_connections: 4_096,
+            },
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },
             tokens: TokensConfig { cache_entries: 200_000, image_tokens: 1_000, blocking_tokenize_bytes: 65_536 },

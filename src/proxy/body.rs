@@ -42,6 +42,11 @@ pin_project! {
         // Bytes compactor already read while holding the stream; sent first.
         prefix: Option<Bytes>,
         finished: bool,
+        // The head, or data, went out since the body last returned Pending: hyper may still hold
+        // it in its write buffer.
+        unflushed: bool,
+        // An error held back for one poll so what was sent before it reaches the client first.
+        error: Option<BodyError>,
     }
 
     impl PinnedDrop for TapBody {
@@ -55,9 +60,12 @@ pin_project! {
 }
 
 impl TapBody {
+    /// The upstream's `inner` body, silent since `last_frame` (the idle timeout counts from
+    /// there), sent after `prefix` (what compactor already read of it).
     pub fn new(
         inner: Incoming,
         idle_timeout: Duration,
+        last_frame: Instant,
         mut finish: Finish,
         mut usage: Option<UsageTap>,
         prefix: Option<Bytes>,
@@ -74,14 +82,16 @@ impl TapBody {
         }
         Self {
             inner,
-            idle: tokio::time::sleep(idle_timeout),
+            idle: tokio::time::sleep_until((last_frame + idle_timeout).into()),
             idle_timeout,
-            last_frame: Instant::now(),
+            last_frame,
             finish,
             streaming,
             usage,
             prefix,
             finished,
+            unflushed: true,
+            error: None,
         }
     }
 }
@@ -98,11 +108,63 @@ impl Body for TapBody {
     type Data = Bytes;
     type Error = BodyError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let mut this = self.project();
-        if *this.finished {
-            return Poll::Ready(None);
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        {
+            let this = self.as_mut().project();
+            if let Some(error) = this.error.take() {
+                return Poll::Ready(Some(Err(error)));
+            }
+            if *this.finished {
+                return Poll::Ready(None);
+            }
         }
+        let polled = poll_upstream(self.as_mut(), cx);
+        let this = self.project();
+        match polled {
+            Poll::Ready(Some(Err(error))) if std::mem::take(this.unflushed) => {
+                // hyper aborts the connection on a body error, dropping what it has not written
+                // yet: let it flush first, so the client sees the real head and every byte sent.
+                *this.error = Some(error);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                *this.unflushed = true;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Pending => {
+                *this.unflushed = false;
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.error.is_none() && self.prefix.is_none() && (self.finished || self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.prefix {
+            None => self.inner.size_hint(),
+            Some(prefix) => {
+                let inner = self.inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + prefix.len() as u64);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + prefix.len() as u64);
+                }
+                hint
+            }
+        }
+    }
+}
+
+/// The next frame of the upstream's body (after the held prefix), counted and tapped, with the
+/// idle timeout; the request is finished when the body ends or breaks.
+fn poll_upstream(body: Pin<&mut TapBody>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    let mut this = body.project();
+    {
         if let Some(prefix) = this.prefix.take() {
             this.finish.log.bytes_out += prefix.len() as u64;
             if let Some(tap) = this.usage.as_mut() {
@@ -152,25 +214,6 @@ impl Body for TapBody {
                 return Poll::Ready(Some(Err(BodyError::IdleTimeout(*this.idle_timeout))));
             }
             this.idle.as_mut().reset(deadline.into());
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.prefix.is_none() && (self.finished || self.inner.is_end_stream())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.prefix {
-            None => self.inner.size_hint(),
-            Some(prefix) => {
-                let inner = self.inner.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(inner.lower() + prefix.len() as u64);
-                if let Some(upper) = inner.upper() {
-                    hint.set_upper(upper + prefix.len() as u64);
-                }
-                hint
-            }
         }
     }
 }

@@ -1,6 +1,10 @@
 //! Looking at what came back before the client sees it, when compactor may still retry: an error
-//! body is read whole; a stream is held only until its first event, which is either content
-//! (release it) or an error (an overflow to recover from, or passed on as it came).
+//! body is read (a bounded prefix: a larger one is passed on as it came); a stream is held only
+//! until its first event, which is either content (release it) or an error (an overflow to
+//! recover from, or passed on as it came). Nothing is waited for longer than the upstream's own
+//! timeouts, and an upstream that breaks while held is an error for the client, never a clean end.
+
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
@@ -19,8 +23,9 @@ const MAX_INSPECT_BYTES: usize = 1 << 20;
 
 /// What came back from one attempt.
 pub(super) enum Inspected {
-    /// Pass it on: the head, the body (possibly with a held prefix already read).
-    Pass { parts: response::Parts, body: Incoming, held: Option<Bytes> },
+    /// Pass it on: the head, the body (possibly with a held prefix already read), and when the
+    /// upstream last sent something (the idle timeout counts from there).
+    Pass { parts: response::Parts, body: Incoming, held: Option<Bytes>, last_frame: Instant },
     /// A complete error response, already read.
     Buffered { parts: response::Parts, body: Bytes },
     /// An overflow, already read (the body is kept to return unchanged if recovery fails).
@@ -31,7 +36,7 @@ impl Inspected {
     /// A response passed on without looking.
     pub(super) fn pass(response: http::Response<Incoming>) -> Self {
         let (parts, body) = response.into_parts();
-        Self::Pass { parts, body, held: None }
+        Self::Pass { parts, body, held: None, last_frame: Instant::now() }
     }
 
     pub(super) fn is_error(&self) -> bool {
@@ -51,55 +56,95 @@ pub(super) async fn inspect(
 ) -> Result<Inspected, ProxyError> {
     let (parts, body) = response.into_parts();
     if !parts.status.is_success() {
-        let bytes = upstreams.read_body(family, body, MAX_INSPECT_BYTES).await?;
-        return Ok(match detector.detect(parts.status.as_u16(), &bytes) {
-            Some(overflow) => Inspected::Overflow { overflow, parts, body: bytes },
-            None => Inspected::Buffered { parts, body: bytes },
-        });
+        return read_error(upstreams, detector, family, parts, body).await;
     }
     let streaming =
         parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     if !streaming {
-        return Ok(Inspected::Pass { parts, body, held: None });
+        return Ok(Inspected::Pass { parts, body, held: None, last_frame: Instant::now() });
     }
-    Ok(hold_stream(upstreams, detector, parts, body).await)
+    hold_stream(upstreams, detector, family, parts, body).await
+}
+
+/// Reads an error body, at most [`MAX_INSPECT_BYTES`] and never waiting longer than the idle
+/// timeout for its next chunk. A larger body, or one that stalls, is passed on as it came: the
+/// client gets the real status and what the upstream sent (a stalled body is then cut).
+async fn read_error(
+    upstreams: &Upstreams,
+    detector: &OverflowDetector,
+    family: ApiFamily,
+    parts: response::Parts,
+    mut body: Incoming,
+) -> Result<Inspected, ProxyError> {
+    let idle = upstreams.idle_timeout();
+    let mut held = BytesMut::new();
+    let mut last_frame = Instant::now();
+    loop {
+        if held.len() > MAX_INSPECT_BYTES {
+            return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame });
+        }
+        match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                last_frame = Instant::now();
+                if let Ok(data) = frame.into_data() {
+                    held.extend_from_slice(&data);
+                }
+            }
+            Ok(None) => break,
+            Ok(Some(Err(error))) => return Err(upstreams.cut(family, error)),
+            Err(_) => return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame }),
+        }
+    }
+    let bytes = held.freeze();
+    Ok(match detector.detect(parts.status.as_u16(), &bytes) {
+        Some(overflow) => Inspected::Overflow { overflow, parts, body: bytes },
+        None => Inspected::Buffered { parts, body: bytes },
+    })
 }
 
 /// Holds a stream until its first event that carries content or an error; never longer than the
-/// first-byte timeout, never more than [`MAX_INSPECT_BYTES`].
+/// first-byte timeout, never more than [`MAX_INSPECT_BYTES`]. An upstream that breaks off while
+/// the stream is held is a 502 for the client: no byte was sent yet, and a clean end would lie.
 async fn hold_stream(
     upstreams: &Upstreams,
     detector: &OverflowDetector,
+    family: ApiFamily,
     parts: response::Parts,
     mut body: Incoming,
-) -> Inspected {
+) -> Result<Inspected, ProxyError> {
     let deadline = tokio::time::Instant::now() + upstreams.first_byte_timeout();
     let mut held = BytesMut::new();
     let mut first = FirstEvent::new();
     let mut verdict = Verdict::Wait;
+    let mut last_frame = Instant::now();
     loop {
         match verdict {
-            Verdict::Release => return Inspected::Pass { parts, body, held: Some(held.freeze()) },
+            Verdict::Release => return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame }),
             Verdict::Error => {
-                return match detector.detect(200, &held) {
+                return Ok(match detector.detect(200, &held) {
                     Some(overflow) => Inspected::Overflow { overflow, parts, body: held.freeze() },
-                    None => Inspected::Pass { parts, body, held: Some(held.freeze()) },
-                };
+                    None => Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame },
+                });
             }
             Verdict::Wait if held.len() > MAX_INSPECT_BYTES => {
-                return Inspected::Pass { parts, body, held: Some(held.freeze()) };
+                return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame });
             }
             Verdict::Wait => {}
         }
         match tokio::time::timeout_at(deadline, body.frame()).await {
             Ok(Some(Ok(frame))) => {
+                last_frame = Instant::now();
                 if let Ok(data) = frame.into_data() {
                     held.extend_from_slice(&data);
                     verdict = first.push(&data);
                 }
             }
-            // The stream ended (or broke) while held, with no verdict: pass on what there is.
-            Ok(None) | Ok(Some(Err(_))) | Err(_) => return Inspected::Pass { parts, body, held: Some(held.freeze()) },
+            Ok(Some(Err(error))) => return Err(upstreams.cut(family, error)),
+            // The stream ended while held, with no verdict: pass on what the upstream sent. Past
+            // the first-byte timeout it is released, and the idle timeout watches it from here.
+            Ok(None) | Err(_) => {
+                return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame });
+            }
         }
     }
 }

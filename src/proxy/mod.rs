@@ -28,6 +28,7 @@ use crate::route::Route;
 use crate::session::Store;
 use crate::telemetry::request::RequestLog;
 use crate::upstream::{RequestHead, Upstreams, headers};
+use crate::work::Budget;
 
 pub use body::ResponseBody;
 use body::TapBody;
@@ -77,8 +78,14 @@ impl Proxy {
         };
         finish.log.bytes_in = body.len() as u64;
         let head = RequestHead::new(route, parts);
+        // compactor's own work on the request: budgeted, off the async workers when the body is
+        // large, and stopped when the client leaves (hyper drops this future, and the guard
+        // with it).
+        let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
+        let _stop_when_gone = budget.stop_on_drop();
 
-        let Prepared { body, session, report, compacted, ctx, mut ladder } = self.compactor.prepare(&head, body).await;
+        let prepared = budget.scope(self.compactor.prepare(&head, body)).await;
+        let Prepared { body, session, report, compacted, ctx, mut ladder } = prepared;
         if let Some(report) = &report {
             finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
@@ -92,8 +99,8 @@ impl Proxy {
         finish.log.overhead = forwarded_at - finish.log.started;
         finish.log.forwarded_at = Some(forwarded_at);
         let recovery = ladder.as_mut().zip(finish.ctx());
-        let forwarded = match forward::forward(&self.upstreams, &self.compactor, &head, body, recovery, tap_usage).await
-        {
+        let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, recovery, tap_usage);
+        let forwarded = match budget.scope(forwarding).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),
         };
@@ -107,7 +114,7 @@ impl Proxy {
     fn respond(&self, forwarded: Forwarded, answer: Answer, mut finish: Finish) -> Response<ResponseBody> {
         let head_at = Instant::now();
         let (mut response_parts, incoming, held) = match forwarded.inspected {
-            Inspected::Pass { parts, body, held } => (parts, Some(body), held),
+            Inspected::Pass { parts, body, held, last_frame } => (parts, Some((body, last_frame)), held),
             Inspected::Buffered { parts, body } | Inspected::Overflow { parts, body, .. } => (parts, None, Some(body)),
         };
         let headers = &mut response_parts.headers;
@@ -131,7 +138,7 @@ impl Proxy {
         finish.log.streaming =
             headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         finish.log.overhead += head_at.elapsed();
-        let Some(incoming) = incoming else {
+        let Some((incoming, last_frame)) = incoming else {
             // compactor read the whole (error) body: send it on exactly as it came.
             headers.remove(header::TRANSFER_ENCODING);
             let bytes = held.unwrap_or_default();
@@ -140,7 +147,8 @@ impl Proxy {
         let framing = if finish.log.streaming { Framing::EventStream } else { Framing::Json };
         let usage = (answer.tap_usage && response_parts.status.is_success()).then(|| UsageTap::new(framing));
         let idle_timeout = self.config.upstream.idle_timeout;
-        let body = ResponseBody::Upstream { body: TapBody::new(incoming, idle_timeout, finish, usage, held) };
+        let body =
+            ResponseBody::Upstream { body: TapBody::new(incoming, idle_timeout, last_frame, finish, usage, held) };
         Response::from_parts(response_parts, body)
     }
 }

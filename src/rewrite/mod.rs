@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::conversation::{Conversation, FRAMING_TOKENS, Item, Kind};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TokenCounter};
+use crate::work::{self, Stopped};
 
 pub use prune::PruneSettings;
 
@@ -74,7 +75,13 @@ impl Rewriter {
     }
 
     /// Rewrites a parsed request; `pruned_before` holds the session's earlier pruning decisions.
-    pub async fn rewrite(&self, parsed: &mut ParsedRequest<'_>, pruned_before: &BTreeSet<String>) -> Rewritten {
+    /// Each step counts against the request's budget ([`work`]); a spent budget or a client
+    /// that left stops it.
+    pub async fn rewrite(
+        &self,
+        parsed: &mut ParsedRequest<'_>,
+        pruned_before: &BTreeSet<String>,
+    ) -> Result<Rewritten, Stopped> {
         self.rewrite_with(parsed, pruned_before, &self.settings).await
     }
 
@@ -84,17 +91,17 @@ impl Rewriter {
         parsed: &mut ParsedRequest<'_>,
         pruned_before: &BTreeSet<String>,
         settings: &RewriteSettings,
-    ) -> Rewritten {
-        let model = self.count(parsed).await;
-        self.apply(parsed, model, pruned_before, settings)
+    ) -> Result<Rewritten, Stopped> {
+        let model = self.count(parsed).await?;
+        work::step(|| self.apply(parsed, model, pruned_before, settings)).await
     }
 
-    /// Counts every item's tokens (tokenizing what the cache lacks off the async workers).
-    pub async fn count(&self, parsed: &mut ParsedRequest<'_>) -> ModelInfo {
+    /// Counts every item's tokens (tokenizing what the cache lacks on a blocking thread).
+    pub async fn count(&self, parsed: &mut ParsedRequest<'_>) -> Result<ModelInfo, Stopped> {
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
-        self.warm_cache(parsed, model.encoding).await;
-        self.count_items(parsed, model.encoding);
-        model
+        self.warm_cache(parsed, model.encoding).await?;
+        work::step(|| self.count_items(parsed, model.encoding)).await?;
+        Ok(model)
     }
 
     /// Parses and rewrites in one go, on the calling thread (tests, benchmarks). `None` when the
@@ -179,8 +186,9 @@ impl Rewriter {
         Rewritten { body: parsed.render(), report }
     }
 
-    /// Tokenizes what the cache has not seen; off the async workers when it is a lot.
-    async fn warm_cache(&self, parsed: &ParsedRequest<'_>, encoding: Encoding) {
+    /// Tokenizes what the cache has not seen; on a blocking thread when it is a lot, stopping
+    /// between texts when the request's budget runs out or its client leaves.
+    async fn warm_cache(&self, parsed: &ParsedRequest<'_>, encoding: Encoding) -> Result<(), Stopped> {
         let mut missing: Vec<Arc<str>> = Vec::new();
         let mut missing_bytes = 0;
         let mut note = |text: &str| {
@@ -193,10 +201,18 @@ impl Rewriter {
             note(text);
         }
         if missing_bytes < self.settings.blocking_tokenize_bytes {
-            return;
+            return Ok(());
         }
         let counter = self.counter.clone();
-        let _ = tokio::task::spawn_blocking(move || counter.warm(encoding, &missing)).await;
+        let budget = work::current();
+        let started = std::time::Instant::now();
+        let stop = move || budget.as_ref().is_some_and(|b| b.check(Some(started)).is_err());
+        let _ = tokio::task::spawn_blocking(move || counter.warm(encoding, &missing, stop)).await;
+        work::charge(started.elapsed());
+        match work::current() {
+            Some(budget) => budget.check(None),
+            None => Ok(()),
+        }
     }
 
     /// Fills in every item's tokens and the conversation's fixed cost.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -18,10 +19,14 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
+use crate::error::ProxyError;
 use crate::proxy::{Proxy, ResponseBody};
+use crate::route::Route;
 use crate::session::Store;
+use crate::telemetry::metric;
 
 /// Shared by every connection.
 pub struct AppState {
@@ -46,8 +51,22 @@ impl AppState {
     }
 }
 
-/// Routes a request: compactor's own endpoints first, then the proxy.
-async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<ResponseBody> {
+/// Routes a request: compactor's own endpoints first, then the proxy; both see the normalized
+/// path ([`crate::route::normalize_path`]), which is also the path sent upstream.
+async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response<ResponseBody> {
+    if let Some(path) = crate::route::normalize_path(request.uri().path()) {
+        let mut parts = request.uri().clone().into_parts();
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        if let Ok(normal) = path_and_query.parse() {
+            parts.path_and_query = Some(normal);
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+    }
     if let Some(response) = ops::answer(&state, &request).await {
         return response;
     }
@@ -56,17 +75,21 @@ async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<Res
 
 /// Serves until `shutdown` resolves, then stops accepting, reports not ready, and lets in-flight
 /// requests finish (their log lines written, their session state committed) for up to
-/// `shutdown.drain_timeout_ms`.
+/// `shutdown.drain_timeout_ms`. At most `limits.max_connections` connections are served at once;
+/// one more is refused (see [`refuse`]).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let drain = state.config.shutdown.drain_timeout;
+    let limits = &state.config.limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(60));
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(usize::try_from(limits.max_connections).unwrap_or(usize::MAX)));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSING));
     tokio::pin!(shutdown);
 
     loop {
@@ -85,6 +108,15 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, %peer, "cannot set TCP_NODELAY");
         }
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            metric::connection_refused();
+            if let Ok(slot) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(refuse(state.clone(), stream, slot));
+            }
+            // Past even the refusing slots the socket is simply closed.
+            continue;
+        };
+        metric::connection_opened();
         let state = state.clone();
         let service = service_fn(move |request| {
             let state = state.clone();
@@ -96,6 +128,8 @@ pub async fn serve(
             if let Err(error) = connection.await {
                 tracing::debug!(%error, %peer, "connection ended with an error");
             }
+            drop(permit);
+            metric::connection_closed();
         });
     }
 
@@ -111,6 +145,39 @@ pub async fn serve(
         Err(_) => tracing::warn!("drain timeout reached; closing remaining connections"),
     }
     Ok(())
+}
+
+/// Connections being refused at once; past this a connection over the limit is closed unanswered.
+const MAX_REFUSING: usize = 64;
+
+/// The longest a refused connection is kept: long enough to read a request and answer it.
+const REFUSAL_TIME: Duration = Duration::from_secs(5);
+
+/// A connection over `limits.max_connections`: every request on it is answered 503 `overloaded`
+/// in its API dialect, with `retry-after` and `connection: close` (compactor's own /healthz and
+/// /readyz still answer), and the connection is closed. A client sees why, instead of hanging in
+/// the listen backlog.
+async fn refuse(state: Arc<AppState>, stream: tokio::net::TcpStream, _slot: OwnedSemaphorePermit) {
+    let limit = state.config.limits.max_connections;
+    let service = service_fn(move |request: Request<Incoming>| {
+        let state = state.clone();
+        async move {
+            if matches!(request.uri().path(), "/healthz" | "/readyz")
+                && let Some(response) = ops::answer(&state, &request).await
+            {
+                return Ok::<_, Infallible>(response);
+            }
+            let family = Route::of(request.method(), request.uri().path(), request.headers()).family;
+            let mut response: Response<ResponseBody> = ProxyError::Overloaded { limit }.into_response(family);
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Ok(response)
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).keep_alive(false).header_read_timeout(REFUSAL_TIME);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    let _ = tokio::time::timeout(REFUSAL_TIME, connection).await;
 }
 
 /// Binds the configured address; the log line carries the real port (tests bind port 0).

@@ -36,6 +36,11 @@ pub fn describe() {
     describe_counter!("compactor_response_bytes_total", Unit::Bytes, "Response body bytes sent to clients.");
     describe_gauge!("compactor_active_streams", "Streamed (SSE) responses in flight.");
     describe_counter!("compactor_errors_total", "Errors compactor answered itself, by route and code.");
+    describe_gauge!("compactor_open_connections", "Client connections being served.");
+    describe_counter!(
+        "compactor_connections_refused_total",
+        "Client connections refused (503 overloaded) past limits.max_connections."
+    );
 }
 
 /// Describes the rewrite metrics (called from [`describe`]).
@@ -123,4 +128,16 @@ pub fn stream_started() {
 
 pub fn stream_ended() {
     gauge!("compactor_active_streams").decrement(1.0);
+}
+
+pub fn connection_opened() {
+    gauge!("compactor_open_connections").increment(1.0);
+}
+
+pub fn connection_closed() {
+    gauge!("compactor_open_connections").decrement(1.0);
+}
+
+pub fn connection_refused() {
+    counter!("compactor_connections_refused_total").increment(1);
 }

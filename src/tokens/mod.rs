@@ -40,9 +40,13 @@ impl TokenCounter {
         text.is_empty() || self.cache.contains_key(&(encoding, xxh3_128(text.as_bytes())))
     }
 
-    /// Tokenizes `texts` and caches their counts; meant for a blocking thread.
-    pub fn warm(&self, encoding: Encoding, texts: &[Arc<str>]) {
+    /// Tokenizes `texts` and caches their counts, until `stop` says otherwise (asked between
+    /// texts); meant for a blocking thread.
+    pub fn warm(&self, encoding: Encoding, texts: &[Arc<str>], stop: impl Fn() -> bool) {
         for text in texts {
+            if stop() {
+                return;
+            }
             self.count(encoding, text);
         }
     }

@@ -44,6 +44,7 @@ pub struct Upstreams {
     openai: BaseUrl,
     anthropic: BaseUrl,
     first_byte_timeout: Duration,
+    idle_timeout: Duration,
 }
 
 impl Upstreams {
@@ -67,6 +68,7 @@ impl Upstreams {
             openai: upstream.openai.clone(),
             anthropic: upstream.anthropic.clone(),
             first_byte_timeout: upstream.first_byte_timeout,
+            idle_timeout: upstream.idle_timeout,
         })
     }
 
@@ -99,6 +101,16 @@ impl Upstreams {
 
     pub fn first_byte_timeout(&self) -> Duration {
         self.first_byte_timeout
+    }
+
+    /// The longest silence between two chunks of a response body.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
+    /// The error for an upstream that broke off a response compactor was reading.
+    pub fn cut(&self, family: ApiFamily, error: hyper::Error) -> ProxyError {
+        ProxyError::UpstreamCut { upstream: self.base(family).to_string(), source: Box::new(error) }
     }
 
     /// Sends a request and waits for the response head, bounded by the first-byte timeout.

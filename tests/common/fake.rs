@@ -40,6 +40,20 @@ pub enum Reply {
     Full { status: StatusCode, headers: Vec<(&'static str, String)>, body: Bytes },
     /// An SSE stream of these events, sent with the fake's pacing.
     Stream { events: Vec<String> },
+    /// Exactly these chunks (no pacing), then `ending`: what a broken upstream sends. A
+    /// `content-length` among the headers is sent as given, true or not.
+    Chunks { status: StatusCode, headers: Vec<(&'static str, String)>, chunks: Vec<Bytes>, ending: Ending },
+}
+
+/// How a [`Reply::Chunks`] body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// A proper end.
+    End,
+    /// Silence, with the connection kept open, until the receiver goes away.
+    Stall,
+    /// The connection is broken off (an aborted chunked body, a body shorter than its length).
+    Cut,
 }
 
 impl Reply {
@@ -58,10 +72,30 @@ impl Reply {
 
     /// The same answer with one more header (a stream keeps its own).
     pub fn with_header(mut self, name: &'static str, value: &str) -> Self {
-        if let Reply::Full { headers, .. } = &mut self {
+        if let Reply::Full { headers, .. } | Reply::Chunks { headers, .. } = &mut self {
             headers.push((name, value.to_string()));
         }
         self
+    }
+
+    /// `chunks` of a JSON body with this status, then `ending`.
+    pub fn chunks(status: u16, chunks: Vec<Bytes>, ending: Ending) -> Self {
+        Reply::Chunks {
+            status: StatusCode::from_u16(status).expect("status"),
+            headers: vec![("content-type", "application/json".into())],
+            chunks,
+            ending,
+        }
+    }
+
+    /// A 200 SSE stream of `chunks`, then `ending`.
+    pub fn event_chunks(chunks: &[&str], ending: Ending) -> Self {
+        Reply::Chunks {
+            status: StatusCode::OK,
+            headers: vec![("content-type", "text/event-stream".into())],
+            chunks: chunks.iter().map(|c| Bytes::from(c.to_string())).collect(),
+            ending,
+        }
     }
 }
 
@@ -248,8 +282,31 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Chann
             response.headers_mut().insert("x-upstream-custom", "yes".parse().expect("header"));
             response
         }
+        Reply::Chunks { status, headers, chunks, ending } => {
+            let (tx, rx) = mpsc::channel::<Result<Bytes, FakeCut>>(1);
+            tokio::spawn(async move {
+                for chunk in chunks {
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return;
+                    }
+                }
+                match ending {
+                    Ending::End => {}
+                    Ending::Stall => tx.closed().await,
+                    Ending::Cut => {
+                        let _ = tx.send(Err(FakeCut)).await;
+                    }
+                }
+            });
+            let mut response = Response::new(ChannelBody::Channel(rx));
+            *response.status_mut() = status;
+            for (name, value) in headers {
+                response.headers_mut().insert(name, value.parse().expect("header"));
+            }
+            response
+        }
         Reply::Stream { events } => {
-            let (tx, rx) = mpsc::channel::<Bytes>(1);
+            let (tx, rx) = mpsc::channel::<Result<Bytes, FakeCut>>(1);
             tokio::spawn(send_events(state.clone(), pacing, events, tx));
             let mut response = Response::new(ChannelBody::Channel(rx));
             response.headers_mut().insert("content-type", "text/event-stream".parse().expect("header"));
@@ -260,7 +317,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Chann
     }
 }
 
-async fn send_events(state: Arc<State>, pacing: Pacing, events: Vec<String>, tx: mpsc::Sender<Bytes>) {
+async fn send_events(state: Arc<State>, pacing: Pacing, events: Vec<String>, tx: mpsc::Sender<Result<Bytes, FakeCut>>) {
     let cancelled = || state.streams_cancelled.fetch_add(1, Ordering::SeqCst);
     for (index, event) in events.iter().enumerate() {
         if index > 0 {
@@ -275,7 +332,7 @@ async fn send_events(state: Arc<State>, pacing: Pacing, events: Vec<String>, tx:
                 _ => {}
             }
         }
-        if tx.send(Bytes::from(event.clone())).await.is_err() {
+        if tx.send(Ok(Bytes::from(event.clone()))).await.is_err() {
             cancelled();
             return;
         }
@@ -283,7 +340,7 @@ async fn send_events(state: Arc<State>, pacing: Pacing, events: Vec<String>, tx:
     if let Pacing::Endless(every) = pacing {
         loop {
             tokio::time::sleep(every).await;
-            if tx.send(Bytes::from_static(b"event: ping\ndata: {\"type\":\"ping\"}\n\n")).await.is_err() {
+            if tx.send(Ok(Bytes::from_static(b"event: ping\ndata: {\"type\":\"ping\"}\n\n"))).await.is_err() {
                 cancelled();
                 return;
             }
@@ -386,11 +443,24 @@ pub fn anthropic_stream(deltas: &[&str]) -> Vec<String> {
     events
 }
 
-/// A body that is either complete or fed by a channel, so a dropped receiver is observable.
+/// A body that is either complete or fed by a channel, so a dropped receiver is observable; an
+/// error from the channel breaks the connection off.
 pub enum ChannelBody {
     Full(Option<Bytes>),
-    Channel(mpsc::Receiver<Bytes>),
+    Channel(mpsc::Receiver<Result<Bytes, FakeCut>>),
 }
+
+/// The fake breaking a body off on purpose.
+#[derive(Debug)]
+pub struct FakeCut;
+
+impl std::fmt::Display for FakeCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the fake upstream broke the body off")
+    }
+}
+
+impl std::error::Error for FakeCut {}
 
 impl ChannelBody {
     fn full(bytes: Bytes) -> Self {
@@ -400,12 +470,12 @@ impl ChannelBody {
 
 impl Body for ChannelBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = FakeCut;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, FakeCut>>> {
         match self.get_mut() {
             ChannelBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ChannelBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+            ChannelBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| b.map(Frame::data))),
         }
     }
 

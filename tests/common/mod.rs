@@ -16,6 +16,6 @@ pub mod window;
 
 pub use bodies::*;
 pub use client::*;
-pub use fake::{FakeUpstream, Pacing, Received, Reply};
+pub use fake::{Ending, FakeUpstream, Pacing, Received, Reply};
 pub use process::*;
 pub use settings::Settings;

@@ -1,0 +1,159 @@
+//! compactor's CPU work on a request's content (parsing, counting, the policies, rendering,
+//! rebuilding), kept from harming other requests: each step of a large request runs off the async
+//! workers, every step counts against the request's budget (`limits.rewrite_budget_ms`), and a
+//! client that leaves stops the work at the next step.
+//!
+//! The request's [`Budget`] travels with its task ([`Budget::scope`]), so the code that does the
+//! work only marks its steps with [`step`]; outside a scope (tests, benchmarks) steps run as plain
+//! calls. Every step is linear in the request's size (`tests/linear_cost.rs`), so a step is short
+//! and the budget is checked often.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// Requests at least this large run their steps off the async workers: a step of a small
+/// request costs microseconds, less than moving it to another thread would.
+pub const OFFLOAD_BYTES: usize = 256 * 1024;
+
+tokio::task_local! {
+    static BUDGET: Arc<Budget>;
+}
+
+/// Why the work stopped before it was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Stopped {
+    #[error("the request's rewrite budget is spent")]
+    OverBudget,
+    #[error("the client went away")]
+    Cancelled,
+}
+
+/// One request's allowance of CPU work.
+#[derive(Debug)]
+pub struct Budget {
+    limit: Duration,
+    spent_nanos: AtomicU64,
+    /// Run steps off the async workers.
+    offload: bool,
+    cancel: CancellationToken,
+}
+
+impl Budget {
+    /// A budget of `limit` for a request of `body_bytes`.
+    pub fn new(limit: Duration, body_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            spent_nanos: AtomicU64::new(0),
+            offload: body_bytes >= OFFLOAD_BYTES,
+            cancel: CancellationToken::new(),
+        })
+    }
+
+    /// Runs `work` with this budget: the steps inside it are counted against it.
+    pub async fn scope<F: Future>(self: &Arc<Self>, work: F) -> F::Output {
+        BUDGET.scope(self.clone(), work).await
+    }
+
+    /// A guard that stops the work when dropped: held by the request, so a client that leaves
+    /// (hyper drops the request's future) stops work running on other threads too.
+    pub fn stop_on_drop(&self) -> DropGuard {
+        self.cancel.clone().drop_guard()
+    }
+
+    pub fn spent(&self) -> Duration {
+        Duration::from_nanos(self.spent_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Whether work that began at `started` (not yet counted) must stop now.
+    pub fn check(&self, started: Option<Instant>) -> Result<(), Stopped> {
+        if self.cancel.is_cancelled() {
+            return Err(Stopped::Cancelled);
+        }
+        let running = started.map_or(Duration::ZERO, |at| at.elapsed());
+        if self.spent() + running > self.limit {
+            return Err(Stopped::OverBudget);
+        }
+        Ok(())
+    }
+
+    fn charge(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.spent_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+/// The budget of the request this task serves, if any.
+pub fn current() -> Option<Arc<Budget>> {
+    BUDGET.try_with(Arc::clone).ok()
+}
+
+/// Runs one step of CPU work for the current request: refused when its budget is spent or its
+/// client gone; off the async workers when the request is large; then yields, so a client that
+/// left is noticed before the next step.
+pub async fn step<T>(work: impl FnOnce() -> T) -> Result<T, Stopped> {
+    let Some(budget) = current() else { return Ok(work()) };
+    budget.check(None)?;
+    let started = Instant::now();
+    let value = if budget.offload && on_worker_pool() { tokio::task::block_in_place(work) } else { work() };
+    budget.charge(started.elapsed());
+    tokio::task::yield_now().await;
+    Ok(value)
+}
+
+/// Charges the current request for work done elsewhere (on a blocking thread) while it waited.
+pub fn charge(elapsed: Duration) {
+    if let Some(budget) = current() {
+        budget.charge(elapsed);
+    }
+}
+
+/// Whether this thread belongs to a multi-threaded runtime, where `block_in_place` may hand the
+/// async worker's other tasks to another thread (it panics on a current-thread runtime).
+fn on_worker_pool() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn steps_outside_a_request_just_run() {
+        assert_eq!(step(|| 7).await, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn a_spent_budget_refuses_the_next_step() {
+        let budget = Budget::new(Duration::from_millis(20), 0);
+        let result = budget
+            .scope(async {
+                step(|| std::thread::sleep(Duration::from_millis(30))).await?;
+                step(|| "never").await
+            })
+            .await;
+        assert_eq!(result, Err(Stopped::OverBudget));
+        assert!(budget.spent() >= Duration::from_millis(30));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_stops_its_work() {
+        let budget = Budget::new(Duration::from_secs(60), 0);
+        drop(budget.stop_on_drop());
+        assert_eq!(budget.scope(step(|| 1)).await, Err(Stopped::Cancelled));
+        assert_eq!(budget.check(None), Err(Stopped::Cancelled));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_requests_step_off_the_async_workers() {
+        let budget = Budget::new(Duration::from_secs(60), OFFLOAD_BYTES);
+        let other = tokio::spawn(async { "the other task ran" });
+        let done = budget.scope(step(|| std::thread::sleep(Duration::from_millis(50)))).await;
+        assert_eq!(done, Ok(()));
+        assert_eq!(other.await.unwrap(), "the other task ran");
+    }
+}

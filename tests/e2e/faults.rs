@@ -1,0 +1,341 @@
+//! The fault suite (issue 9): each fault an upstream, a client or the store can commit, played
+//! against the real binary, and what the client sees. The README's "Failure behaviour" lists the
+//! same faults.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::common::*;
+
+const AUTH: (&str, &str) = ("authorization", "Bearer sk-test");
+
+/// A chat request with one tool output of about `tokens` tokens (distinct text), streamed or not.
+fn chat_with_output(tokens: usize, stream: bool) -> String {
+    serde_json::json!({
+        "model": "gpt-4o",
+        "stream": stream,
+        "messages": [
+            {"role": "user", "content": "Run the build."},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": tool_output("build", tokens)}
+        ]
+    })
+    .to_string()
+}
+
+/// A chat request whose many tool outputs (distinct text, `bytes` in all) take compactor a long
+/// time to count in a debug build.
+fn chat_with_many_outputs(bytes: usize) -> String {
+    let mut messages = vec![serde_json::json!({"role": "user", "content": "Run every test."})];
+    let mut i = 0;
+    let mut size = 0;
+    while size < bytes {
+        let id = format!("call_{i}");
+        let output = tool_output(&format!("suite {i} test"), 3_000);
+        size += output.len();
+        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id, "content": output}));
+        i += 1;
+    }
+    serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string()
+}
+
+/// User plus system CPU time the process has used so far (Linux `/proc`).
+fn cpu_time(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::test]
+async fn an_upstream_that_breaks_off_a_held_stream_is_a_502_in_the_dialect_not_a_clean_end() {
+    let fake = FakeUpstream::builder()
+        .respond_with(|_| {
+            Some(Reply::event_chunks(&[": OPENROUTER PROCESSING\n\n", "event: ping\ndata: {}\n\n"], Ending::Cut))
+        })
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "");
+    let chat = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(true))).await;
+    assert_eq!(chat.status, 502, "{}", chat.text());
+    assert_eq!(chat.header("x-compactor-error"), Some("upstream_cut"));
+    assert_eq!(chat.json()["error"]["code"], "upstream_cut");
+    let messages = send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true))).await;
+    assert_eq!(messages.status, 502);
+    assert_eq!(messages.json()["type"], "error");
+    let line = proxy.wait_for_log("route=messages").await;
+    assert!(line.contains("status=502") && line.contains("error=upstream_cut"), "{line}");
+}
+
+#[tokio::test]
+async fn a_stream_broken_after_its_first_content_is_cut_for_the_client_and_logged_so() {
+    let first = fake::openai_stream(&["Hel"])[0].clone();
+    let fake = FakeUpstream::builder()
+        .respond_with(move |_| Some(Reply::event_chunks(&[first.as_str()], Ending::Cut)))
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "");
+    let response =
+        client().request(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(true))).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.into_body().collect().await.is_err(), "a broken stream must not end cleanly");
+    proxy.wait_for_log("outcome=upstream_error").await;
+}
+
+#[tokio::test]
+async fn an_error_body_that_stalls_is_passed_on_and_cut_after_the_idle_timeout() {
+    let fake = FakeUpstream::builder()
+        .respond_with(|_| {
+            Some(Reply::chunks(503, vec![Bytes::from_static(br#"{"error":{"message":"overloa"#)], Ending::Stall))
+        })
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "idle_timeout_ms = 400\n");
+    for (path, body) in [("/v1/chat/completions", chat_body(false)), ("/v1/messages", messages_body(false))] {
+        let started = Instant::now();
+        let response = client().request(request("POST", &proxy.url(path), &[AUTH], body)).await.unwrap();
+        assert_eq!(response.status(), 503, "{path}: the upstream's own status");
+        let result = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect()).await;
+        assert!(
+            result.expect("the body ends instead of hanging").is_err(),
+            "{path}: a cut body must not look complete"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3), "{path}: took {:?}", started.elapsed());
+    }
+    proxy.wait_for_log("outcome=idle_timeout").await;
+}
+
+#[tokio::test]
+async fn an_error_body_over_a_mebibyte_passes_through_unchanged() {
+    let big = format!(r#"{{"error":{{"message":"bad request","detail":"{}"}}}}"#, "x".repeat(3 << 20));
+    let chunks: Vec<Bytes> = big.as_bytes().chunks(64 * 1024).map(Bytes::copy_from_slice).collect();
+    let fake = FakeUpstream::builder()
+        .respond_with(move |_| Some(Reply::chunks(400, chunks.clone(), Ending::End).with_header("x-request-id", "r1")))
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "");
+    for path in ["/v1/chat/completions", "/v1/responses"] {
+        let answer = send(request("POST", &proxy.url(path), &[AUTH], chat_body(false))).await;
+        assert_eq!(answer.status, 400, "{path}");
+        assert_eq!(answer.header("x-request-id"), Some("r1"));
+        assert!(answer.header("x-compactor-error").is_none());
+        assert!(answer.body == big.as_bytes(), "{path}: {} bytes of {}", answer.body.len(), big.len());
+    }
+}
+
+#[tokio::test]
+async fn an_error_body_broken_off_is_a_502_and_a_reply_shorter_than_its_length_is_cut() {
+    let fake = FakeUpstream::builder()
+        .respond_with(|received| {
+            Some(if received.path_and_query.contains("chat") {
+                Reply::chunks(400, vec![Bytes::from_static(b"{\"error\":")], Ending::Cut)
+            } else {
+                // Declares 500 bytes, sends 12.
+                Reply::chunks(200, vec![Bytes::from_static(br#"{"id":"msg_1"#)], Ending::End)
+                    .with_header("content-length", "500")
+            })
+        })
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "");
+    let chat = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
+    assert_eq!(chat.status, 502);
+    assert_eq!(chat.header("x-compactor-error"), Some("upstream_cut"));
+
+    let response = client()
+        .request(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(false)))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?} {:?}", proxy.logs()));
+    assert_eq!(response.status(), 200);
+    assert!(response.into_body().collect().await.is_err(), "a short body must not look complete");
+    let line = proxy.wait_for_log("route=messages").await;
+    assert!(line.contains("outcome=upstream_error"), "{line}");
+}
+
+#[tokio::test]
+async fn usage_is_recorded_from_chunked_replies_and_for_h2_clients() {
+    let (fake, proxy) = ProxyProcess::with_fake("[admin]\ntoken = \"admin-secret\"\n").await;
+    let chunked = br#"{"id":"chatcmpl-1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":77,"completion_tokens":3}}"#;
+    fake.respond_with(move |received| {
+        received.headers.contains_key("x-chunked").then(|| {
+            let chunks = chunked.chunks(20).map(Bytes::copy_from_slice).collect();
+            Reply::chunks(200, chunks, Ending::End)
+        })
+    });
+    let h2: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).http2_only(true).build_http();
+    let cases =
+        [("chunked reply", true, false), ("h2 client, declared length", false, true), ("h2 client, SSE", false, true)];
+    for (index, (name, chunked, over_h2)) in cases.into_iter().enumerate() {
+        let session = format!("s{index}");
+        let mut headers = vec![AUTH, ("x-session-id", session.as_str())];
+        if chunked {
+            headers.push(("x-chunked", "1"));
+        }
+        let body = if index == 2 { chat_body(true) } else { chat_body(false) };
+        let request = request("POST", &proxy.url("/v1/chat/completions"), &headers, body);
+        let answer = if over_h2 { collect(h2.request(request).await.unwrap()).await } else { send(request).await };
+        assert_eq!(answer.status, 200, "{name}");
+        if chunked {
+            assert!(answer.header("content-length").is_none(), "{name}: the reply is chunked");
+        }
+        let key = answer.header("x-compactor-session").unwrap().to_string();
+        let expected = if chunked { 77 } else { 12 };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin-secret").await.json();
+            if state["state"]["usage"]["prompt_tokens"] == expected {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name}: no usage recorded: {state}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let complete =
+        proxy.logs().iter().filter(|l| l.contains("route=chat_completions") && l.contains("outcome=complete")).count();
+    assert_eq!(complete, 3, "{:?}", proxy.logs());
+}
+
+#[tokio::test]
+async fn a_client_that_stalls_in_its_headers_is_disconnected_after_the_header_timeout() {
+    let (_fake, proxy) = ProxyProcess::with_fake("[limits]\nheader_read_timeout_ms = 300\n").await;
+    let mut stream = std::net::TcpStream::connect(proxy.addr).unwrap();
+    stream.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-ty").unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    assert!(started.elapsed() < Duration::from_secs(5), "the connection was held {:?}", started.elapsed());
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+}
+
+#[tokio::test]
+async fn connections_past_the_limit_get_a_503_in_their_dialect_and_health_still_answers() {
+    let (fake, proxy) = ProxyProcess::with_fake("[limits]\nmax_connections = 2\n").await;
+    // Two connections that say nothing hold the limit.
+    let held: Vec<std::net::TcpStream> = (0..2).map(|_| std::net::TcpStream::connect(proxy.addr).unwrap()).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let chat = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
+    assert_eq!(chat.status, 503, "{}", chat.text());
+    assert_eq!(chat.json()["error"]["code"], "overloaded");
+    assert_eq!(chat.header("retry-after"), Some("1"));
+    let messages = send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(false))).await;
+    assert_eq!(messages.status, 503);
+    assert_eq!(messages.json()["error"]["type"], "overloaded_error");
+    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
+    assert!(fake.received().is_empty(), "a refused request never reaches the upstream");
+
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let served = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
+    assert_eq!(served.status, 200, "a freed connection slot is served again");
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    assert!(metrics.contains("compactor_connections_refused_total 3"), "{metrics}");
+}
+
+#[test]
+fn an_upstream_url_with_credentials_is_refused_at_start_naming_the_key_not_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[upstream]\nopenai = \"http://gateway-user:pw-4711@127.0.0.1:9\"\n").unwrap();
+    for args in [vec!["--config", path.to_str().unwrap()], vec!["--config", path.to_str().unwrap(), "--check-config"]] {
+        let (code, out, err) = run_binary(&args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {out}{err}");
+        assert!(err.contains("`upstream.openai`") && err.contains("credentials"), "{err}");
+        assert!(!out.contains("pw-4711") && !err.contains("pw-4711"), "{out}{err}");
+    }
+}
+
+#[tokio::test]
+async fn dot_segments_are_resolved_before_routing_and_the_request_goes_where_it_was_routed() {
+    let openai = FakeUpstream::start().await;
+    let anthropic = FakeUpstream::start().await;
+    let proxy = ProxyProcess::start_with(
+        &format!("[upstream]\nopenai = \"{}\"\nanthropic = \"{}\"\n", openai.url(), anthropic.url()),
+        &[],
+    );
+    let answer =
+        send(request("POST", &proxy.url("/v1/messages/../chat/completions?x=1"), &[AUTH], chat_body(false))).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(anthropic.received().is_empty(), "a Chat request never goes to the Anthropic upstream");
+    assert_eq!(openai.last().path_and_query, "/v1/chat/completions?x=1");
+    assert!(answer.header("x-compactor-tokens-before").is_some(), "it was treated as the Chat request it is");
+
+    let answer = send(request(
+        "POST",
+        &proxy.url("/v1/chat/completions/%2e%2e/%2E%2E/messages"),
+        &[("x-api-key", "k")],
+        messages_body(false),
+    ))
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(anthropic.last().path_and_query, "/v1/messages");
+}
+
+#[tokio::test]
+async fn a_rewrite_over_its_budget_forwards_the_request_as_it_came() {
+    let (fake, proxy) =
+        ProxyProcess::with_fake("[limits]\nrewrite_budget_ms = 1\n[truncate]\ntool_output_max_tokens = 500\n").await;
+    let body = chat_with_output(100_000, false);
+    assert!(body.len() > compactor::work::OFFLOAD_BYTES);
+    let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], body.clone())).await;
+    assert_eq!(answer.status, 200);
+    assert!(fake.last().body == body.as_bytes(), "the body went as it came, not truncated");
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    assert!(
+        metrics.contains(r#"compactor_rewrites_total{route="chat_completions",outcome="over_budget"} 1"#),
+        "{metrics}"
+    );
+    proxy.wait_for_log("rewrite budget spent").await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_stops_compactors_work_on_its_request() {
+    let (fake, proxy) = ProxyProcess::with_fake("[limits]\nrewrite_budget_ms = 600000\n").await;
+    let body = chat_with_many_outputs(12 << 20);
+    let mut stream = std::net::TcpStream::connect(proxy.addr).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    // compactor is busy counting; the client gives up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stream);
+    proxy.wait_for_log("outcome=client_gone").await;
+    let stopped = cpu_time(proxy.pid());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = cpu_time(proxy.pid()) - stopped;
+    assert!(idle < Duration::from_millis(300), "compactor kept working for a client that left: {idle:?} of CPU");
+    assert!(fake.received().is_empty(), "nothing went upstream");
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_process_by_the_drain_deadline_even_while_a_long_rewrite_runs() {
+    let (_fake, mut proxy) =
+        ProxyProcess::with_fake("[limits]\nrewrite_budget_ms = 600000\n[shutdown]\ndrain_timeout_ms = 500\n").await;
+    let body = chat_with_many_outputs(12 << 20);
+    let url = proxy.url("/v1/chat/completions");
+    let pending = tokio::spawn(async move { client().request(request("POST", &url, &[AUTH], body)).await });
+    // Wait until compactor is at work on it (CPU climbing), then ask it to stop.
+    let before = cpu_time(proxy.pid());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cpu_time(proxy.pid()) < before + Duration::from_millis(500) {
+        assert!(Instant::now() < deadline, "compactor never started on the request");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked = Instant::now();
+    proxy.terminate();
+    let code = proxy.wait_exit(Duration::from_secs(10));
+    let took = asked.elapsed();
+    assert_eq!(code, Some(0));
+    assert!(took < Duration::from_millis(2_500), "the process took {took:?} to exit after SIGTERM");
+    pending.abort();
+}
