@@ -111,6 +111,16 @@ impl Reader {
             self.line_dropped = true;
             return;
         }
+        if self.line_dropped {
+            // The rest of a line already being dropped.
+            return;
+        }
+        if self.line.is_empty() && partial[0] == b':' {
+            // A comment says nothing and is no part of the event: its bytes are dropped as they
+            // come, however long it runs, exactly as when the whole line arrives at once.
+            self.line_dropped = true;
+            return;
+        }
         if self.size + self.line.len() + partial.len() > self.max_event_bytes {
             self.skip();
             self.line_dropped = true;
@@ -261,6 +271,22 @@ mod tests {
         }
         let many = format!("{}\ndata: after\n\n", "data: 0123456789\n".repeat(100));
         assert_eq!(read(&[many.as_bytes()]), vec![data("after")]);
+    }
+
+    #[test]
+    fn a_comment_longer_than_the_bound_never_costs_the_event_its_data_however_it_is_split() {
+        let text = format!("event: x\n: {}\ndata: kept\n\n", "c".repeat(300));
+        let expected = vec![Event { name: "x".into(), data: "kept".into(), ..Event::default() }];
+        assert_eq!(events(text.as_bytes(), 100), expected);
+        for step in [1, 3, 7, 64] {
+            let chunks: Vec<&[u8]> = text.as_bytes().chunks(step).collect();
+            let mut reader = Reader::new(100);
+            let mut read = Vec::new();
+            for chunk in chunks {
+                reader.push(chunk, |event| read.push(event.clone()));
+            }
+            assert_eq!(read, expected, "split every {step} bytes");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!
 //! Each shape is sized so one run takes tens of milliseconds in a debug build; n, 2n and 4n are
 //! timed in turn, five rounds, and the fastest run of each size is compared: 4n must cost well
-//! under the 16x a quadratic step would. Taking the sizes in turn spreads a busy moment of a
+//! under the 16x a quadratic step would (under 8x). Taking the sizes in turn spreads a busy moment of a
 //! shared machine over all three, and one timing test runs at a time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -29,8 +29,9 @@ use compactor::tokens::{ModelTable, TokenCounter};
 const CALIBRATED_RUN: Duration = Duration::from_millis(50);
 /// Past this size a shape is plainly fast enough; calibration stops there.
 const LARGEST_N: usize = 1 << 22;
-/// 4n against n: linear is 4, quadratic 16; the gap leaves room for a loaded 2-core machine.
-const MAX_RATIO_AT_4N: f64 = 6.0;
+/// 4n against n: linear is 4, quadratic 16; the gap leaves room for a loaded 2-core machine (6.2x
+/// was seen for linear code on a loaded CI box).
+const MAX_RATIO_AT_4N: f64 = 8.0;
 /// Rounds of n, 2n, 4n; the fastest run of each size counts.
 const ROUNDS: usize = 5;
 /// Rounds of each calibration size.

@@ -126,6 +126,8 @@ impl Config {
                 max_sessions: r.parse("session.max_sessions", d.session.max_sessions, positive),
                 redis_timeout: r.parse("session.redis_timeout_ms", d.session.redis_timeout, positive_ms),
                 tenant_secret: r.get("session.tenant_secret", d.session.tenant_secret),
+                breaker_failures: r.parse("session.breaker_failures", d.session.breaker_failures, positive_u32),
+                breaker_backoff: r.parse("session.breaker_backoff_ms", d.session.breaker_backoff, positive_ms),
             },
             admin: AdminConfig { token: r.get("admin.token", d.admin.token) },
             compaction: compaction_settings(&mut r, d.compaction),

@@ -105,6 +105,11 @@ pub struct SessionConfig {
     #[serde(rename = "redis_timeout_ms", serialize_with = "millis")]
     pub redis_timeout: Duration,
     pub tenant_secret: Secret,
+    /// Store failures in a row after which the store is skipped for `breaker_backoff`.
+    pub breaker_failures: u32,
+    /// How long the store is skipped before one request probes it again.
+    #[serde(rename = "breaker_backoff_ms", serialize_with = "millis")]
+    pub breaker_backoff: Duration,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -284,6 +289,8 @@ impl Default for Config {
                 max_sessions: 100_000,
                 redis_timeout: Duration::from_millis(250),
                 tenant_secret: Secret::default(),
+                breaker_failures: 5,
+                breaker_backoff: Duration::from_millis(1_000),
             },
             admin: AdminConfig { token: Secret::default() },
             compaction: CompactionSettings::default(),

@@ -46,7 +46,13 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
         ),
         Err(error) => json(
             StatusCode::OK,
-            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": Chain(&ProxyError::from(error)).to_string()}),
+            serde_json::json!({
+                "status": "degraded",
+                "session_store": store.kind(),
+                "store_status": "down",
+                "breaker": if store.breaker_open() { "open" } else { "closed" },
+                "error": Chain(&ProxyError::from(error)).to_string()
+            }),
         ),
     }
 }

@@ -162,6 +162,11 @@ impl SessionCtx {
     }
 
     fn report(&self, error: &StoreError, operation: &'static str) {
+        if matches!(error, StoreError::CircuitOpen) {
+            // The breaker said why when it opened; a skip is counted, not warned about again.
+            metric::store_skipped(operation);
+            return;
+        }
         metric::store_error(operation);
         if STORE_WARNINGS.ready() {
             tracing::warn!(session = %self.key.as_str(), operation = %operation, error = %Chain(error), "session store failed");

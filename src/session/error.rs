@@ -15,6 +15,38 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("cannot serialize session state")]
     Serialize(#[source] serde_json::Error),
+    #[error("skipped: it failed too often in a row (circuit breaker open)")]
+    CircuitOpen,
+    #[error("stored value unreadable: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether the store itself is unreachable or too slow (what the circuit breaker counts), as
+    /// opposed to answering with something compactor cannot use.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::NotConnected | Self::Timeout(_) => true,
+            Self::Redis(error) => {
+                use redis::{ErrorKind, ServerErrorKind};
+                error.is_io_error()
+                    || error.is_timeout()
+                    || error.is_connection_dropped()
+                    || error.is_connection_refusal()
+                    || matches!(
+                        error.kind(),
+                        ErrorKind::ClusterConnectionNotFound
+                            | ErrorKind::Server(
+                                ServerErrorKind::BusyLoading
+                                    | ServerErrorKind::TryAgain
+                                    | ServerErrorKind::ClusterDown
+                                    | ServerErrorKind::MasterDown
+                            )
+                    )
+            }
+            Self::Serialize(_) | Self::CircuitOpen | Self::Corrupt(_) => false,
+        }
+    }
 }
 
 /// The admin API answers a store failure with a 503 the client may retry.

@@ -1,6 +1,7 @@
 //! Sessions: which conversation a request belongs to, and the state compactor keeps for it so the
 //! next request of the same conversation gets the same rewrite, on any replica.
 
+pub mod breaker;
 pub mod ctx;
 pub mod error;
 pub mod identify;

@@ -109,14 +109,13 @@ impl RedisStore {
             .hgetall(self.key(session, "counters"))
             .lrange(self.key(session, "compactions"), 0, -1);
         type Loaded = (Vec<String>, Option<String>, Vec<(String, u64)>, Vec<String>);
-        let (pruned, usage, counters, compactions): Loaded = self.bounded(connection.query(&pipeline)).await?;
-        let usage =
-            usage.and_then(|json| serde_json::from_str::<Versioned<Usage>>(&json).ok()).and_then(Versioned::current);
+        let (pruned, usage, counters, compactions): Loaded =
+            self.bounded(connection.query(&pipeline)).await.map_err(corrupt_if_unreadable)?;
+        let usage = usage.map(|json| Versioned::<Usage>::read(&json, "usage")).transpose()?;
         let compactions = compactions
             .iter()
-            .filter_map(|json| serde_json::from_str::<Versioned<CompactionRecord>>(json).ok())
-            .filter_map(Versioned::current)
-            .collect();
+            .map(|json| Versioned::<CompactionRecord>::read(json, "compactions"))
+            .collect::<Result<_, _>>()?;
         let counter = |name: &str| counters.iter().find(|(k, _)| k == name).map_or(0, |(_, v)| *v);
         Ok(SessionState {
             version: STATE_VERSION,
@@ -244,6 +243,34 @@ impl<T: serde::Serialize> Versioned<&T> {
 impl<T> Versioned<T> {
     fn current(self) -> Option<T> {
         (self.v == STATE_VERSION).then_some(self.value)
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> Versioned<T> {
+    /// A stored value of the current schema; anything else is corrupt (or another version's).
+    fn read(json: &str, part: &str) -> Result<T, StoreError> {
+        let versioned: Versioned<T> =
+            serde_json::from_str(json).map_err(|e| StoreError::Corrupt(format!("{part}: not readable JSON ({e})")))?;
+        let version = versioned.v;
+        versioned.current().ok_or_else(|| StoreError::Corrupt(format!("{part}: schema version {version}")))
+    }
+}
+
+/// Redis refused a command on a key of another type (`WRONGTYPE`, alone or inside a pipeline's
+/// failures), or answered with a value that is not what compactor stored (a counter that is not
+/// a number).
+fn is_wrong_type(error: &redis::RedisError) -> bool {
+    matches!(error.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse)
+        || error.code() == Some("WRONGTYPE")
+        || error.clone().into_server_errors().is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "WRONGTYPE"))
+}
+
+/// A reply Redis gave but compactor cannot read (a key of the wrong type, a counter that is not a
+/// number) means the stored value is corrupt, not that the store is down.
+fn corrupt_if_unreadable(error: StoreError) -> StoreError {
+    match error {
+        StoreError::Redis(redis_error) if is_wrong_type(&redis_error) => StoreError::Corrupt(redis_error.to_string()),
+        other => other,
     }
 }
 

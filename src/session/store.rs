@@ -1,16 +1,28 @@
-//! The session store: in memory by default, Redis when configured. An enum, not a trait object:
-//! there are exactly these backends.
+//! The session store: in memory by default, Redis when configured. An enum of backends, not a
+//! trait object: there are exactly these. Around every operation on a shared store sits the
+//! circuit breaker ([`super::breaker`]), and around every load the repair of a corrupt or foreign
+//! value: whatever the layout of the stored state, the store API is where both live.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::breaker::{Admission, Breaker};
 use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::state::{SessionState, SessionUpdate};
 use crate::config::{SessionConfig, StoreKind};
+use crate::telemetry::metric;
 
 #[derive(Clone)]
-pub enum Store {
+pub struct Store {
+    backend: Backend,
+    /// The breaker of a shared store (none for the in-process one, which cannot be down).
+    breaker: Option<Arc<Breaker>>,
+}
+
+#[derive(Clone)]
+enum Backend {
     Memory(MemoryStore),
     Redis(RedisStore),
 }
@@ -19,66 +31,118 @@ impl Store {
     /// Builds the configured store; a Redis store connects in the background (needs a runtime).
     pub fn from_config(config: &SessionConfig) -> Self {
         match config.store {
-            StoreKind::Memory => Store::Memory(MemoryStore::new(config.max_sessions, config.ttl)),
-            StoreKind::Redis => Store::Redis(RedisStore::new(config)),
+            StoreKind::Memory => {
+                Self { backend: Backend::Memory(MemoryStore::new(config.max_sessions, config.ttl)), breaker: None }
+            }
+            StoreKind::Redis => Self {
+                backend: Backend::Redis(RedisStore::new(config)),
+                breaker: Some(Arc::new(Breaker::new(config.breaker_failures, config.breaker_backoff))),
+            },
         }
     }
 
     pub fn kind(&self) -> &'static str {
-        match self {
-            Store::Memory(_) => "memory",
-            Store::Redis(_) => "redis",
+        match self.backend {
+            Backend::Memory(_) => "memory",
+            Backend::Redis(_) => "redis",
         }
     }
 
-    /// The session's state; empty for a new session.
+    /// Whether the circuit breaker is skipping the store.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.as_ref().is_some_and(|breaker| breaker.is_open())
+    }
+
+    /// The session's state; empty for a new session. A stored value compactor cannot read (a key
+    /// of the wrong type, unparseable JSON, another schema version) is deleted, with a warning
+    /// and a metric, and the session starts afresh: left alone it would fail every request of
+    /// the session and have its TTL refreshed forever.
     pub async fn load(&self, key: &str) -> Result<SessionState, StoreError> {
-        match self {
-            Store::Memory(store) => Ok(store.load(key).unwrap_or_default()),
-            Store::Redis(store) => store.load(key).await,
+        let loaded = match &self.backend {
+            Backend::Memory(store) => Ok(store.load(key).unwrap_or_default()),
+            Backend::Redis(store) => self.guarded(store.load(key)).await,
+        };
+        match loaded {
+            Err(StoreError::Corrupt(reason)) => {
+                metric::store_corrupt();
+                tracing::warn!(session = %key, %reason, "unreadable session state deleted; the session starts afresh");
+                self.forget(key).await?;
+                Ok(SessionState::default())
+            }
+            other => other,
         }
     }
 
     /// Adds what a request decided to its session.
     pub async fn update(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(store) => {
+        match &self.backend {
+            Backend::Memory(store) => {
                 store.update(key, update);
                 Ok(())
             }
-            Store::Redis(store) => store.update(key, update).await,
+            Backend::Redis(store) => self.guarded(store.update(key, update)).await,
         }
     }
 
     /// Forgets a session; true when it existed.
     pub async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        match self {
-            Store::Memory(store) => Ok(store.forget(key)),
-            Store::Redis(store) => store.forget(key).await,
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.forget(key)),
+            Backend::Redis(store) => self.guarded(store.forget(key)).await,
         }
     }
 
     /// Takes the session's lock for at most `hold`, unless another owner holds it.
     pub async fn try_lock(&self, key: &str, owner: &str, hold: Duration) -> Result<bool, StoreError> {
-        match self {
-            Store::Memory(store) => Ok(store.try_lock(key, owner, hold)),
-            Store::Redis(store) => store.try_lock(key, owner, hold).await,
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.try_lock(key, owner, hold)),
+            Backend::Redis(store) => self.guarded(store.try_lock(key, owner, hold)).await,
         }
     }
 
     /// Releases the lock if `owner` still holds it; true when it did.
     pub async fn unlock(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
-        match self {
-            Store::Memory(store) => Ok(store.unlock(key, owner)),
-            Store::Redis(store) => store.unlock(key, owner).await,
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.unlock(key, owner)),
+            Backend::Redis(store) => self.guarded(store.unlock(key, owner)).await,
         }
     }
 
-    /// Whether the backend answers, for readiness.
+    /// Whether the backend answers, for readiness. While the breaker is open this is the probe
+    /// once the backoff is over, so an idle replica recovers too.
     pub async fn health(&self) -> Result<(), StoreError> {
-        match self {
-            Store::Memory(_) => Ok(()),
-            Store::Redis(store) => store.ping().await,
+        match &self.backend {
+            Backend::Memory(_) => Ok(()),
+            Backend::Redis(store) => self.guarded(store.ping()).await,
         }
+    }
+
+    /// Runs one operation through the breaker: skipped while it is open, counted when it ends.
+    async fn guarded<T>(&self, operation: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        let Some(breaker) = &self.breaker else { return operation.await };
+        let probe = match breaker.admit() {
+            Admission::Skip => return Err(StoreError::CircuitOpen),
+            Admission::Probe => Some(ProbeGuard(breaker)),
+            Admission::Pass => None,
+        };
+        let result = operation.await;
+        match &result {
+            Err(error) if error.is_unavailable() => breaker.failure(probe.is_some()),
+            // An answer, even one compactor cannot use, says the store is up.
+            _ => breaker.success(),
+        }
+        if let Some(probe) = probe {
+            std::mem::forget(probe);
+        }
+        result
+    }
+}
+
+/// A probe that was dropped before it ended (its request went away) lets the next one go.
+struct ProbeGuard<'b>(&'b Breaker);
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.abandon_probe();
     }
 }

@@ -61,6 +61,19 @@ fn describe_rewrite() {
         "compactor_session_store_errors_total",
         "Session store reads or writes that failed or timed out."
     );
+    describe_counter!(
+        "compactor_session_store_skipped_total",
+        "Session store operations skipped while the circuit breaker is open, by operation."
+    );
+    describe_gauge!("compactor_session_store_breaker_open", "1 while the session store's circuit breaker is open.");
+    describe_counter!(
+        "compactor_session_store_breaker_trips_total",
+        "Times the session store's circuit breaker opened."
+    );
+    describe_counter!(
+        "compactor_session_store_corrupt_total",
+        "Unreadable session values (wrong type, bad JSON, other schema version) deleted."
+    );
     describe_counter!("compactor_overflows_total", "Context-overflow errors seen from upstreams, by route.");
     describe_counter!("compactor_retries_total", "Retries after an overflow, by route.");
     describe_counter!(
@@ -140,4 +153,22 @@ pub fn connection_closed() {
 
 pub fn connection_refused() {
     counter!("compactor_connections_refused_total").increment(1);
+}
+
+/// A store operation skipped by the open circuit breaker.
+pub fn store_skipped(operation: &'static str) {
+    counter!("compactor_session_store_skipped_total", "operation" => operation).increment(1);
+}
+
+/// The store's circuit breaker opened (`true`) or closed.
+pub fn store_breaker(open: bool) {
+    gauge!("compactor_session_store_breaker_open").set(if open { 1.0 } else { 0.0 });
+    if open {
+        counter!("compactor_session_store_breaker_trips_total").increment(1);
+    }
+}
+
+/// An unreadable session value was deleted.
+pub fn store_corrupt() {
+    counter!("compactor_session_store_corrupt_total").increment(1);
 }
