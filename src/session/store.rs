@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::state::{SessionState, SessionUpdate};
+use super::state::{ConversationState, SessionState, SessionUpdate, SessionView, Update};
 use crate::config::{SessionConfig, StoreKind};
 
 #[derive(Clone)]
@@ -19,7 +19,9 @@ impl Store {
     /// Builds the configured store; a Redis store connects in the background (needs a runtime).
     pub fn from_config(config: &SessionConfig) -> Self {
         match config.store {
-            StoreKind::Memory => Store::Memory(MemoryStore::new(config.max_sessions, config.ttl)),
+            StoreKind::Memory => {
+                Store::Memory(MemoryStore::new(config.max_sessions, config.max_conversations as usize, config.ttl))
+            }
             StoreKind::Redis => Store::Redis(RedisStore::new(config)),
         }
     }
@@ -31,26 +33,58 @@ impl Store {
         }
     }
 
-    /// The session's state; empty for a new session.
-    pub async fn load(&self, key: &str) -> Result<SessionState, StoreError> {
+    /// The session's state and its conversation's; empty when new.
+    pub async fn load(&self, key: &str, conversation: &str) -> Result<(SessionState, ConversationState), StoreError> {
         match self {
-            Store::Memory(store) => Ok(store.load(key).unwrap_or_default()),
-            Store::Redis(store) => store.load(key).await,
+            Store::Memory(store) => Ok(store.load(key, conversation)),
+            Store::Redis(store) => store.load(key, conversation).await,
         }
     }
 
-    /// Adds what a request decided to its session.
-    pub async fn update(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
+    /// Whether a conversation's compaction lock is held, and then its state (read in that order:
+    /// a holder publishes its record before it releases the lock).
+    pub async fn poll(&self, key: &str, conversation: &str) -> Result<(ConversationState, bool), StoreError> {
         match self {
             Store::Memory(store) => {
-                store.update(key, update);
-                Ok(())
+                let locked = store.locked(key, conversation);
+                Ok((store.load(key, conversation).1, locked))
             }
-            Store::Redis(store) => store.update(key, update).await,
+            Store::Redis(store) => store.poll(key, conversation).await,
         }
     }
 
-    /// Forgets a session; true when it existed.
+    /// Adds what a request decided to its session and conversation, and marks the conversation as
+    /// the session's most recently used (the least recently used beyond the bound is dropped).
+    pub async fn update(&self, key: &str, conversation: &str, update: &Update) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.update(key, conversation, update);
+                Ok(())
+            }
+            Store::Redis(store) => store.update(key, conversation, update).await,
+        }
+    }
+
+    /// Changes the session's own state only (the admin API).
+    pub async fn update_session(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.update_session(key, update);
+                Ok(())
+            }
+            Store::Redis(store) => store.update_session(key, update).await,
+        }
+    }
+
+    /// The session with the conversations it keeps, most recently used first (the admin API).
+    pub async fn view(&self, key: &str) -> Result<SessionView, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.view(key)),
+            Store::Redis(store) => store.view(key).await,
+        }
+    }
+
+    /// Forgets a session and all its conversations; true when it existed.
     pub async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.forget(key)),
@@ -58,19 +92,25 @@ impl Store {
         }
     }
 
-    /// Takes the session's lock for at most `hold`, unless another owner holds it.
-    pub async fn try_lock(&self, key: &str, owner: &str, hold: Duration) -> Result<bool, StoreError> {
+    /// Takes a conversation's compaction lock for at most `hold`, unless another owner holds it.
+    pub async fn try_lock(
+        &self,
+        key: &str,
+        conversation: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
         match self {
-            Store::Memory(store) => Ok(store.try_lock(key, owner, hold)),
-            Store::Redis(store) => store.try_lock(key, owner, hold).await,
+            Store::Memory(store) => Ok(store.try_lock(key, conversation, owner, hold)),
+            Store::Redis(store) => store.try_lock(key, conversation, owner, hold).await,
         }
     }
 
-    /// Releases the lock if `owner` still holds it; true when it did.
-    pub async fn unlock(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+    /// Releases a conversation's lock if `owner` still holds it; true when it did.
+    pub async fn unlock(&self, key: &str, conversation: &str, owner: &str) -> Result<bool, StoreError> {
         match self {
-            Store::Memory(store) => Ok(store.unlock(key, owner)),
-            Store::Redis(store) => store.unlock(key, owner).await,
+            Store::Memory(store) => Ok(store.unlock(key, conversation, owner)),
+            Store::Redis(store) => store.unlock(key, conversation, owner).await,
         }
     }
 

@@ -240,9 +240,10 @@ async fn the_admin_api_can_ask_for_a_compaction_on_the_next_request() {
     assert_eq!(summaries.count(), 1);
     assert_eq!(answer.header("x-compactor-compacted"), Some("1"));
     let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin").await.json();
-    let record = &state["state"]["compactions"][0];
+    let record = &state["state"]["conversations"][0]["compactions"][0];
     assert_eq!(record["trigger"], "admin");
     assert!(record["summary"].as_str().unwrap().contains("ZEPHYR-LANTERN-42"));
+    assert_eq!(state["state"]["counters"]["compact_requested"], 0, "the request is answered");
 }
 
 #[tokio::test]

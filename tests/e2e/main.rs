@@ -7,6 +7,7 @@ mod common;
 
 mod agent_compaction;
 mod compaction;
+mod conversations;
 mod fidelity;
 mod hostile_input;
 mod operations;
