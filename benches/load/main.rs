@@ -9,6 +9,9 @@
 //! - Cores: the bench process (generator, pacer and stub) is pinned to one CPU, each proxy to
 //!   another (`taskset`); compactor gets `TOKIO_WORKER_THREADS=1`, nginx one worker. By default
 //!   the bench takes the first CPU it may use and the proxies the last.
+//! - Priority: on a machine shared with builds, the bench and both proxies (which inherit it)
+//!   run at nice -10 when the bench may raise its priority, so neighbours yield to the
+//!   measured processes; the report says which other processes still took CPU time.
 //! - Open loop (no coordinated omission): request `i` is due at `start + i / rate`; a pacer
 //!   thread dispatches each request at its due time whatever the earlier ones are doing, and
 //!   latency runs from the *due* time to the last byte (and, for streams, the first byte) of the
@@ -49,6 +52,7 @@
 //! | `LOAD_PIN`          | `--pin on/off`    | `on` when the bench may use two CPUs or more   |
 //! | `LOAD_BENCH_CPU`    | `--bench-cpu N`   | the first CPU this process may use             |
 //! | `LOAD_PROXY_CPU`    | `--proxy-cpu N`   | the last CPU this process may use              |
+//! | `LOAD_NICE`         | `--nice N`        | -10 as root, else unchanged: the nice value of the bench and both proxies |
 //!
 //! Inherited `COMPACTOR_*` variables are removed from compactor's environment so runs are
 //! reproducible; configure it through `LOAD_CONFIG_EXTRA`. The bench always sets `listen`, both
@@ -83,7 +87,7 @@ const WARMUP: Duration = Duration::from_secs(1);
 /// Requests one by one after a proxy starts.
 const START_REQUESTS: u64 = 100;
 
-const SETTINGS: [(&str, &str); 13] = [
+const SETTINGS: [(&str, &str); 14] = [
     ("--seconds", "LOAD_SECONDS"),
     ("--rate", "LOAD_RATE"),
     ("--large-rate", "LOAD_LARGE_RATE"),
@@ -97,6 +101,7 @@ const SETTINGS: [(&str, &str); 13] = [
     ("--pin", "LOAD_PIN"),
     ("--bench-cpu", "LOAD_BENCH_CPU"),
     ("--proxy-cpu", "LOAD_PROXY_CPU"),
+    ("--nice", "LOAD_NICE"),
 ];
 
 struct Settings {
@@ -117,6 +122,8 @@ struct Settings {
     given: Vec<(&'static str, String)>,
     /// CPUs this process could use before it pinned itself (what `nproc` says).
     cpus: usize,
+    /// The nice value to run at, if it is to change.
+    nice: Option<i32>,
 }
 
 fn main() {
@@ -235,6 +242,13 @@ impl Settings {
         }
         let nginx = proxies::find_nginx(value("LOAD_NGINX").as_deref())?;
         let pins = Self::pins(value("LOAD_PIN"), value("LOAD_BENCH_CPU"), value("LOAD_PROXY_CPU"))?;
+        let nice = match value("LOAD_NICE") {
+            None => procfs::is_root().then_some(-10),
+            Some(v) => match v.trim().parse::<i32>() {
+                Ok(n) if (-20..=19).contains(&n) => Some(n),
+                _ => return Err(format!("LOAD_NICE must be a nice value from -20 to 19, got {v:?}")),
+            },
+        };
         Ok(Some(Self {
             seconds,
             rate,
@@ -250,6 +264,7 @@ impl Settings {
             pins,
             given,
             cpus: procfs::allowed_cpus().len(),
+            nice,
         }))
     }
 
@@ -304,6 +319,9 @@ struct Bench<'a> {
 
 fn run(settings: &Settings) -> Result<Report, String> {
     let load_before = procfs::load_average();
+    if let Some(nice) = settings.nice {
+        procfs::renice_self(nice)?;
+    }
     if let Some((bench_cpu, _)) = settings.pins {
         procfs::pin_self(bench_cpu)?;
     }
@@ -511,6 +529,7 @@ fn about(settings: &Settings, load_before: &str) -> Vec<String> {
         ),
         None => "nothing pinned".into(),
     };
+    let nice = procfs::own_nice().map_or("unknown".into(), |n| n.to_string());
     let nginx = match &settings.nginx {
         Some(path) => format!("{} ({})", proxies::nginx_version(path), path.display()),
         None => "not run".into(),
@@ -533,7 +552,7 @@ fn about(settings: &Settings, load_before: &str) -> Vec<String> {
             procfs::kernel(),
             procfs::load_average()
         ),
-        format!("pinning: {pinning}"),
+        format!("pinning: {pinning}; nice {nice} (bench and proxies)"),
         format!("reference: {nginx}"),
         format!("command: {command}"),
         format!(

@@ -35,6 +35,34 @@ pub fn pin_self(cpu: usize) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("taskset failed: {status}")) }
 }
 
+/// Sets this process's nice value (on Linux, of its only thread so far; threads and children
+/// started later inherit it), with `renice`; returns the value now in force.
+pub fn renice_self(nice: i32) -> Result<i32, String> {
+    let status = Command::new("renice")
+        .args(["-n", &nice.to_string(), "-p", &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run renice: {e}"))?;
+    let now = own_nice().ok_or("cannot read this process's nice value")?;
+    if status.success() && now == nice { Ok(now) } else { Err(format!("renice to {nice} refused; nice is {now}")) }
+}
+
+/// This process's nice value, from /proc/self/stat.
+pub fn own_nice() -> Option<i32> {
+    stat_fields("self")?.get(16)?.parse().ok()
+}
+
+/// Whether this process runs as root (and so may raise its priority).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Uid:")).map(|uids| uids.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
 /// A process and all its descendants (nginx's master and worker), found through the parent
 /// pid of every process in /proc.
 pub fn process_tree(root: u32) -> Vec<u32> {
