@@ -10,8 +10,11 @@
 //!   another (`taskset`); compactor gets `TOKIO_WORKER_THREADS=1`, nginx one worker. By default
 //!   the bench takes the first CPU it may use and the proxies the last.
 //! - Priority: on a machine shared with builds, the bench and both proxies (which inherit it)
-//!   run at nice -10 when the bench may raise its priority, so neighbours yield to the
-//!   measured processes; the report says which other processes still took CPU time.
+//!   run at nice -20 when the bench may raise its priority, so a proxy woken by a request runs
+//!   at once instead of after a neighbour's time slice (at -10, neighbours still delayed the
+//!   closed loop by milliseconds). Neighbours then get almost no CPU during the closed-loop
+//!   seconds; `LOAD_NICE=0` is the gentle choice. The report says how much CPU other processes
+//!   still took in each phase.
 //! - Open loop (no coordinated omission): request `i` is due at `start + i / rate`; a pacer
 //!   thread dispatches each request at its due time whatever the earlier ones are doing, and
 //!   latency runs from the *due* time to the last byte (and, for streams, the first byte) of the
@@ -52,7 +55,7 @@
 //! | `LOAD_PIN`          | `--pin on/off`    | `on` when the bench may use two CPUs or more   |
 //! | `LOAD_BENCH_CPU`    | `--bench-cpu N`   | the first CPU this process may use             |
 //! | `LOAD_PROXY_CPU`    | `--proxy-cpu N`   | the last CPU this process may use              |
-//! | `LOAD_NICE`         | `--nice N`        | -10 as root, else unchanged: the nice value of the bench and both proxies |
+//! | `LOAD_NICE`         | `--nice N`        | -20 as root, else unchanged: the nice value of the bench and both proxies |
 //!
 //! Inherited `COMPACTOR_*` variables are removed from compactor's environment so runs are
 //! reproducible; configure it through `LOAD_CONFIG_EXTRA`. The bench always sets `listen`, both
@@ -243,7 +246,7 @@ impl Settings {
         let nginx = proxies::find_nginx(value("LOAD_NGINX").as_deref())?;
         let pins = Self::pins(value("LOAD_PIN"), value("LOAD_BENCH_CPU"), value("LOAD_PROXY_CPU"))?;
         let nice = match value("LOAD_NICE") {
-            None => procfs::is_root().then_some(-10),
+            None => procfs::is_root().then_some(-20),
             Some(v) => match v.trim().parse::<i32>() {
                 Ok(n) if (-20..=19).contains(&n) => Some(n),
                 _ => return Err(format!("LOAD_NICE must be a nice value from -20 to 19, got {v:?}")),
