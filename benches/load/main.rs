@@ -11,10 +11,12 @@
 //!   the bench takes the first CPU it may use and the proxies the last.
 //! - Priority: on a machine shared with builds, the bench and both proxies (which inherit it)
 //!   run at nice -20 when the bench may raise its priority, so a proxy woken by a request runs
-//!   at once instead of after a neighbour's time slice (at -10, neighbours still delayed the
-//!   closed loop by milliseconds). Neighbours then get almost no CPU during the closed-loop
-//!   seconds; `LOAD_NICE=0` is the gentle choice. The report says how much CPU other processes
-//!   still took in each phase.
+//!   at once instead of after a neighbour's time slice. With scheduler autogroups (Linux's
+//!   default), nice only counts inside a session's group, so `scripts/bench-load` starts the
+//!   bench in a session of its own and the bench gives that session's group the same nice
+//!   (never the caller's: run directly, the bench leaves its group alone). Neighbours then get
+//!   almost no CPU during the closed-loop seconds; `LOAD_NICE=0` is the gentle choice. The
+//!   report says how much CPU other processes still took in each phase.
 //! - Open loop (no coordinated omission): request `i` is due at `start + i / rate`; a pacer
 //!   thread dispatches each request at its due time whatever the earlier ones are doing, and
 //!   latency runs from the *due* time to the last byte (and, for streams, the first byte) of the
@@ -127,6 +129,13 @@ struct Settings {
     cpus: usize,
     /// The nice value to run at, if it is to change.
     nice: Option<i32>,
+}
+
+/// How the run was set up, for the report.
+struct Setup {
+    load_before: String,
+    /// What happened to the priority of the bench's scheduler group.
+    autogroup: String,
 }
 
 fn main() {
@@ -322,9 +331,12 @@ struct Bench<'a> {
 
 fn run(settings: &Settings) -> Result<Report, String> {
     let load_before = procfs::load_average();
+    let mut autogroup = "unchanged".to_string();
     if let Some(nice) = settings.nice {
         procfs::renice_self(nice)?;
+        autogroup = procfs::renice_own_autogroup(nice);
     }
+    let setup = Setup { load_before, autogroup };
     if let Some((bench_cpu, _)) = settings.pins {
         procfs::pin_self(bench_cpu)?;
     }
@@ -392,17 +404,18 @@ fn run(settings: &Settings) -> Result<Report, String> {
         .proxies
         .iter()
         .zip(&bench.under_load)
-        .map(|(proxy, under_load)| LoadMemory {
-            target: proxy.name,
-            under_load: *under_load,
-            end: Memory::of_tree(proxy.pid),
+        .map(|(proxy, under_load)| {
+            // VmHWM is kept lazily by the kernel: never report a peak below an RSS we read.
+            let largest_read = under_load.map_or(0, |m| m.rss_kib);
+            let end = Memory::of_tree(proxy.pid).map(|m| Memory { peak_kib: m.peak_kib.max(largest_read), ..m });
+            LoadMemory { target: proxy.name, under_load: *under_load, end }
         })
         .collect();
     let has_nginx = bench.proxies.iter().any(|p| p.name == "nginx");
     for proxy in &mut bench.proxies {
         proxy.stop();
     }
-    let about = about(settings, &load_before);
+    let about = about(settings, &setup);
     Ok(Report { about, phases, starts, memory, has_nginx })
 }
 
@@ -511,7 +524,7 @@ impl Bench<'_> {
 }
 
 /// The lines that say what ran where: commit, machine, pinning, versions, the command.
-fn about(settings: &Settings, load_before: &str) -> Vec<String> {
+fn about(settings: &Settings, setup: &Setup) -> Vec<String> {
     let root = env!("CARGO_MANIFEST_DIR");
     let git = |args: &[&str]| -> Option<String> {
         let out = Command::new("git").arg("-C").arg(root).args(args).output().ok()?;
@@ -550,12 +563,14 @@ fn about(settings: &Settings, load_before: &str) -> Vec<String> {
             if dirty { " (with uncommitted changes)" } else { "" }
         ),
         format!(
-            "machine: {cpus} CPUs (nproc), {}, Linux {}; load average {load_before} before, {} after",
+            "machine: {cpus} CPUs (nproc), {}, Linux {}; load average {} before, {} after",
             procfs::cpu_model(),
             procfs::kernel(),
+            setup.load_before,
             procfs::load_average()
         ),
-        format!("pinning: {pinning}; nice {nice} (bench and proxies)"),
+        format!("pinning: {pinning}"),
+        format!("priority: nice {nice} (bench and proxies), {}", setup.autogroup),
         format!("reference: {nginx}"),
         format!("command: {command}"),
         format!(

@@ -48,6 +48,33 @@ pub fn renice_self(nice: i32) -> Result<i32, String> {
     if status.success() && now == nice { Ok(now) } else { Err(format!("renice to {nice} refused; nice is {now}")) }
 }
 
+/// Sets the nice value of this process's scheduler autogroup, but only when its session was
+/// started for this run (its leader is our parent, as `scripts/bench-load` arranges): with
+/// autogroups, nice values only count inside a session's group, and every other session is a
+/// group of its own. Returns what happened, for the report.
+pub fn renice_own_autogroup(nice: i32) -> String {
+    let Ok(before) = std::fs::read_to_string("/proc/self/autogroup") else {
+        return "no autogroups".into();
+    };
+    let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1");
+    if !enabled {
+        return "autogroups off".into();
+    }
+    let session_for_this_run = stat_fields("self")
+        .and_then(|f| Some(f.get(3)?.parse::<u32>().ok()? == f.get(1)?.parse::<u32>().ok()?))
+        .unwrap_or(false);
+    if !session_for_this_run {
+        return format!(
+            "autogroup shared with the caller's session, left at {} (run scripts/bench-load to raise it)",
+            before.trim().rsplit(' ').next().unwrap_or("?")
+        );
+    }
+    match std::fs::write("/proc/self/autogroup", nice.to_string()) {
+        Ok(()) => format!("autogroup of its own session at nice {nice}"),
+        Err(error) => format!("autogroup nice unchanged ({error})"),
+    }
+}
+
 /// This process's nice value, from /proc/self/stat.
 pub fn own_nice() -> Option<i32> {
     stat_fields("self")?.get(16)?.parse().ok()
