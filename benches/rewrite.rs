@@ -9,28 +9,16 @@ use std::hint::black_box;
 use compactor::compaction::plan;
 use compactor::config::Config;
 use compactor::dialect::{Dialect, ParsedRequest};
-use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter};
+use compactor::rewrite::{RewriteSettings, Rewriter};
 use compactor::session::state::CompactionRecord;
 use compactor::tokens::{Encoding, ModelTable, TokenCounter, tokenize_len};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
+/// The shipped defaults, tokenizing on the calling thread.
 fn settings() -> RewriteSettings {
-    let config = Config::default();
-    RewriteSettings {
-        prune_enabled: true,
-        dedupe: true,
-        prune: PruneSettings {
-            protect_tokens: config.prune.protect_tokens,
-            minimum_tokens: config.prune.minimum_tokens,
-            placeholder: config.prune.placeholder.clone(),
-            protected_tools: config.prune.protected_tools.clone(),
-        },
-        truncate_enabled: true,
-        tool_output_max_tokens: config.truncate.tool_output_max_tokens,
-        repair_enabled: true,
-        image_tokens: config.tokens.image_tokens,
-        blocking_tokenize_bytes: usize::MAX,
-    }
+    let mut settings = Config::default().rewrite_settings();
+    settings.blocking_tokenize_bytes = usize::MAX;
+    settings
 }
 
 fn fixture(name: &str) -> Vec<u8> {

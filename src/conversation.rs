@@ -27,6 +27,45 @@ pub struct Item<'a> {
     pub tokens: u32,
     /// What the policies decided for it.
     pub edit: Edit,
+    /// Whether repair may pair, move, remove or answer this call or result: only client tool
+    /// pairs whose shape compactor fully knows. A tool the provider runs inside its own turn
+    /// (Anthropic `server_tool_use`, MCP connector calls, Responses' hosted tools) and a pair
+    /// compactor cannot write a result for are forwarded as sent.
+    pub repairable: bool,
+    /// Whether pruning, truncation and dedupe may replace this result's text: false where the
+    /// shortened block would no longer be valid for the provider (encrypted or structured
+    /// results, tool references, parts compactor does not know).
+    pub shortenable: bool,
+}
+
+impl<'a> Item<'a> {
+    /// An item of message `message` (block `block`) as the client sent it; tool calls and results
+    /// are a client's pair, which the policies may repair and shorten.
+    pub fn new(message: usize, block: Option<usize>, kind: Kind<'a>) -> Self {
+        Self { message, block, kind, tokens: 0, edit: Edit::Keep, repairable: true, shortenable: true }
+    }
+
+    /// The same item, marked as a call or result the provider runs (or one repair cannot
+    /// answer): repair leaves it, and every result claiming its id, alone.
+    pub fn provider_run(mut self) -> Self {
+        self.repairable = false;
+        self
+    }
+
+    /// The same item with `shortenable` set: whether its text may be replaced.
+    pub fn shortenable(mut self, shortenable: bool) -> Self {
+        self.shortenable = shortenable;
+        self
+    }
+
+    /// The call id of a tool call or result item.
+    pub fn call_id(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::ToolCall { id, .. } => id.as_deref(),
+            Kind::ToolResult { call_id, .. } => call_id.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// What an item is.
@@ -38,7 +77,9 @@ pub enum Kind<'a> {
     Text { role: Role, text: Cow<'a, str> },
     /// An assistant's tool call. `id` is `None` for legacy function calls.
     ToolCall { id: Option<Cow<'a, str>>, name: Cow<'a, str>, arguments: Cow<'a, str> },
-    /// A tool's output. `call_id` is `None` for legacy function results.
+    /// A tool's output. `call_id` is `None` for legacy function results. For a result the provider
+    /// wrote (a web search, a fetched page, code execution), `text` is what a reader can make of
+    /// it and `attachments` counts its opaque parts (encrypted pages, PDFs, images).
     ToolResult { call_id: Option<Cow<'a, str>>, text: Cow<'a, str>, attachments: u32 },
     /// An image, document or other attachment outside tool results.
     Attachment,
@@ -131,6 +172,38 @@ impl<'a> Conversation<'a> {
 }
 
 impl Conversation<'_> {
+    /// Whether the conversation may be cut right before message `index` (everything before it
+    /// summarized, everything from it kept) without separating a tool call from its result,
+    /// client or provider run, or an item compactor does not know from its neighbours.
+    pub fn is_clean_cut(&self, index: usize) -> bool {
+        if index == 0 || index >= self.roles.len() {
+            return true;
+        }
+        let unknown_at = |message: usize| {
+            self.items.iter().any(|item| item.message == message && matches!(item.kind, Kind::Other { .. }))
+        };
+        if unknown_at(index - 1) || unknown_at(index) {
+            return false;
+        }
+        // A pair straddles the cut when its call is before it and its result at or after it; a
+        // result answers the nearest call with its id before it (some agents reuse ids).
+        let mut calls: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for item in &self.items {
+            match (&item.kind, item.call_id()) {
+                (Kind::ToolCall { .. }, Some(id)) => {
+                    calls.insert(id, item.message);
+                }
+                (Kind::ToolResult { .. }, Some(id))
+                    if calls.get(id).is_some_and(|&call| call < index && item.message >= index) =>
+                {
+                    return false;
+                }
+                _ => {}
+            }
+        }
+        true
+    }
+
     /// The messages where results of assistant message `assistant`'s tool calls belong: the run
     /// of `tool` messages right after it (Chat Completions), else the next user message
     /// (Anthropic).

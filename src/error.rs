@@ -5,34 +5,46 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::route::ApiFamily;
 
-/// An error compactor itself answers with (upstream errors pass through untouched instead).
+/// A cause carried along: anything that can fail below compactor (hyper, the connector, a body).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error compactor itself answers with (upstream errors pass through untouched instead). Its
+/// message, and every cause it carries, is shown to the client: none may hold a credential.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("request body is larger than the configured limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
-    #[error("could not read the request body: {0}")]
-    ClientBody(String),
-    #[error("the upstream at {upstream} could not be reached: {reason}")]
-    UpstreamUnreachable { upstream: String, reason: String },
-    #[error("the upstream at {upstream} did not answer within {timeout_ms} ms")]
-    UpstreamTimeout { upstream: String, timeout_ms: u64 },
-    #[error("cannot build the upstream request: {0}")]
-    BadUpstreamRequest(String),
+    #[error("could not read the request body")]
+    ClientBody(#[source] Cause),
+    #[error("the upstream at {upstream} could not be reached")]
+    UpstreamUnreachable { upstream: String, source: Cause },
+    #[error("the upstream at {upstream} did not answer within {} ms", timeout.as_millis())]
+    UpstreamTimeout { upstream: String, timeout: std::time::Duration },
+    #[error("cannot build the upstream request: invalid upstream URL")]
+    BadUpstreamUrl(#[source] http::uri::InvalidUri),
+    #[error("cannot build the upstream request: invalid upstream host")]
+    BadUpstreamHost(#[source] http::header::InvalidHeaderValue),
     #[error("missing or wrong admin token")]
     Unauthorized,
     #[error("not found")]
     NotFound,
+    #[error("method not allowed; use {allow}")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("session store unavailable")]
+    StoreUnavailable(#[source] Cause),
 }
 
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ClientBody(_) | Self::BadUpstreamRequest(_) => StatusCode::BAD_REQUEST,
+            Self::ClientBody(_) | Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => StatusCode::BAD_REQUEST,
             Self::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -43,9 +55,26 @@ impl ProxyError {
             Self::ClientBody(_) => "bad_request_body",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
-            Self::BadUpstreamRequest(_) => "bad_upstream_request",
+            Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => "bad_upstream_request",
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::StoreUnavailable(_) => "store_unavailable",
+        }
+    }
+
+    /// Whether the same request may succeed when sent again unchanged: the trouble was on the
+    /// way (an upstream or the store), not in the request.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Self::UpstreamUnreachable { .. } | Self::UpstreamTimeout { .. } | Self::StoreUnavailable(_) => true,
+            Self::BodyTooLarge { .. }
+            | Self::ClientBody(_)
+            | Self::BadUpstreamUrl(_)
+            | Self::BadUpstreamHost(_)
+            | Self::Unauthorized
+            | Self::NotFound
+            | Self::MethodNotAllowed { .. } => false,
         }
     }
 
@@ -72,7 +101,7 @@ impl ProxyError {
 
     /// The JSON body in the dialect the client parses.
     pub fn body(&self, family: ApiFamily) -> Bytes {
-        let message = self.to_string();
+        let message = Chain(self).to_string();
         let value = match family {
             ApiFamily::OpenAi => serde_json::json!({
                 "error": { "message": message, "type": self.openai_type(), "param": null, "code": self.code() }
@@ -91,7 +120,26 @@ impl ProxyError {
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert("x-compactor-error", HeaderValue::from_static(self.code()));
+        if let Self::MethodNotAllowed { allow } = self {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         response
+    }
+}
+
+/// Shows an error with every cause under it, `outer: inner: innermost`: the innermost cause is
+/// usually what says what actually went wrong.
+pub struct Chain<'e>(pub &'e (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
     }
 }
 
@@ -101,7 +149,8 @@ mod tests {
 
     #[test]
     fn openai_clients_get_the_openai_error_envelope() {
-        let err = ProxyError::UpstreamTimeout { upstream: "http://x".into(), timeout_ms: 5 };
+        let err =
+            ProxyError::UpstreamTimeout { upstream: "http://x".into(), timeout: std::time::Duration::from_millis(5) };
         let body: serde_json::Value = serde_json::from_slice(&err.body(ApiFamily::OpenAi)).unwrap();
         assert_eq!(body["error"]["code"], "upstream_timeout");
         assert_eq!(body["error"]["type"], "api_error");
@@ -115,5 +164,30 @@ mod tests {
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "request_too_large");
         assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn the_message_keeps_every_cause_and_says_whether_to_retry() {
+        let cause = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let err = ProxyError::UpstreamUnreachable { upstream: "http://x".into(), source: Box::new(cause) };
+        assert!(std::error::Error::source(&err).is_some());
+        let body: serde_json::Value = serde_json::from_slice(&err.body(ApiFamily::OpenAi)).unwrap();
+        assert_eq!(body["error"]["message"], "the upstream at http://x could not be reached: connection refused");
+        assert!(err.retryable());
+        assert!(!ProxyError::BodyTooLarge { limit: 1 }.retryable());
+    }
+
+    #[test]
+    fn the_admin_api_errors_are_proxy_errors_too() {
+        let response: Response<Bytes> =
+            ProxyError::MethodNotAllowed { allow: "GET, DELETE" }.into_response(ApiFamily::OpenAi);
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(response.headers()[header::ALLOW], "GET, DELETE");
+        let cause = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let unavailable = ProxyError::StoreUnavailable(Box::new(cause));
+        assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(unavailable.retryable());
+        let body: serde_json::Value = serde_json::from_slice(&unavailable.body(ApiFamily::OpenAi)).unwrap();
+        assert_eq!(body["error"]["code"], "store_unavailable");
     }
 }

@@ -2,6 +2,7 @@
 //! compactor re-serializes only what it changes.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::Deserialize;
@@ -138,6 +139,17 @@ pub fn span_in(body: &[u8], raw: &RawValue) -> Option<std::ops::Range<usize>> {
     (end <= body.len()).then_some(start..end)
 }
 
+/// `outer` with the value `inner` (a value borrowed from inside it) replaced by `replacement`; every
+/// other byte of `outer` is kept. `None` when `inner` does not lie inside `outer`.
+pub fn replace_within(outer: &str, inner: &RawValue, replacement: &str) -> Option<String> {
+    let span = span_in(outer.as_bytes(), inner)?;
+    let mut out = String::with_capacity(outer.len() - span.len() + replacement.len());
+    out.push_str(&outer[..span.start]);
+    out.push_str(replacement);
+    out.push_str(&outer[span.end..]);
+    Some(out)
+}
+
 impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct ObjectVisitor;
@@ -147,18 +159,56 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
                 f.write_str("a JSON object")
             }
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                let mut fields = UniqueFields::with_capacity(map.size_hint().unwrap_or(8));
                 while let Some(CowStr(key)) = map.next_key::<CowStr<'de>>()? {
                     let value: &'de RawValue = map.next_value()?;
-                    if fields.iter().any(|(k, _): &(Cow<'de, str>, &RawValue)| k == &key) {
+                    if let Err(key) = fields.push(key, value) {
                         return Err(de::Error::custom(format!("duplicate key `{key}`")));
                     }
-                    fields.push((key, value));
                 }
-                Ok(RawObject { fields })
+                Ok(RawObject { fields: fields.fields })
             }
         }
         deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+/// Objects with up to this many fields look for a duplicate key by scanning them: no allocation
+/// for the small objects every request is made of. Past it, a hash set keeps the check linear, so
+/// a hostile body with 100,000 keys costs milliseconds, not seconds.
+const SCANNED_FIELDS: usize = 16;
+
+/// The fields of an object being read. A duplicate key makes the object unreadable (and the
+/// request is forwarded as it came): compactor and the provider could each take a different value.
+struct UniqueFields<'de> {
+    fields: Vec<(Cow<'de, str>, &'de RawValue)>,
+    /// Every key so far, once the object has outgrown [`SCANNED_FIELDS`]. The std hasher is
+    /// randomly keyed, so a client cannot pick keys that collide.
+    keys: Option<HashSet<Cow<'de, str>>>,
+}
+
+impl<'de> UniqueFields<'de> {
+    fn with_capacity(capacity: usize) -> Self {
+        Self { fields: Vec::with_capacity(capacity), keys: None }
+    }
+
+    /// Appends the field, or hands its key back when the object already has it.
+    fn push(&mut self, key: Cow<'de, str>, value: &'de RawValue) -> Result<(), Cow<'de, str>> {
+        if let Some(keys) = &mut self.keys {
+            // A borrowed key clones as a pointer; only keys with escapes own (and copy) their text.
+            if !keys.insert(key.clone()) {
+                return Err(key);
+            }
+        } else if self.fields.iter().any(|(k, _)| *k == key) {
+            return Err(key);
+        } else if self.fields.len() >= SCANNED_FIELDS {
+            let mut keys = HashSet::with_capacity(2 * self.fields.len());
+            keys.extend(self.fields.iter().map(|(k, _)| k.clone()));
+            keys.insert(key.clone());
+            self.keys = Some(keys);
+        }
+        self.fields.push((key, value));
+        Ok(())
     }
 }
 
@@ -184,10 +234,59 @@ mod tests {
     }
 
     #[test]
+    fn a_nested_value_is_replaced_in_place() {
+        let body = r#"{"type":"x","content":{"stdout" : "long\nlog","n":1.50}}"#;
+        let raw: &RawValue = serde_json::from_str(body).unwrap();
+        let content = RawObject::parse(RawObject::parse(raw).unwrap().get("content").unwrap()).unwrap();
+        let out = replace_within(raw.get(), content.get("stdout").unwrap(), &json_string("short")).unwrap();
+        assert_eq!(out, r#"{"type":"x","content":{"stdout" : "short","n":1.50}}"#);
+        let elsewhere: &RawValue = serde_json::from_str(r#""other""#).unwrap();
+        assert_eq!(replace_within(raw.get(), elsewhere, "\"\""), None);
+    }
+
+    #[test]
     fn span_finds_a_borrowed_value_in_its_body() {
         let body = br#"{"messages": [1,2], "x": 3}"#;
         let object: RawObject = serde_json::from_slice(body).unwrap();
         let span = span_in(body, object.get("messages").unwrap()).unwrap();
         assert_eq!(&body[span], b"[1,2]");
+    }
+
+    fn object_with_keys(keys: &[String]) -> String {
+        let fields: Vec<String> = keys.iter().enumerate().map(|(i, k)| format!("\"{k}\":{i}")).collect();
+        format!("{{{}}}", fields.join(","))
+    }
+
+    #[test]
+    fn a_duplicate_key_is_refused_in_small_and_large_objects_wherever_it_stands() {
+        for size in [2, SCANNED_FIELDS - 1, SCANNED_FIELDS, SCANNED_FIELDS + 1, 1000] {
+            let keys: Vec<String> = (0..size).map(|i| format!("k{i}")).collect();
+            assert!(serde_json::from_str::<RawObject>(&object_with_keys(&keys)).is_ok(), "{size} distinct keys");
+            for (first, second) in [(0, size - 1), (size - 1, size), (size / 2, size + 3)] {
+                let mut with_duplicate = keys.clone();
+                with_duplicate.insert(second.min(with_duplicate.len()), keys[first].clone());
+                let body = object_with_keys(&with_duplicate);
+                assert!(serde_json::from_str::<RawObject>(&body).is_err(), "{size} keys, k{first} twice");
+            }
+        }
+    }
+
+    #[test]
+    fn keys_that_differ_only_in_escapes_are_duplicates() {
+        let mut keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+        keys.push("\\u006b3".into());
+        assert!(serde_json::from_str::<RawObject>(&object_with_keys(&keys)).is_err());
+        let small = r#"{"a":1,"\u0061":2}"#;
+        assert!(serde_json::from_str::<RawObject>(small).is_err());
+    }
+
+    #[test]
+    fn a_large_object_keeps_its_keys_in_order() {
+        let keys: Vec<String> = (0..500).map(|i| format!("k{i}")).collect();
+        let body = object_with_keys(&keys);
+        let object: RawObject = serde_json::from_str(&body).unwrap();
+        let read: Vec<&str> = object.fields.iter().map(|(k, _)| k.as_ref()).collect();
+        assert_eq!(read, keys.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(object.get("k499").unwrap().get(), "499");
     }
 }

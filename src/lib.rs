@@ -16,6 +16,7 @@ pub mod rewrite;
 pub mod route;
 pub mod server;
 pub mod session;
+pub mod sse;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;

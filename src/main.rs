@@ -72,6 +72,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     // Only ring is compiled in, but rustls wants the choice made explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     compactor::telemetry::init_logging(&config.log);
+    // Secrets print as "[redacted]": the whole configuration is safe to log.
+    tracing::debug!(config = ?config, "effective configuration");
     let metrics = compactor::telemetry::init_metrics()?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {

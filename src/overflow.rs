@@ -8,6 +8,8 @@ use std::sync::LazyLock;
 use regex::{Regex, RegexSet};
 use serde_json::Value;
 
+use crate::sse;
+
 /// What an overflow error said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Overflow {
@@ -27,7 +29,8 @@ impl Overflow {
 }
 
 /// Codes that mean overflow whatever the message says.
-const OVERFLOW_CODES: [&str; 3] = ["context_length_exceeded", "exceed_context_size_error", "input_too_large"];
+const OVERFLOW_CODES: [&str; 4] =
+    ["context_length_exceeded", "exceed_context_size_error", "input_too_large", "model_max_prompt_tokens_exceeded"];
 /// Codes and phrases of rate limits and quotas: never an overflow.
 const RATE_LIMIT_CODES: [&str; 5] =
     ["rate_limit_exceeded", "rate_limit_error", "resource_exhausted", "throttlingexception", "insufficient_quota"];
@@ -48,7 +51,7 @@ static OVERFLOW_PHRASES: LazyLock<RegexSet> = LazyLock::new(|| {
         r"context_length_exceeded",
         r"prompt is too long",
         r"prompt too long",
-        r"exceed(s|ed)? (the )?context (limit|window|length|size)",
+        r"exceed(s|ed)? (the )?(model'?s? )?context (limit|window|length|size)",
         r"exceeds the (available|maximum) context",
         r"input is too long",
         r"input token count .*exceeds the maximum",
@@ -67,6 +70,14 @@ static OVERFLOW_PHRASES: LazyLock<RegexSet> = LazyLock::new(|| {
         r"your input exceeds the context window",
         r"exceeds budget",
         r"reduce the length of the (messages|input)",
+        r"prompt token count of \d+ exceeds the limit of \d+",
+        r"range of input length should be \[1, ?\d+\]",
+        r"but the configured context size is",
+        r"exceeded model token limit",
+        r"does not fit in (the )?context length",
+        r"context window exceeds limit",
+        r"longer than the maximum model length",
+        r"context size has been exceeded",
     ])
     .unwrap_or_else(|_| RegexSet::empty())
 });
@@ -101,6 +112,14 @@ static LIMIT: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         r"exceeds budget \((\d+) tokens\)",
         r"configured limit of (\d+)",
         r"cannot exceed (\d+)",
+        r"maximum context length of \S+ is (\d+)",
+        r"prompt token count of \d+ exceeds the limit of (\d+)",
+        r"range of input length should be \[1, ?(\d+)\]",
+        r"configured context size is ([\d,]+) tokens",
+        r"model token limit: (\d+)",
+        r"context length only supports (\d+)",
+        r"maximum model length of (\d+)",
+        r"while limit is (\d+)",
     ])
 });
 
@@ -125,6 +144,10 @@ static PROMPT: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         r"request contains (\d+) tokens",
         r"current message \((\d+) tokens\)",
         r"\((\d+) of text input",
+        r"prompt token count of (\d+)",
+        r"prompt has ([\d,]+) tokens",
+        r"the input has (\d+) tokens",
+        r"prompt \(length (\d+)\)",
     ])
 });
 
@@ -144,42 +167,48 @@ fn compile(patterns: &[&str]) -> Vec<Regex> {
     patterns.iter().filter_map(|p| Regex::new(p).ok()).collect()
 }
 
+/// The first number a pattern captures; thousands separators (`256,000`) are dropped.
 fn first_number(patterns: &[Regex], text: &str) -> Option<u64> {
-    patterns.iter().find_map(|re| re.captures(text)?.get(1)?.as_str().parse().ok())
+    patterns.iter().find_map(|re| re.captures(text)?.get(1)?.as_str().replace(',', "").parse().ok())
 }
 
-/// Detects overflow errors; holds the user's extra patterns.
+/// Detects overflow errors; holds the user's extra patterns, compiled once.
 #[derive(Debug, Clone, Default)]
 pub struct OverflowDetector {
+    /// The patterns as configured, for `--check-config`.
+    patterns: Vec<String>,
     extra: Vec<Regex>,
 }
 
 impl OverflowDetector {
     /// `extra` are case-insensitive regular expressions (`compaction.extra_overflow_patterns`).
     pub fn new(extra: &[String]) -> Result<Self, regex::Error> {
-        let extra = extra.iter().map(|p| Regex::new(&format!("(?i){p}"))).collect::<Result<_, _>>()?;
-        Ok(Self { extra })
+        let compiled = extra.iter().map(|p| Regex::new(&format!("(?i){p}"))).collect::<Result<_, _>>()?;
+        Ok(Self { patterns: extra.to_vec(), extra: compiled })
     }
 
     /// Whether a response (status and body; SSE text for errors inside a 200 stream) is an overflow.
     pub fn detect(&self, status: u16, body: &[u8]) -> Option<Overflow> {
-        if status == 429 || (200..300).contains(&status) && !looks_like_event_stream(body) {
+        let success = (200..300).contains(&status);
+        if status == 429 || success && !looks_like_event_stream(body) {
             return None;
         }
         let mut found = Found::default();
         match serde_json::from_slice::<Value>(body) {
             Ok(value) => found.walk(&value, 0),
-            Err(_) => {
-                let text = String::from_utf8_lossy(body);
-                for line in text.lines() {
-                    let payload = line.strip_prefix("data:").or_else(|| line.strip_prefix("error:")).map(str::trim);
-                    match payload.and_then(|p| serde_json::from_str::<Value>(p).ok()) {
-                        Some(value) => found.walk(&value, 0),
-                        None if (200..300).contains(&status) => {}
-                        None => found.texts.push(line.to_string()),
+            Err(_) if looks_like_event_stream(body) => {
+                for event in sse::events(body, body.len()) {
+                    for payload in std::iter::once(event.data.as_str()).chain(event.error.as_deref()) {
+                        match serde_json::from_str::<Value>(payload) {
+                            Ok(value) => found.walk(&value, 0),
+                            Err(_) if success => {}
+                            Err(_) => found.texts.push(payload.to_string()),
+                        }
                     }
                 }
             }
+            // A plain-text error body: every line may carry the words.
+            Err(_) => found.texts.extend(String::from_utf8_lossy(body).lines().map(str::to_string)),
         }
         let text = found.texts.join("\n").to_lowercase();
         let codes: Vec<String> = found.codes.iter().map(|c| c.to_lowercase()).collect();
@@ -202,6 +231,13 @@ impl OverflowDetector {
             prompt_tokens: first_number(&PROMPT, &text).or(found.n_prompt_tokens),
             max_tokens: first_number(&MAX_TOKENS, &text),
         })
+    }
+}
+
+/// Serialized as the configured patterns, the form they were given in.
+impl serde::Serialize for OverflowDetector {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.patterns.serialize(serializer)
     }
 }
 

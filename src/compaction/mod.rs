@@ -1,76 +1,313 @@
-//! Compaction: replace the older part of a conversation with a summary of it. This module is pure
-//! (no I/O): it chooses where to cut, renders what the summarizer reads, builds the summary request
-//! and the rebuilt conversation, and re-applies stored records byte for byte. The proxy stage that
-//! calls the upstream and the store lives in `proxy::recover`.
+//! Compaction: keep each conversation inside its model's window. [`Compactor`] is what the proxy
+//! asks, at the two moments it has: before forwarding ([`Compactor::prepare`]: identify the
+//! session, load its state, re-apply a stored summary, run the rewrite policies, compact ahead of
+//! time) and after an overflow ([`Compactor::recover`]: the next rung of the ladder). It is given
+//! the request's head and bytes and gives bytes back; it knows nothing of HTTP bodies or of the
+//! proxy.
+//!
+//! Inside: `budget` (window, threshold and breaker arithmetic), `ladder` (one request's rungs),
+//! `compact` and `lock` (one compaction per session, across replicas), `summarizer` (the summary
+//! call), `plan` (where to cut and the rebuilt conversation; pure), `agent` (the agents' own
+//! compaction requests, which compactor leaves alone).
 
 pub mod agent;
+mod budget;
+mod compact;
+pub mod ladder;
+mod lock;
 pub mod plan;
-pub mod summary;
+pub mod settings;
+pub mod summarizer;
 
-use serde::Serialize;
+use std::sync::Arc;
 
-/// `[compaction]` settings.
-#[derive(Debug, Clone, Serialize)]
-pub struct CompactionSettings {
-    pub auto: bool,
-    pub threshold: f64,
-    pub max_retries: u32,
-    pub model: String,
-    pub summary_max_tokens: u32,
-    pub keep_recent_tokens: u32,
-    pub user_message_max_tokens: u32,
-    pub summary_prefix: String,
-    pub system_prompt: String,
-    pub instruction: String,
-    pub emergency_protect_tokens: u32,
-    pub min_output_tokens: u32,
-    pub transcript_output_tokens: u32,
-    pub summary_timeout_ms: u64,
-    pub lock_wait_ms: u64,
-    pub max_failures: u32,
-    pub agent_markers: Vec<String>,
-    pub extra_overflow_patterns: Vec<String>,
+use bytes::Bytes;
+
+use crate::config::Config;
+use crate::dialect::{Dialect, ParsedRequest};
+use crate::error::Chain;
+use crate::overflow::Overflow;
+use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
+use crate::session::{Identifier, SessionCtx, SessionKey, Store};
+use crate::telemetry::metric;
+use crate::tokens::TokenCounter;
+use crate::upstream::{RequestHead, Upstreams};
+
+pub use compact::CompactError;
+use compact::Compaction;
+pub use ladder::Ladder;
+use ladder::Rung;
+pub use settings::CompactionSettings;
+pub use summarizer::{Summarizer, SummaryError};
+
+/// What compaction needs, built once at start and shared by every request.
+pub struct Compactor {
+    settings: CompactionSettings,
+    rewriter: Rewriter,
+    identifier: Identifier,
+    store: Store,
+    summarizer: Summarizer,
 }
 
-pub const DEFAULT_SYSTEM_PROMPT: &str = "You are a context-compaction assistant. You receive the transcript of an AI agent's work \
-session (the user's requests, the assistant's replies, tool calls and tool outputs) and write a handoff summary that lets \
-another model continue the work seamlessly. You do not call tools and you do not continue the task: you only write the summary.";
+/// A request as compactor sends it.
+pub struct Prepared {
+    pub body: Bytes,
+    /// The session the request belongs to, when compactor identified one.
+    pub session: Option<SessionKey>,
+    pub report: Option<RewriteReport>,
+    /// The compaction generation applied to `body`.
+    pub compacted: Option<u32>,
+    /// The session's state for this request, when it was loaded; to commit once the response is done.
+    pub ctx: Option<SessionCtx>,
+    /// How to recover from an overflow; `None` when compactor must not retry this request.
+    pub ladder: Option<Ladder>,
+}
 
-pub const DEFAULT_INSTRUCTION: &str = "Write a detailed handoff summary of the conversation above, in this order:\n\
-1. The user's goal, and every constraint, preference and instruction the user stated (quote them when wording matters).\n\
-2. What has been done so far, step by step, with outcomes.\n\
-3. What was in progress at the end of the transcript.\n\
-4. Files, resources, commands and URLs involved, with exact paths and names.\n\
-5. Decisions made and why; approaches that failed and why.\n\
-6. Exact identifiers, values and error messages that matter, verbatim.\n\
-7. The next steps.\n\
-Be specific and complete; keep exact strings verbatim; do not invent anything that is not in the transcript.";
+impl Prepared {
+    fn untouched(body: Bytes) -> Self {
+        Self { body, session: None, report: None, compacted: None, ctx: None, ladder: None }
+    }
+}
 
-pub const DEFAULT_SUMMARY_PREFIX: &str = "Another language model started to solve this task and produced a summary of its work \
-so far, because the conversation grew too long for its context window. Use this handoff summary to continue the task \
-without redoing finished work; the most recent messages follow it verbatim.\n\n";
+/// What to do after an overflow.
+#[derive(Debug)]
+pub enum Next {
+    /// Send this body instead (`report`: its rewrite, when the policies produced it).
+    Retry { body: Bytes, report: Option<RewriteReport> },
+    /// Nothing more to try: the client gets the upstream's first error, unchanged.
+    GiveUp,
+}
 
-impl Default for CompactionSettings {
-    fn default() -> Self {
+/// A Responses request whose history is stored upstream.
+fn is_stateful(parsed: &ParsedRequest) -> bool {
+    ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v.get() != "null"))
+}
+
+/// Codex's newest compaction: a `compaction_trigger` item that expects one `compaction` item back.
+fn asks_for_compaction_item(parsed: &ParsedRequest) -> bool {
+    parsed.dialect == Dialect::Responses
+        && parsed.messages.iter().any(|m| m.object.str("type").as_deref() == Some("compaction_trigger"))
+}
+
+impl Compactor {
+    pub fn new(config: &Config, store: Store, upstreams: Arc<Upstreams>) -> Self {
         Self {
-            auto: true,
-            threshold: 0.8,
-            max_retries: 3,
-            model: String::new(),
-            summary_max_tokens: 8_192,
-            keep_recent_tokens: 20_000,
-            user_message_max_tokens: 20_000,
-            summary_prefix: DEFAULT_SUMMARY_PREFIX.into(),
-            system_prompt: DEFAULT_SYSTEM_PROMPT.into(),
-            instruction: DEFAULT_INSTRUCTION.into(),
-            emergency_protect_tokens: 4_000,
-            min_output_tokens: 1_024,
-            transcript_output_tokens: 2_000,
-            summary_timeout_ms: 300_000,
-            lock_wait_ms: 120_000,
-            max_failures: 3,
-            agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
-            extra_overflow_patterns: Vec::new(),
+            settings: config.compaction.clone(),
+            rewriter: Rewriter::new(
+                config.rewrite_settings(),
+                TokenCounter::new(config.tokens.cache_entries),
+                config.model_table(),
+            ),
+            identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
+            store,
+            summarizer: Summarizer::new(&config.compaction, upstreams),
         }
+    }
+
+    pub fn settings(&self) -> &CompactionSettings {
+        &self.settings
+    }
+
+    /// Before forwarding: identifies the session and rewrites the body when the endpoint is one
+    /// compactor understands; anything it cannot parse, and requests whose history it cannot see
+    /// or that summarize themselves, go as they came.
+    pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
+        let route = head.route.label();
+        let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
+        let Some(parsed) = ParsedRequest::parse(dialect, &body) else {
+            metric::rewrite_skipped(route, "unparsed");
+            return Prepared::untouched(body);
+        };
+        let session = self.identifier.identify(&head.headers, Some(&parsed));
+        if is_stateful(&parsed) {
+            // The history lives at the provider (previous_response_id, conversation): compactor
+            // cannot see it, so it changes nothing.
+            metric::rewrite_skipped(route, "stateful");
+            return Prepared::untouched(body.clone());
+        }
+        if agent::is_agent_compaction(&parsed, &self.settings.agent_markers) || asks_for_compaction_item(&parsed) {
+            // The agent is summarizing its own history: stay out of its way.
+            metric::rewrite_skipped(route, "agent_compaction");
+            return Prepared { session: Some(session), ..Prepared::untouched(body.clone()) };
+        }
+        let mut ctx = SessionCtx::load(self.store.clone(), session).await;
+        let record = plan::matching_record(&parsed, &ctx.state().compactions).cloned();
+        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record);
+        // The parse is handed on to the rewrite rather than repeated.
+        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed)).await;
+        let Some((mut sent, mut report)) = derived else {
+            return Prepared::untouched(body.clone());
+        };
+        let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
+        if self.settings.auto && !budget::breaker_open(&self.settings, &ctx.state().counters, ladder.message_count) {
+            let requested = ctx.state().counters.compact_requested > 0;
+            if requested || budget::over_threshold(&self.settings, ctx.state(), ladder.message_count, &report, true) {
+                let trigger = if requested { "admin" } else { "threshold" };
+                if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await {
+                    (sent, report) = compacted;
+                }
+            }
+        }
+        ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
+        metric::rewrite_done(route, &report, sent != body);
+        Prepared {
+            body: sent,
+            session: Some(ctx.key().clone()),
+            report: Some(report),
+            compacted: ladder.compacted(),
+            ctx: Some(ctx),
+            ladder: self.settings.auto.then_some(ladder),
+        }
+    }
+
+    /// After an overflow of the body `sent`: the next rung's body, skipping rungs that change
+    /// nothing, or give up when the retries, the breaker or the rungs are spent.
+    pub async fn recover(
+        &self,
+        head: &RequestHead,
+        ladder: &mut Ladder,
+        ctx: &mut SessionCtx,
+        overflow: &Overflow,
+        sent: &Bytes,
+    ) -> Next {
+        if let Some(window) = budget::window_named(overflow) {
+            ctx.learn_window(window);
+        }
+        if ladder.retries() >= self.settings.max_retries
+            || budget::breaker_open(&self.settings, &ctx.state().counters, ladder.message_count)
+        {
+            return Next::GiveUp;
+        }
+        let next = match ladder.lower_max_tokens(sent, overflow, self.settings.min_output_tokens) {
+            Some(body) => Some((body, None)),
+            None => self.climb(head, ladder, ctx, sent).await.map(|(body, report)| (body, Some(report))),
+        };
+        let Some((body, report)) = next else { return Next::GiveUp };
+        ladder.count_retry();
+        Next::Retry { body, report }
+    }
+
+    /// The next rung that yields a new body.
+    async fn climb(
+        &self,
+        head: &RequestHead,
+        ladder: &mut Ladder,
+        ctx: &mut SessionCtx,
+        sent: &Bytes,
+    ) -> Option<(Bytes, RewriteReport)> {
+        while let Some(rung) = ladder.next_rung() {
+            match rung {
+                Rung::PruneHard => {
+                    if let Some((body, report)) = self.derive(ladder, ctx, &self.hard_settings()).await
+                        && body != *sent
+                    {
+                        return Some((body, report));
+                    }
+                }
+                Rung::Summarize | Rung::SummarizeHarder => {
+                    let harder = rung == Rung::SummarizeHarder;
+                    match self.compaction().run(head, ladder, ctx, harder, "overflow").await {
+                        Ok(record) => {
+                            ladder.record = Some(record);
+                            if let Some(derived) = self.derive(ladder, ctx, &self.hard_settings()).await {
+                                return Some(derived);
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(error = %Chain(&error), session = %ctx.key().as_str(), "compaction failed")
+                        }
+                    }
+                }
+                Rung::Exhausted => {}
+            }
+        }
+        None
+    }
+
+    /// Compacts before forwarding (threshold or admin request): prune harder first, summarize when
+    /// that is not enough. `None` when nothing better than `report`'s body came of it.
+    async fn compact_ahead(
+        &self,
+        head: &RequestHead,
+        ladder: &mut Ladder,
+        ctx: &mut SessionCtx,
+        trigger: &'static str,
+        report: &RewriteReport,
+    ) -> Option<(Bytes, RewriteReport)> {
+        let mut best = None;
+        if trigger == "threshold"
+            && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings()).await
+        {
+            if !budget::over_threshold(&self.settings, ctx.state(), ladder.message_count, &hard, false) {
+                metric::compaction(trigger, "pruned");
+                return Some((body, hard));
+            }
+            best = Some((body, hard));
+        }
+        match self.compaction().run(head, ladder, ctx, false, trigger).await {
+            Ok(record) => {
+                ladder.record = Some(record);
+                self.derive(ladder, ctx, &self.rewriter.settings).await.or(best)
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = %Chain(&error),
+                    session = %ctx.key().as_str(),
+                    tokens = report.tokens_after,
+                    "compaction ahead of time failed"
+                );
+                best
+            }
+        }
+    }
+
+    fn hard_settings(&self) -> RewriteSettings {
+        budget::hard_settings(&self.rewriter.settings, &self.settings)
+    }
+
+    fn compaction(&self) -> Compaction<'_> {
+        Compaction { settings: &self.settings, rewriter: &self.rewriter, summarizer: &self.summarizer }
+    }
+
+    /// The body to send for the client's request: the ladder's record re-applied, then the
+    /// rewrite policies with `settings`.
+    async fn derive(
+        &self,
+        ladder: &Ladder,
+        ctx: &SessionCtx,
+        settings: &RewriteSettings,
+    ) -> Option<(Bytes, RewriteReport)> {
+        self.derive_from(ladder, ctx, settings, None).await
+    }
+
+    /// [`Compactor::derive`] reusing the client's request when the caller already parsed it.
+    async fn derive_from<'c>(
+        &self,
+        ladder: &'c Ladder,
+        ctx: &SessionCtx,
+        settings: &RewriteSettings,
+        client: Option<ParsedRequest<'c>>,
+    ) -> Option<(Bytes, RewriteReport)> {
+        let mut client = match client {
+            Some(parsed) => parsed,
+            None => ParsedRequest::parse(ladder.dialect, &ladder.client_body)?,
+        };
+        let pruned = &ctx.state().pruned;
+        let Some(record) = &ladder.record else {
+            let mut rewritten = self.rewriter.rewrite_with(&mut client, pruned, settings).await;
+            let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| ladder.client_body.clone());
+            return Some((body, rewritten.report));
+        };
+        // The client sent more than goes out: "before" counts the client's whole history.
+        let model = self.rewriter.count(&mut client).await;
+        let tokens_before = Rewriter::scaled(client.conversation.tokens_before(), model);
+        let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
+        let rebuilt = plan::rebuild(&client, record, &self.settings.summary_prefix, &count)?;
+        let mut parsed = ParsedRequest::parse(ladder.dialect, &rebuilt)?;
+        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, pruned, settings).await;
+        rewritten.report.tokens_before = tokens_before;
+        rewritten.report.message_count = client.messages.len();
+        let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());
+        Some((Bytes::from(body), rewritten.report))
     }
 }

@@ -56,7 +56,10 @@ fn is_boundary(parsed: &ParsedRequest, index: usize) -> bool {
             .iter()
             .any(|item| item.message == index - 1 && matches!(item.kind, Kind::Thinking { .. }))
         && parsed.messages[index - 1].blocks.is_none();
-    matches!(role, Role::User | Role::Assistant) && !carries_results && !after_reasoning
+    matches!(role, Role::User | Role::Assistant)
+        && !carries_results
+        && !after_reasoning
+        && parsed.conversation.is_clean_cut(index)
 }
 
 /// The first message to keep verbatim: about `keep_recent_tokens` from the end, at a clean turn

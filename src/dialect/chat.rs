@@ -1,11 +1,14 @@
 //! OpenAI Chat Completions: `messages` with roles system, developer, user, assistant, tool and the
-//! legacy function; content as a string or an array of parts; assistant `tool_calls`.
+//! legacy function; content as a string or an array of parts (text, image_url, input_audio, file,
+//! refusal); assistant `tool_calls` (function and custom tools), the legacy `function_call` and
+//! `audio` references, kept as they came. A part type compactor does not know is kept as it
+//! came, and a tool message holding one is never shortened.
 
 use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::{Message, ParsedRequest, text_of_parts};
+use super::{Message, ParsedRequest, only_text_and_media, text_of_parts};
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
@@ -23,12 +26,13 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
             _ => return None,
         };
         let items = &mut parsed.conversation.items;
-        let item = |block, kind| Item { message: index, block, kind, tokens: 0, edit: Edit::Keep };
+        let item = |block, kind| Item::new(index, block, kind);
         match role {
             Role::Tool => {
                 let call_id = if role_name == "tool" { Some(object.str("tool_call_id")?) } else { None };
                 let (text, attachments) = content_text(content, blocks.as_deref());
-                items.push(item(None, Kind::ToolResult { call_id, text, attachments }));
+                let shortenable = blocks.as_deref().is_none_or(|parts| only_text_and_media(parts, MEDIA_PARTS));
+                items.push(item(None, Kind::ToolResult { call_id, text, attachments }).shortenable(shortenable));
             }
             Role::System => {
                 let (text, _) = content_text(content, blocks.as_deref());
@@ -53,9 +57,13 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
                 if let Some(calls) = object.get("tool_calls").filter(|c| c.get() != "null") {
                     for (b, call) in json::as_array(calls)?.into_iter().enumerate() {
                         let call = RawObject::parse(call)?;
-                        let function = call.get("function").and_then(RawObject::parse);
-                        let name = function.as_ref().and_then(|f| f.str("name")).unwrap_or_default();
-                        let arguments = function.as_ref().and_then(|f| f.str("arguments")).unwrap_or_default();
+                        // A function call's name and arguments, or a custom tool's name and input.
+                        let (spec, input) = match call.get("custom") {
+                            Some(custom) => (RawObject::parse(custom), "input"),
+                            None => (call.get("function").and_then(RawObject::parse), "arguments"),
+                        };
+                        let name = spec.as_ref().and_then(|f| f.str("name")).unwrap_or_default();
+                        let arguments = spec.as_ref().and_then(|f| f.str(input)).unwrap_or_default();
                         items.push(item(Some(b), Kind::ToolCall { id: Some(call.str("id")?), name, arguments }));
                     }
                 }
@@ -70,6 +78,9 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
     }
     Some(())
 }
+
+/// Parts a tool message may hold and still be replaced by one text.
+const MEDIA_PARTS: &[&str] = &["image_url", "input_audio", "file"];
 
 fn content_text<'a>(content: Option<&'a RawValue>, blocks: Option<&[&'a RawValue]>) -> (Cow<'a, str>, u32) {
     match (blocks, content) {

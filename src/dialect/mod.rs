@@ -205,3 +205,15 @@ pub(crate) fn text_of_parts<'a>(parts: &[&'a RawValue]) -> (Cow<'a, str>, u32) {
     let text = if texts.len() == 1 { texts.pop().unwrap_or_default() } else { Cow::Owned(texts.join("\n")) };
     (text, others)
 }
+
+/// Whether a result made of these content parts may be replaced by one text and stay valid:
+/// every part is text, or a `media` type compactor drops knowingly. Any other part (a tool
+/// reference that loads a deferred tool, a search result citations point at, a type compactor
+/// does not know) keeps the result whole.
+pub(crate) fn only_text_and_media(parts: &[&RawValue], media: &[&str]) -> bool {
+    parts.iter().all(|part| {
+        let kind = RawObject::parse(part).and_then(|o| o.str("type"));
+        matches!(kind.as_deref(), Some("text") | Some("input_text") | Some("output_text"))
+            || kind.is_some_and(|k| media.contains(&k.as_ref()))
+    })
+}

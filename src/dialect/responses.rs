@@ -1,15 +1,27 @@
-//! OpenAI Responses: `input` items (messages, function / custom tool / local shell calls and their
-//! outputs paired by `call_id`, reasoning items with encrypted content, compaction items, anything
-//! else kept untouched) and `instructions` as the system prompt. Every item is a "message" of the
-//! neutral view; reasoning items are moved or dropped whole, never edited.
+//! OpenAI Responses: `input` items and `instructions` as the system prompt. Every item is a
+//! "message" of the neutral view.
+//!
+//! Client tool pairs, joined by `call_id`: `function_call` / `custom_tool_call` /
+//! `local_shell_call` and their outputs, which repair looks after and the policies may shorten.
+//! `shell_call`, `apply_patch_call`, `computer_call`, `tool_search_call` (client-run) and
+//! `program` pairs, and `mcp_approval_request` / `_response`, are pairs too, kept together by
+//! compaction but never repaired or shortened (compactor cannot write their outputs). Hosted
+//! tools the provider runs (`web_search_call`, `file_search_call`, `code_interpreter_call`,
+//! `image_generation_call`, `mcp_call`) carry their own results: never answered by compactor; only
+//! an MCP call's text output and a code interpreter's single log may be shortened. Reasoning items
+//! (encrypted content the provider verifies) are moved or dropped whole, never edited; compaction
+//! items, item references and anything compactor does not know are kept untouched.
 
 use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::{Message, ParsedRequest, string_kind, text_of_parts};
+use super::{Message, ParsedRequest, only_text_and_media, string_kind, text_of_parts};
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json::{self, RawObject};
+
+/// Parts a function or custom tool output may hold and still be replaced by one text.
+const MEDIA_PARTS: &[&str] = &["input_image", "input_file"];
 
 pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<&'a RawValue>) -> Option<()> {
     if let Some(instructions) = parsed.top.str("instructions") {
@@ -20,8 +32,22 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
         let object = RawObject::parse(raw)?;
         let kind_name = object.str("type");
         let items = &mut parsed.conversation.items;
-        let item = |block, kind| Item { message: index, block, kind, tokens: 0, edit: Edit::Keep };
+        let item = |block, kind| Item::new(index, block, kind);
+        let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Cow<'a, str>| {
+            Item::new(index, Some(0), Kind::ToolCall { id: Some(id), name, arguments }).provider_run()
+        };
+        let result = |id: Cow<'a, str>, text: Cow<'a, str>, attachments: u32| {
+            let kind = Kind::ToolResult { call_id: Some(id), text, attachments };
+            Item::new(index, Some(1), kind).provider_run().shortenable(false)
+        };
+        let raw_of = |key: &str| object.get(key).map(|v| Cow::Borrowed(v.get())).unwrap_or_default();
+        let name = |fallback: &'static str| object.str("name").unwrap_or(Cow::Borrowed(fallback));
         let role = match kind_name.as_deref() {
+            // An item reference may leave out its type: only a role makes it a message.
+            None if object.get("role").is_none() => {
+                items.push(item(None, Kind::Other { raw: raw.get() }));
+                Role::Assistant
+            }
             None | Some("message") => {
                 let role = match object.str("role")?.as_ref() {
                     "system" | "developer" => Role::System,
@@ -54,26 +80,109 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
                 let arguments = match kind_name.as_deref() {
                     Some("function_call") => object.str("arguments").unwrap_or_default(),
                     Some("custom_tool_call") => object.str("input").unwrap_or_default(),
-                    _ => object.get("action").map(|a| Cow::Borrowed(a.get())).unwrap_or_default(),
+                    _ => raw_of("action"),
                 };
-                let name = object.str("name").unwrap_or(Cow::Borrowed("local_shell"));
-                items.push(item(None, Kind::ToolCall { id: Some(object.str("call_id")?), name, arguments }));
+                let kind = Kind::ToolCall { id: Some(object.str("call_id")?), name: name("local_shell"), arguments };
+                items.push(item(None, kind));
                 Role::Assistant
             }
             Some("function_call_output") | Some("custom_tool_call_output") | Some("local_shell_call_output") => {
                 let call_id = object.str("call_id").or_else(|| object.str("id"))?;
-                let (text, attachments) = match object.get("output") {
-                    Some(output) if output.get().starts_with('[') => text_of_parts(&json::as_array(output)?),
-                    Some(output) => (json::as_str(output).unwrap_or(Cow::Borrowed(output.get())), 0),
-                    None => (Cow::Borrowed(""), 0),
+                let (text, attachments, shortenable) = match object.get("output") {
+                    Some(output) if output.get().starts_with('[') => {
+                        let parts = json::as_array(output)?;
+                        let (text, attachments) = text_of_parts(&parts);
+                        (text, attachments, only_text_and_media(&parts, MEDIA_PARTS))
+                    }
+                    Some(output) => (json::as_str(output).unwrap_or(Cow::Borrowed(output.get())), 0, true),
+                    None => (Cow::Borrowed(""), 0, true),
                 };
-                items.push(item(None, Kind::ToolResult { call_id: Some(call_id), text, attachments }));
+                let kind = Kind::ToolResult { call_id: Some(call_id), text, attachments };
+                items.push(item(None, kind).shortenable(shortenable));
                 Role::Tool
+            }
+            // Client-run tools whose outputs compactor cannot write, and pairs that join by id.
+            Some("shell_call") | Some("apply_patch_call") | Some("computer_call") | Some("program") => {
+                let (fallback, arguments) = match kind_name.as_deref() {
+                    Some("shell_call") => ("shell", raw_of("action")),
+                    Some("apply_patch_call") => ("apply_patch", raw_of("operation")),
+                    Some("computer_call") => ("computer", raw_of("action")),
+                    _ => ("program", object.str("code").unwrap_or_default()),
+                };
+                items.push(call(object.str("call_id")?, name(fallback), arguments));
+                Role::Assistant
+            }
+            Some("shell_call_output") | Some("apply_patch_call_output") | Some("computer_call_output") => {
+                let attachments = u32::from(kind_name.as_deref() == Some("computer_call_output"));
+                let text = if attachments > 0 { Cow::Borrowed("") } else { raw_of("output") };
+                items.push(result(object.str("call_id")?, text, attachments));
+                Role::Tool
+            }
+            Some("program_output") => {
+                items.push(result(object.str("call_id")?, object.str("result").unwrap_or_default(), 0));
+                Role::Tool
+            }
+            Some("tool_search_call") if object.str("call_id").is_some() => {
+                items.push(call(object.str("call_id")?, Cow::Borrowed("tool_search"), raw_of("arguments")));
+                Role::Assistant
+            }
+            Some("tool_search_output") if object.str("call_id").is_some() => {
+                items.push(result(object.str("call_id")?, raw_of("tools"), 0));
+                Role::Tool
+            }
+            Some("mcp_approval_request") => {
+                items.push(call(object.str("id")?, name("mcp"), object.str("arguments").unwrap_or_default()));
+                Role::Assistant
+            }
+            Some("mcp_approval_response") => {
+                let verdict = raw_of("approve");
+                items.push(result(object.str("approval_request_id")?, verdict, 0));
+                Role::Tool
+            }
+            // Hosted tools: the call and the provider's result in one item.
+            Some("web_search_call") => {
+                items.push(call(object.str("id")?, Cow::Borrowed("web_search"), raw_of("action")));
+                Role::Assistant
+            }
+            Some("file_search_call") => {
+                let id = object.str("id")?;
+                items.push(call(id.clone(), Cow::Borrowed("file_search"), raw_of("queries")));
+                items.push(result(id, raw_of("results"), 0));
+                Role::Assistant
+            }
+            Some("image_generation_call") => {
+                let id = object.str("id")?;
+                items.push(call(id.clone(), Cow::Borrowed("image_generation"), Cow::Borrowed("")));
+                items.push(result(id, Cow::Borrowed(""), 1));
+                Role::Assistant
+            }
+            Some("code_interpreter_call") | Some("mcp_call") => {
+                let id = object.str("id")?;
+                let (name, arguments) = match kind_name.as_deref() {
+                    Some("mcp_call") => (name("mcp"), object.str("arguments").unwrap_or_default()),
+                    _ => (Cow::Borrowed("code_interpreter"), object.str("code").unwrap_or_default()),
+                };
+                items.push(call(id.clone(), name, arguments));
+                let output = match hosted_output(&object) {
+                    Some(field) => result(id, json::as_str(field)?, 0).shortenable(true),
+                    None => result(
+                        id,
+                        raw_of(if kind_name.as_deref() == Some("mcp_call") { "error" } else { "outputs" }),
+                        0,
+                    ),
+                };
+                items.push(output);
+                Role::Assistant
             }
             Some("reasoning") => {
                 let summary = object.get("summary").and_then(json::as_array).map(|parts| text_of_parts(&parts).0);
                 items.push(item(None, Kind::Thinking { text: summary.unwrap_or_default() }));
                 Role::Assistant
+            }
+            // Tools offered from here on: developer input, kept in place.
+            Some("additional_tools") => {
+                items.push(item(None, Kind::Other { raw: raw.get() }));
+                Role::System
             }
             _ => {
                 items.push(item(None, Kind::Other { raw: raw.get() }));
@@ -83,6 +192,19 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
         parsed.messages.push(Message { raw, object, role, blocks: None });
     }
     Some(())
+}
+
+/// The one text string of a hosted tool's result that may be shortened: an MCP call's `output`,
+/// or a code interpreter's log when it is its only output.
+fn hosted_output<'a>(object: &RawObject<'a>) -> Option<&'a RawValue> {
+    let is_string = |v: &&RawValue| v.get().starts_with('"');
+    if object.str("type").as_deref() == Some("mcp_call") {
+        return object.get("output").filter(is_string);
+    }
+    let outputs = json::as_array(object.get("outputs")?)?;
+    let [only] = outputs.as_slice() else { return None };
+    let log = RawObject::parse(only)?;
+    (log.str("type").as_deref() == Some("logs")).then(|| log.get("logs")).flatten().filter(is_string)
 }
 
 fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
@@ -105,14 +227,11 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     for (index, message) in parsed.messages.iter().enumerate() {
-        let edit = conversation.items.iter().find(|i| i.message == index).map(|i| &i.edit);
+        let mut edits = conversation.items.iter().filter(|i| i.message == index).map(|i| &i.edit);
+        let edit = edits.find(|e| **e != Edit::Keep);
         match edit {
             Some(Edit::Remove) => {}
-            Some(Edit::Replace(text)) if message.role == Role::Tool => {
-                let mut rendered = String::new();
-                message.object.write(&mut rendered, &[], |key| (key == "output").then(|| json::json_string(text)));
-                out.push(&rendered);
-            }
+            Some(Edit::Replace(text)) => out.push(&replace_output(message, text)),
             _ => out.push(message.raw.get()),
         }
         for insert in conversation.inserts.iter().filter(|i| conversation.items[i.call_item].message == index) {
@@ -128,4 +247,17 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
         }
     }
     out.finish()
+}
+
+/// An item with its output text replaced: a client output's whole `output`, or the one string a
+/// hosted tool's result may shorten.
+fn replace_output(message: &Message, text: &str) -> String {
+    if message.role == Role::Tool {
+        let mut rendered = String::new();
+        message.object.write(&mut rendered, &[], |key| (key == "output").then(|| json::json_string(text)));
+        return rendered;
+    }
+    hosted_output(&message.object)
+        .and_then(|field| json::replace_within(message.raw.get(), field, &json::json_string(text)))
+        .unwrap_or_else(|| message.raw.get().to_string())
 }

@@ -1,5 +1,6 @@
 //! The response body compactor hands to hyper: either its own complete body or the upstream's
-//! stream, passed through frame by frame with an idle timeout and byte counting.
+//! stream, passed through frame by frame with an idle timeout and byte counting. Either way it
+//! carries the request's [`Finish`], and hands it over when the body ends or is dropped.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -11,9 +12,10 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use super::record::{Outcome, RequestRecord};
+use super::finish::Finish;
 use super::usage::UsageTap;
 use crate::telemetry::metric;
+use crate::telemetry::request::Outcome;
 
 /// Errors a response body can end with; hyper then aborts the connection so the client sees a
 /// truncated message rather than a silently short one.
@@ -34,7 +36,8 @@ pin_project! {
         idle: Sleep,
         idle_timeout: Duration,
         last_frame: Instant,
-        record: RequestRecord,
+        finish: Finish,
+        streaming: bool,
         usage: Option<UsageTap>,
         // Bytes compactor already read while holding the stream; sent first.
         prefix: Option<Bytes>,
@@ -44,7 +47,7 @@ pin_project! {
     impl PinnedDrop for TapBody {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if this.record.streaming {
+            if *this.streaming {
                 metric::stream_ended();
             }
         }
@@ -55,24 +58,40 @@ impl TapBody {
     pub fn new(
         inner: Incoming,
         idle_timeout: Duration,
-        record: RequestRecord,
-        usage: Option<UsageTap>,
+        mut finish: Finish,
+        mut usage: Option<UsageTap>,
         prefix: Option<Bytes>,
     ) -> Self {
-        if record.streaming {
+        let streaming = finish.log.streaming;
+        if streaming {
             metric::stream_started();
+        }
+        let prefix = prefix.filter(|p| !p.is_empty());
+        let mut finished = false;
+        if prefix.is_none() && inner.is_end_stream() {
+            // An empty body is never polled: it is complete as it stands.
+            complete(&mut finished, &mut finish, &mut usage);
         }
         Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
             last_frame: Instant::now(),
-            record,
+            finish,
+            streaming,
             usage,
-            prefix: prefix.filter(|p| !p.is_empty()),
-            finished: false,
+            prefix,
+            finished,
         }
     }
+}
+
+/// The body was sent in full: the usage read so far is final.
+fn complete(finished: &mut bool, finish: &mut Finish, usage: &mut Option<UsageTap>) {
+    *finished = true;
+    finish.log.outcome = Outcome::Complete;
+    finish.usage = usage.take().and_then(UsageTap::finish);
+    finish.send();
 }
 
 impl Body for TapBody {
@@ -85,9 +104,12 @@ impl Body for TapBody {
             return Poll::Ready(None);
         }
         if let Some(prefix) = this.prefix.take() {
-            this.record.bytes_out += prefix.len() as u64;
+            this.finish.log.bytes_out += prefix.len() as u64;
             if let Some(tap) = this.usage.as_mut() {
                 tap.observe(&prefix);
+            }
+            if this.inner.is_end_stream() {
+                complete(this.finished, this.finish, this.usage);
             }
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
@@ -96,24 +118,26 @@ impl Body for TapBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     *this.last_frame = Instant::now();
                     if let Some(data) = frame.data_ref() {
-                        this.record.bytes_out += data.len() as u64;
+                        this.finish.log.bytes_out += data.len() as u64;
                         if let Some(tap) = this.usage.as_mut() {
                             tap.observe(data);
                         }
+                    }
+                    // A body with a declared length (or an h2 END_STREAM) is over with its last
+                    // frame: hyper will not poll again, so the end is recorded now.
+                    if this.inner.is_end_stream() {
+                        complete(this.finished, this.finish, this.usage);
                     }
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(error))) => {
                     *this.finished = true;
-                    this.record.outcome = Outcome::UpstreamError;
+                    this.finish.log.outcome = Outcome::UpstreamError;
+                    this.finish.send();
                     return Poll::Ready(Some(Err(BodyError::Upstream(error))));
                 }
                 Poll::Ready(None) => {
-                    *this.finished = true;
-                    this.record.outcome = Outcome::Complete;
-                    if let Some(tap) = this.usage.take() {
-                        this.record.set_usage(tap.finish());
-                    }
+                    complete(this.finished, this.finish, this.usage);
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}
@@ -123,7 +147,8 @@ impl Body for TapBody {
             let deadline = *this.last_frame + *this.idle_timeout;
             if deadline <= Instant::now() {
                 *this.finished = true;
-                this.record.outcome = Outcome::IdleTimeout;
+                this.finish.log.outcome = Outcome::IdleTimeout;
+                this.finish.send();
                 return Poll::Ready(Some(Err(BodyError::IdleTimeout(*this.idle_timeout))));
             }
             this.idle.as_mut().reset(deadline.into());
@@ -154,8 +179,8 @@ pin_project! {
     /// Every response compactor sends.
     #[project = ResponseBodyProj]
     pub enum ResponseBody {
-        /// A body compactor made itself (its errors, health, metrics).
-        Full { bytes: Option<Bytes>, record: Option<RequestRecord> },
+        /// A body compactor made itself (its errors, health, metrics), or an error body it read.
+        Full { bytes: Option<Bytes>, finish: Option<Finish> },
         /// The upstream's body, streamed through.
         Upstream { #[pin] body: TapBody },
     }
@@ -163,13 +188,14 @@ pin_project! {
 
 impl ResponseBody {
     pub fn full(bytes: impl Into<Bytes>) -> Self {
-        Self::Full { bytes: Some(bytes.into()), record: None }
+        Self::Full { bytes: Some(bytes.into()), finish: None }
     }
 
-    pub fn full_with_record(bytes: Bytes, mut record: RequestRecord) -> Self {
-        record.bytes_out = bytes.len() as u64;
-        record.outcome = Outcome::Complete;
-        Self::Full { bytes: Some(bytes), record: Some(record) }
+    /// A complete body that ends a proxied request: counted as sent in full.
+    pub fn finished(bytes: Bytes, mut finish: Finish) -> Self {
+        finish.log.bytes_out = bytes.len() as u64;
+        finish.log.outcome = Outcome::Complete;
+        Self::Full { bytes: Some(bytes), finish: Some(finish) }
     }
 }
 

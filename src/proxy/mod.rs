@@ -1,208 +1,180 @@
-//! The request pipeline: route, read body, rewrite, forward, tap the response, record.
+//! The request pipeline. `proxy/` moves bytes: it reads the body, asks the
+//! [`Compactor`] what to send, forwards it (retrying after an overflow with what the compactor
+//! says), taps the response on its way to the client, and hands what is left of the request to
+//! its finisher.
 
 pub mod body;
-mod prepare;
-pub mod record;
-mod recover;
+mod finish;
+mod forward;
+mod inspect;
 pub mod usage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use tokio_util::task::TaskTracker;
 
-use crate::compaction::CompactionSettings;
+use crate::compaction::{Compactor, Prepared};
 use crate::config::Config;
-use crate::error::ProxyError;
-use crate::overflow::OverflowDetector;
-use crate::rewrite::{PruneSettings, RewriteSettings, Rewriter};
+use crate::error::{Chain, ProxyError};
+use crate::rewrite::RewriteReport;
 use crate::route::Route;
-use crate::session::{Identifier, Store, StoreError};
-use crate::tokens::TokenCounter;
-use crate::upstream::{Upstreams, headers};
+use crate::session::Store;
+use crate::telemetry::request::RequestLog;
+use crate::upstream::{RequestHead, Upstreams, headers};
 
 pub use body::ResponseBody;
 use body::TapBody;
-use prepare::Prepared;
-use record::RequestRecord;
-use recover::Inspected;
+use finish::Finish;
+use forward::Forwarded;
+use inspect::Inspected;
 use usage::{Framing, UsageTap};
 
 /// What the pipeline needs for every request, built once at start.
 pub struct Proxy {
-    pub config: Arc<Config>,
-    pub upstreams: Upstreams,
-    pub rewriter: Rewriter,
-    pub identifier: Identifier,
-    pub store: Store,
-    pub compaction: CompactionSettings,
-    pub detector: OverflowDetector,
-    idle_timeout: Duration,
+    config: Arc<Config>,
+    upstreams: Arc<Upstreams>,
+    compactor: Compactor,
+    /// The finishers of requests that took session state, so shutdown can wait for their writes.
+    finishers: TaskTracker,
     request_ids: RequestIds,
-    store_warnings: RateLimitedWarning,
 }
 
 impl Proxy {
-    pub fn new(config: Arc<Config>) -> Result<Self, std::io::Error> {
+    pub fn new(config: Arc<Config>, store: Store) -> Result<Self, std::io::Error> {
+        let upstreams = Arc::new(Upstreams::new(&config)?);
         Ok(Self {
-            upstreams: Upstreams::new(&config)?,
-            idle_timeout: config.upstream.idle_timeout(),
-            rewriter: Rewriter::new(
-                rewrite_settings(&config),
-                TokenCounter::new(config.tokens.cache_entries),
-                config.model_table(),
-            ),
-            identifier: Identifier::new(&config.session.header, &config.session.tenant_secret),
-            store: Store::from_config(&config.session),
-            compaction: config.compaction.clone(),
-            detector: OverflowDetector::new(&config.compaction.extra_overflow_patterns)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?,
+            compactor: Compactor::new(&config, store, upstreams.clone()),
+            upstreams,
             config,
+            finishers: TaskTracker::new(),
             request_ids: RequestIds::new(),
-            store_warnings: RateLimitedWarning::new(Duration::from_secs(10)),
         })
     }
 
-    /// Logs a session store failure at most once per interval; always counts it.
-    pub(crate) fn warn_store(&self, error: &StoreError) {
-        crate::telemetry::metric::store_error();
-        if self.store_warnings.ready() {
-            tracing::warn!(%error, "session store failed; serving without stored state");
-        }
+    /// Waits until every request's finisher is done; requests that start later are not waited for.
+    pub async fn finished(&self) {
+        self.finishers.close();
+        self.finishers.wait().await;
     }
 
     /// Handles one proxied request end to end; never fails, errors become dialect-shaped responses.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let route = Route::of(request.method(), request.uri().path(), request.headers());
-        let mut record = RequestRecord::new(self.request_ids.next(), request.method().clone(), route.label());
+        let log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
+        let mut finish = Finish::new(log);
         let (parts, body) = request.into_parts();
 
         let body = match read_body(&parts.headers, body, self.config.limits.max_body_bytes).await {
             Ok(body) => body,
-            Err(error) => return self.fail(error, route, record),
+            Err(error) => return fail(error, route, finish),
         };
-        record.bytes_in = body.len() as u64;
+        finish.log.bytes_in = body.len() as u64;
+        let head = RequestHead::new(route, parts);
 
-        let prepared = self.prepare(route, &parts, body).await;
-        if let Some(report) = &prepared.report {
-            record.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
+        let Prepared { body, session, report, compacted, ctx, mut ladder } = self.compactor.prepare(&head, body).await;
+        if let Some(report) = &report {
+            finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
-        record.session = prepared.session.as_ref().map(|s| s.key.clone());
-        if let (Some(session), Some(update)) = (&prepared.session, prepared.update.clone()) {
-            record.session_write = Some(record::SessionWrite {
-                store: self.store.clone(),
-                key: session.key.clone(),
-                update,
-                message_count: prepared.report.as_ref().map_or(0, |r| r.message_count as u64),
-            });
+        finish.log.session = session.as_ref().map(|s| s.key.clone());
+        if let Some(ctx) = ctx {
+            finish.keep(&self.finishers, ctx);
         }
-        let tap_usage = prepared.session.is_some();
+        let tap_usage = session.is_some();
 
         let forwarded_at = Instant::now();
-        record.overhead = forwarded_at - record.started;
-        record.forwarded_at = Some(forwarded_at);
-        let Prepared { body, session, report, recovery, compacted, .. } = prepared;
-        let forwarded = match self.forward(route, &parts, body, recovery, tap_usage).await {
+        finish.log.overhead = forwarded_at - finish.log.started;
+        finish.log.forwarded_at = Some(forwarded_at);
+        let recovery = ladder.as_mut().zip(finish.ctx());
+        let forwarded = match forward::forward(&self.upstreams, &self.compactor, &head, body, recovery, tap_usage).await
+        {
             Ok(forwarded) => forwarded,
-            Err(error) => return self.fail(error, route, record),
+            Err(error) => return fail(error, route, finish),
         };
-        let head_at = Instant::now();
-        record.upstream_ttfb = Some(head_at - forwarded_at);
+        finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
+        let answer = Answer { session: session.map(|s| s.key), report, compacted, tap_usage };
+        self.respond(forwarded, answer, finish)
+    }
 
+    /// The response for the client: the upstream's head with compactor's headers, and its body
+    /// passed on (or the error body already read, as it came).
+    fn respond(&self, forwarded: Forwarded, answer: Answer, mut finish: Finish) -> Response<ResponseBody> {
+        let head_at = Instant::now();
         let (mut response_parts, incoming, held) = match forwarded.inspected {
             Inspected::Pass { parts, body, held } => (parts, Some(body), held),
             Inspected::Buffered { parts, body } | Inspected::Overflow { parts, body, .. } => (parts, None, Some(body)),
         };
         let headers = &mut response_parts.headers;
         headers::strip_hop_by_hop(headers);
-        headers.insert("x-compactor-request-id", header_value(&record.request_id));
-        record.status = response_parts.status.as_u16();
-        if let Some(session) = &session {
-            headers.insert("x-compactor-session", header_value(&session.key));
+        headers.insert("x-compactor-request-id", header_value(&finish.log.request_id));
+        finish.log.status = response_parts.status.as_u16();
+        if let Some(session) = &answer.session {
+            headers.insert("x-compactor-session", header_value(session));
         }
-        if let Some(report) = &report {
+        if let Some(report) = &answer.report {
             let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
             headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
             headers.insert("x-compactor-tokens-after", HeaderValue::from(after));
             headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
             headers.insert("x-compactor-retries", HeaderValue::from(forwarded.retries));
-            record.tokens = Some((report.tokens_before, after, report.pruned));
+            finish.log.tokens = Some((report.tokens_before, after, report.pruned));
         }
-        if let Some(generation) = forwarded.compacted.or(compacted) {
+        if let Some(generation) = forwarded.compacted.or(answer.compacted) {
             headers.insert("x-compactor-compacted", HeaderValue::from(generation));
         }
-        record.streaming =
+        finish.log.streaming =
             headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        record.overhead += head_at.elapsed();
+        finish.log.overhead += head_at.elapsed();
         let Some(incoming) = incoming else {
             // compactor read the whole (error) body: send it on exactly as it came.
             headers.remove(header::TRANSFER_ENCODING);
             let bytes = held.unwrap_or_default();
-            record.outcome = record::Outcome::Complete;
-            return Response::from_parts(response_parts, ResponseBody::full_with_record(bytes, record));
+            return Response::from_parts(response_parts, ResponseBody::finished(bytes, finish));
         };
-        let usage = (tap_usage && response_parts.status.is_success())
-            .then(|| UsageTap::new(if record.streaming { Framing::EventStream } else { Framing::Json }));
-        let body = ResponseBody::Upstream { body: TapBody::new(incoming, self.idle_timeout, record, usage, held) };
+        let framing = if finish.log.streaming { Framing::EventStream } else { Framing::Json };
+        let usage = (answer.tap_usage && response_parts.status.is_success()).then(|| UsageTap::new(framing));
+        let idle_timeout = self.config.upstream.idle_timeout;
+        let body = ResponseBody::Upstream { body: TapBody::new(incoming, idle_timeout, finish, usage, held) };
         Response::from_parts(response_parts, body)
     }
-
-    fn fail(&self, error: ProxyError, route: Route, mut record: RequestRecord) -> Response<ResponseBody> {
-        tracing::warn!(request_id = %record.request_id, route = route.label(), error = %error, "request failed");
-        record.status = error.status().as_u16();
-        record.error = Some(error.code());
-        if record.forwarded_at.is_none() {
-            record.overhead = record.started.elapsed();
-        }
-        let request_id = header_value(&record.request_id);
-        let response: Response<Bytes> = error.into_response(route.family);
-        let (mut parts, bytes) = response.into_parts();
-        parts.headers.insert("x-compactor-request-id", request_id);
-        Response::from_parts(parts, ResponseBody::full_with_record(bytes, record))
-    }
 }
 
-fn rewrite_settings(config: &Config) -> RewriteSettings {
-    RewriteSettings {
-        prune_enabled: config.prune.enabled,
-        dedupe: config.prune.dedupe,
-        prune: PruneSettings {
-            protect_tokens: config.prune.protect_tokens,
-            minimum_tokens: config.prune.minimum_tokens,
-            placeholder: config.prune.placeholder.clone(),
-            protected_tools: config.prune.protected_tools.clone(),
-        },
-        truncate_enabled: config.truncate.enabled,
-        tool_output_max_tokens: config.truncate.tool_output_max_tokens,
-        repair_enabled: config.repair.enabled,
-        image_tokens: config.tokens.image_tokens,
-        blocking_tokenize_bytes: usize::try_from(config.tokens.blocking_tokenize_bytes).unwrap_or(usize::MAX),
-    }
+/// What the response tells the client about what compactor did.
+struct Answer {
+    session: Option<String>,
+    report: Option<RewriteReport>,
+    /// The compaction generation applied before forwarding.
+    compacted: Option<u32>,
+    /// Whether the session wants the response's usage (the upstream was asked not to compress).
+    tap_usage: bool,
 }
 
-/// Lets a warning through at most once per interval, so a down dependency cannot flood the logs.
-struct RateLimitedWarning {
-    interval_ms: u64,
-    next_ms: AtomicU64,
-    epoch: Instant,
-}
-
-impl RateLimitedWarning {
-    fn new(interval: Duration) -> Self {
-        Self { interval_ms: interval.as_millis() as u64, next_ms: AtomicU64::new(0), epoch: Instant::now() }
+/// compactor's own answer to a request it could not forward.
+fn fail(error: ProxyError, route: Route, mut finish: Finish) -> Response<ResponseBody> {
+    let log = &mut finish.log;
+    tracing::warn!(
+        request_id = %log.request_id,
+        route = route.label(),
+        error = %Chain(&error),
+        retryable = error.retryable(),
+        "request failed"
+    );
+    log.status = error.status().as_u16();
+    log.error = Some(error.code());
+    if log.forwarded_at.is_none() {
+        log.overhead = log.started.elapsed();
     }
-
-    fn ready(&self) -> bool {
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let next = self.next_ms.load(Ordering::Relaxed);
-        now >= next
-            && self.next_ms.compare_exchange(next, now + self.interval_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-    }
+    let request_id = header_value(&log.request_id);
+    let response: Response<Bytes> = error.into_response(route.family);
+    let (mut parts, bytes) = response.into_parts();
+    parts.headers.insert("x-compactor-request-id", request_id);
+    Response::from_parts(parts, ResponseBody::finished(bytes, finish))
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes (by Content-Length up front).
@@ -216,7 +188,7 @@ async fn read_body(headers: &http::HeaderMap, body: Incoming, limit: u64) -> Res
     match Limited::new(body, limit_usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
-        Err(error) => Err(ProxyError::ClientBody(error.to_string())),
+        Err(error) => Err(ProxyError::ClientBody(error)),
     }
 }
 

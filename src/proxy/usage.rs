@@ -5,8 +5,9 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::session::Usage;
+use crate::sse;
 
-/// Largest body or SSE line the tap looks at; beyond it the usage is simply not read.
+/// Largest body or SSE event the tap looks at; beyond it the usage is simply not read.
 const MAX_BUFFER: usize = 4 << 20;
 
 /// How the response body is framed.
@@ -19,74 +20,63 @@ pub enum Framing {
 /// Accumulates what it needs from each data frame; the frame itself is forwarded untouched.
 #[derive(Debug)]
 pub struct UsageTap {
-    framing: Framing,
-    buffer: Vec<u8>,
-    overflowed: bool,
+    reading: Reading,
     usage: Option<Usage>,
+}
+
+/// How the tap reads the body it observes.
+#[derive(Debug)]
+enum Reading {
+    /// A plain JSON body, collected up to the bound (`None` once it went over).
+    Json(Option<Vec<u8>>),
+    EventStream(sse::Reader),
 }
 
 impl UsageTap {
     pub fn new(framing: Framing) -> Self {
-        Self { framing, buffer: Vec::new(), overflowed: false, usage: None }
+        let reading = match framing {
+            Framing::Json => Reading::Json(Some(Vec::new())),
+            Framing::EventStream => Reading::EventStream(sse::Reader::new(MAX_BUFFER)),
+        };
+        Self { reading, usage: None }
     }
 
     pub fn observe(&mut self, chunk: &Bytes) {
-        match self.framing {
-            Framing::Json => {
-                if self.buffer.len() + chunk.len() > MAX_BUFFER {
-                    self.overflowed = true;
-                    self.buffer = Vec::new();
-                } else if !self.overflowed {
-                    self.buffer.extend_from_slice(chunk);
+        match &mut self.reading {
+            Reading::Json(buffer) => {
+                if buffer.as_ref().is_some_and(|b| b.len() + chunk.len() > MAX_BUFFER) {
+                    *buffer = None;
+                } else if let Some(buffer) = buffer {
+                    buffer.extend_from_slice(chunk);
                 }
             }
-            Framing::EventStream => {
-                let mut rest: &[u8] = chunk;
-                while let Some(at) = rest.iter().position(|b| *b == b'\n') {
-                    if self.overflowed {
-                        self.overflowed = false;
-                    } else {
-                        self.buffer.extend_from_slice(&rest[..at]);
-                        let line = std::mem::take(&mut self.buffer);
-                        self.line(&line);
-                    }
-                    rest = &rest[at + 1..];
-                }
-                if self.buffer.len() + rest.len() > MAX_BUFFER {
-                    self.overflowed = true;
-                    self.buffer.clear();
-                } else if !self.overflowed {
-                    self.buffer.extend_from_slice(rest);
-                }
-            }
+            Reading::EventStream(reader) => reader.push(chunk, |event| read_event(&mut self.usage, event)),
         }
     }
 
     /// The usage seen, once the body has ended.
     pub fn finish(mut self) -> Option<Usage> {
-        if self.framing == Framing::Json
-            && !self.overflowed
-            && let Ok(value) = serde_json::from_slice::<Value>(&self.buffer)
-        {
-            merge(&mut self.usage, &value);
+        match &mut self.reading {
+            Reading::Json(Some(buffer)) => {
+                if let Ok(value) = serde_json::from_slice::<Value>(buffer) {
+                    merge(&mut self.usage, &value);
+                }
+            }
+            Reading::Json(None) => {}
+            Reading::EventStream(reader) => reader.finish(|event| read_event(&mut self.usage, event)),
         }
         self.usage
     }
-
-    fn line(&mut self, line: &[u8]) {
-        let Some(data) = line.strip_prefix(b"data:") else { return };
-        // Only events that mention usage are worth parsing.
-        if !contains(data, b"\"usage\"") {
-            return;
-        }
-        if let Ok(value) = serde_json::from_slice::<Value>(data) {
-            merge(&mut self.usage, &value);
-        }
-    }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Only events that mention usage are worth parsing.
+fn read_event(usage: &mut Option<Usage>, event: &sse::Event) {
+    if !event.data.contains("\"usage\"") {
+        return;
+    }
+    if let Ok(value) = serde_json::from_str::<Value>(&event.data) {
+        merge(usage, &value);
+    }
 }
 
 /// Folds one event's usage in: OpenAI chat (`usage` at the top), Anthropic (`message.usage` in
@@ -177,6 +167,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!((responses.prompt_tokens, responses.cached_tokens, responses.output_tokens), (300, 200, 9));
+    }
+
+    #[test]
+    fn reads_usage_from_crlf_events_with_multi_line_data() {
+        let usage = feed(
+            Framing::EventStream,
+            &[
+                "event: message_delta\r\ndata: {\"type\":\"message_delta\",\r\n",
+                "data: \"usage\":{\"output_tokens\":42}}\r\n\r\n",
+            ],
+        )
+        .unwrap();
+        assert_eq!(usage.output_tokens, 42);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub fn apply(conversation: &mut Conversation) -> usize {
     let mut deduped = 0;
     for item in conversation.items.iter_mut().rev() {
         let Kind::ToolResult { call_id, text, attachments: 0 } = &item.kind else { continue };
-        if item.edit != Edit::Keep || item.tokens < MIN_TOKENS {
+        if item.edit != Edit::Keep || !item.shortenable || item.tokens < MIN_TOKENS {
             continue;
         }
         let hash = xxh3_128(text.as_bytes());

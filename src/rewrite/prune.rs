@@ -46,6 +46,14 @@ pub fn apply(
     for index in (0..conversation.items.len()).rev() {
         let item = &conversation.items[index];
         let Kind::ToolResult { call_id, text, .. } = &item.kind else { continue };
+        if !item.shortenable {
+            // Never pruned (its block would break), but it is recent tool output all the same:
+            // it fills the protected window like any other.
+            if item.edit == Edit::Keep && protected < settings.protect_tokens {
+                protected = protected.saturating_add(item.tokens);
+            }
+            continue;
+        }
         let call_id = call_id.as_deref();
         let current = match &item.edit {
             Edit::Keep if text.as_ref() == settings.placeholder => continue,

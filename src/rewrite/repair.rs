@@ -1,5 +1,10 @@
 //! Repairs tool pairing before every forward: every call gets exactly one result where the API
 //! wants it, and results without their call are moved to it or removed.
+//!
+//! Only client pairs compactor fully understands are touched (`Item::repairable`): a tool the
+//! provider runs inside its own turn (Anthropic `server_tool_use`, Responses' hosted tools), a pair
+//! whose output compactor cannot write, and any result claiming such a call's id are left exactly
+//! as the client sent them.
 
 use std::collections::{HashMap, HashSet};
 
@@ -15,19 +20,27 @@ pub fn apply(conversation: &mut Conversation) -> usize {
     let mut matched: HashSet<usize> = HashSet::new();
     let mut answered: HashSet<String> = HashSet::new();
     let message_count = conversation.roles.len();
+    // Ids of calls repair must not touch: results claiming them are not orphans of ours either.
+    let untouchable: HashSet<String> = conversation
+        .items
+        .iter()
+        .filter(|item| !item.repairable && matches!(item.kind, Kind::ToolCall { .. }))
+        .filter_map(|item| item.call_id().map(str::to_string))
+        .collect();
     for assistant in 0..message_count {
         if conversation.roles[assistant] != Role::Assistant {
             continue;
         }
         let zone = conversation.result_zone(assistant);
         for (index, item) in conversation.items.iter().enumerate() {
-            if item.message != assistant || item.edit == Edit::Remove {
+            if item.message != assistant || item.edit == Edit::Remove || !item.repairable {
                 continue;
             }
             let Kind::ToolCall { id: Some(id), .. } = &item.kind else { continue };
             calls.push((index, id.to_string()));
             let result = conversation.items.iter().enumerate().position(|(r, result)| {
                 zone.contains(&result.message)
+                    && result.repairable
                     && result.edit != Edit::Remove
                     && !matched.contains(&r)
                     && matches!(&result.kind, Kind::ToolResult { call_id: Some(c), .. } if c == id)
@@ -44,7 +57,11 @@ pub fn apply(conversation: &mut Conversation) -> usize {
     let mut moved: HashMap<String, String> = HashMap::new();
     for (index, item) in conversation.items.iter_mut().enumerate() {
         let Kind::ToolResult { call_id: Some(id), text, .. } = &item.kind else { continue };
-        if matched.contains(&index) || item.edit == Edit::Remove {
+        if matched.contains(&index)
+            || item.edit == Edit::Remove
+            || !item.repairable
+            || untouchable.contains(id.as_ref())
+        {
             continue;
         }
         let exists = calls.iter().any(|(_, call)| call == id.as_ref());

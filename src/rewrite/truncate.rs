@@ -5,7 +5,8 @@ use crate::conversation::{Conversation, Edit, Kind};
 /// Tokens reserved for the marker and the line-count header.
 const MARKER_BUDGET: u32 = 24;
 
-/// Truncates every text-only tool output over `max_tokens`; returns how many were cut.
+/// Truncates every text-only tool output over `max_tokens` that may be shortened; returns how many
+/// were cut.
 pub fn apply(conversation: &mut Conversation, max_tokens: u32, count: &dyn Fn(&str) -> u32) -> usize {
     if max_tokens == 0 {
         return 0;
@@ -13,7 +14,7 @@ pub fn apply(conversation: &mut Conversation, max_tokens: u32, count: &dyn Fn(&s
     let mut truncated = 0;
     for item in &mut conversation.items {
         let Kind::ToolResult { text, attachments: 0, .. } = &item.kind else { continue };
-        if item.edit != Edit::Keep || count(text) <= max_tokens {
+        if item.edit != Edit::Keep || !item.shortenable || count(text) <= max_tokens {
             continue;
         }
         item.edit = Edit::Replace(head_and_tail(text, max_tokens, count));

@@ -21,17 +21,24 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::proxy::{Proxy, ResponseBody};
+use crate::session::Store;
 
 /// Shared by every connection.
 pub struct AppState {
+    pub config: Arc<Config>,
     pub proxy: Proxy,
+    /// The session store, for readiness and the admin API (the proxy's requests reach it through
+    /// their session contexts).
+    pub store: Store,
     pub metrics: Option<PrometheusHandle>,
     ready: AtomicBool,
 }
 
 impl AppState {
     pub fn new(config: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, std::io::Error> {
-        Ok(Self { proxy: Proxy::new(config)?, metrics, ready: AtomicBool::new(true) })
+        let store = Store::from_config(&config.session);
+        let proxy = Proxy::new(config.clone(), store.clone())?;
+        Ok(Self { config, proxy, store, metrics, ready: AtomicBool::new(true) })
     }
 
     pub fn is_ready(&self) -> bool {
@@ -48,13 +55,14 @@ async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<Res
 }
 
 /// Serves until `shutdown` resolves, then stops accepting, reports not ready, and lets in-flight
-/// requests finish for up to `shutdown.drain_timeout_ms`.
+/// requests finish (their log lines written, their session state committed) for up to
+/// `shutdown.drain_timeout_ms`.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let drain = Duration::from_millis(state.proxy.config.shutdown.drain_timeout_ms);
+    let drain = state.config.shutdown.drain_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(60));
     builder.http2().timer(TokioTimer::new());
@@ -94,7 +102,11 @@ pub async fn serve(
     state.ready.store(false, Ordering::Relaxed);
     drop(listener);
     tracing::info!(drain_timeout_ms = drain.as_millis() as u64, "shutting down: draining in-flight requests");
-    match tokio::time::timeout(drain, graceful.shutdown()).await {
+    let drained = async {
+        graceful.shutdown().await;
+        state.proxy.finished().await;
+    };
+    match tokio::time::timeout(drain, drained).await {
         Ok(()) => tracing::info!("all connections drained"),
         Err(_) => tracing::warn!("drain timeout reached; closing remaining connections"),
     }

@@ -5,7 +5,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
 use super::AppState;
-use crate::error::ProxyError;
+use crate::error::{Chain, ProxyError};
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
 use crate::session::{SessionUpdate, Store};
@@ -38,7 +38,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
     if !state.is_ready() {
         return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "shutting_down"}));
     }
-    let store = &state.proxy.store;
+    let store = &state.store;
     match store.health().await {
         Ok(()) => json(
             StatusCode::OK,
@@ -46,7 +46,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
         ),
         Err(error) => json(
             StatusCode::OK,
-            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": error.to_string()}),
+            serde_json::json!({"status": "degraded", "session_store": store.kind(), "store_status": "down", "error": Chain(&ProxyError::from(error)).to_string()}),
         ),
     }
 }
@@ -54,7 +54,7 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
 /// `GET|DELETE /admin/sessions/{key}`: a session's stored state, or forgetting it;
 /// `POST /admin/sessions/{key}/compact`: compact it on its next request.
 async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Response<ResponseBody> {
-    let token = &state.proxy.config.admin.token;
+    let token = &state.config.admin.token;
     if token.is_empty() {
         return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
     }
@@ -63,10 +63,10 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes())) {
+    if !presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.expose().as_bytes())) {
         return ProxyError::Unauthorized.into_response(ApiFamily::OpenAi);
     }
-    let store: &Store = &state.proxy.store;
+    let store: &Store = &state.store;
     if let Some(key) = rest.strip_prefix("sessions/").and_then(|k| k.strip_suffix("/compact")).filter(|k| valid_key(k))
     {
         if request.method() != Method::POST {
@@ -75,9 +75,7 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         let update = SessionUpdate { compact_requested: Some(true), ..Default::default() };
         return match store.update(key, &update).await {
             Ok(()) => json(StatusCode::ACCEPTED, serde_json::json!({"session": key, "compact_on_next_request": true})),
-            Err(error) => {
-                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
-            }
+            Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         };
     }
     let Some(key) = rest.strip_prefix("sessions/").filter(|k| valid_key(k)) else {
@@ -93,22 +91,13 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
             Ok(session) => {
                 json(StatusCode::OK, serde_json::json!({"session": key, "store": store.kind(), "state": session}))
             }
-            Err(error) => {
-                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
-            }
+            Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         },
         Method::DELETE => match store.forget(key).await {
             Ok(existed) => json(StatusCode::OK, serde_json::json!({"session": key, "forgotten": existed})),
-            Err(error) => {
-                json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"error": {"message": error.to_string()}}))
-            }
+            Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         },
-        _ => {
-            let mut response =
-                json(StatusCode::METHOD_NOT_ALLOWED, serde_json::json!({"error": {"message": "use GET or DELETE"}}));
-            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, DELETE"));
-            response
-        }
+        _ => ProxyError::MethodNotAllowed { allow: "GET, DELETE" }.into_response(ApiFamily::OpenAi),
     }
 }
 

@@ -11,8 +11,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Pipeline, RedisResult, Value as RedisValue};
 use tokio::sync::OnceCell;
 
-use super::state::{CompactionRecord, Counters, STATE_VERSION, SessionState, SessionUpdate, Usage};
-use super::store::StoreError;
+use super::error::StoreError;
+use super::state::{CompactionRecord, Counters, MAX_RECORDS, STATE_VERSION, SessionState, SessionUpdate, Usage};
 use crate::config::SessionConfig;
 
 /// A connection to one Redis or to a Redis Cluster; both reconnect by themselves.
@@ -47,9 +47,6 @@ pub struct RedisStore {
     timeout: Duration,
 }
 
-/// Compaction records kept per session.
-pub const MAX_RECORDS: usize = 20;
-
 /// Deletes the lock only when the caller still owns it.
 const RELEASE_LOCK: &str =
     r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) else return 0 end"#;
@@ -59,8 +56,8 @@ impl RedisStore {
         let store = Self {
             connection: Arc::new(OnceCell::new()),
             prefix: config.key_prefix.clone(),
-            ttl_secs: i64::try_from(config.ttl_secs).unwrap_or(i64::MAX),
-            timeout: Duration::from_millis(config.redis_timeout_ms),
+            ttl_secs: i64::try_from(config.ttl.as_secs()).unwrap_or(i64::MAX),
+            timeout: config.redis_timeout,
         };
         let cell = store.connection.clone();
         let urls: Vec<String> = config.redis_url.split(',').map(|u| u.trim().to_string()).collect();
@@ -91,13 +88,13 @@ impl RedisStore {
     }
 
     fn connection(&self) -> Result<&Connection, StoreError> {
-        self.connection.get().ok_or_else(|| StoreError::Unavailable("not connected to redis".into()))
+        self.connection.get().ok_or(StoreError::NotConnected)
     }
 
     async fn bounded<T>(&self, work: impl Future<Output = RedisResult<T>>) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, work).await {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
-            Ok(Err(error)) => Err(StoreError::Unavailable(error.to_string())),
+            Ok(Err(error)) => Err(StoreError::Redis(error)),
             Ok(Ok(value)) => Ok(value),
         }
     }
@@ -146,7 +143,7 @@ impl RedisStore {
             pipeline.sadd(&keys[0], &update.pruned).ignore();
         }
         if let Some(usage) = &update.usage {
-            pipeline.set(&keys[1], Versioned::json(usage)).ignore();
+            pipeline.set(&keys[1], Versioned::json(usage)?).ignore();
         }
         if update.count_request {
             pipeline.hincr(&keys[2], "requests", 1).ignore();
@@ -168,7 +165,7 @@ impl RedisStore {
             pipeline.hincr(&keys[2], "tokens_saved", update.tokens_saved).ignore();
         }
         if let Some(record) = &update.compaction {
-            pipeline.rpush(&keys[3], Versioned::json(record)).ignore();
+            pipeline.rpush(&keys[3], Versioned::json(record)?).ignore();
             // The newest records are the ones that can still match; keep a bounded lineage.
             pipeline.ltrim(&keys[3], -(MAX_RECORDS as isize), -1).ignore();
         }
@@ -237,14 +234,37 @@ struct Versioned<T> {
     value: T,
 }
 
-impl<T: serde::Serialize + Clone> Versioned<T> {
-    fn json(value: &T) -> String {
-        serde_json::to_string(&Versioned { v: STATE_VERSION, value: value.clone() }).unwrap_or_default()
+impl<T: serde::Serialize> Versioned<&T> {
+    /// The stored form of `value`; a value that cannot be serialized is an error, never an empty write.
+    fn json(value: &T) -> Result<String, StoreError> {
+        serde_json::to_string(&Versioned { v: STATE_VERSION, value }).map_err(StoreError::Serialize)
     }
 }
 
 impl<T> Versioned<T> {
     fn current(self) -> Option<T> {
         (self.v == STATE_VERSION).then_some(self.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Unserializable;
+
+    impl serde::Serialize for Unserializable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("no"))
+        }
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_serialized_is_an_error_not_an_empty_write() {
+        assert!(matches!(Versioned::json(&Unserializable), Err(StoreError::Serialize(_))));
+        let usage = Usage { prompt_tokens: 5, ..Usage::default() };
+        let stored = Versioned::json(&usage).unwrap();
+        let read: Versioned<Usage> = serde_json::from_str(&stored).unwrap();
+        assert_eq!(read.current(), Some(usage));
     }
 }

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 /// The version of the stored JSON; a record of another version is ignored, never misread.
 pub const STATE_VERSION: u32 = 1;
 
+/// Compaction records kept per session: the newest are the ones that can still match.
+pub const MAX_RECORDS: usize = 20;
+
 /// Token usage the upstream reported for the last request of the session.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -71,7 +74,7 @@ pub struct SessionState {
     pub counters: Counters,
 }
 
-/// What one request adds to its session; applied off the request's critical path.
+/// What one request adds to its session, written by its [`super::SessionCtx`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SessionUpdate {
     pub pruned: Vec<String>,
@@ -114,7 +117,7 @@ impl SessionState {
         self.counters.tokens_saved += update.tokens_saved;
         if let Some(record) = &update.compaction {
             self.compactions.push(record.clone());
-            let excess = self.compactions.len().saturating_sub(super::redis::MAX_RECORDS);
+            let excess = self.compactions.len().saturating_sub(MAX_RECORDS);
             self.compactions.drain(..excess);
         }
     }

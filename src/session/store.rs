@@ -3,18 +3,11 @@
 
 use std::time::Duration;
 
+use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::state::{SessionState, SessionUpdate};
 use crate::config::{SessionConfig, StoreKind};
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("session store unavailable: {0}")]
-    Unavailable(String),
-    #[error("session store timed out after {0:?}")]
-    Timeout(Duration),
-}
 
 #[derive(Clone)]
 pub enum Store {
@@ -26,9 +19,7 @@ impl Store {
     /// Builds the configured store; a Redis store connects in the background (needs a runtime).
     pub fn from_config(config: &SessionConfig) -> Self {
         match config.store {
-            StoreKind::Memory => {
-                Store::Memory(MemoryStore::new(config.max_sessions, Duration::from_secs(config.ttl_secs)))
-            }
+            StoreKind::Memory => Store::Memory(MemoryStore::new(config.max_sessions, config.ttl)),
             StoreKind::Redis => Store::Redis(RedisStore::new(config)),
         }
     }

@@ -1,11 +1,11 @@
-//! Every metric compactor emits, in one place. Labels are bounded: routes and status codes, never
+//! Every metric compactor emits is described here and, but for the per-request figures that
+//! [`super::request`] records, emitted here. Labels are bounded: routes and status codes, never
 //! session ids or raw model names.
 
 use std::time::Duration;
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
-use crate::proxy::record::RequestRecord;
 use crate::rewrite::RewriteReport;
 
 /// Histogram buckets in seconds, from sub-millisecond proxy overhead to minutes-long streams.
@@ -112,25 +112,9 @@ pub fn summary_tokens(direction: &'static str, tokens: u64) {
     counter!("compactor_summary_tokens_total", "direction" => direction).increment(tokens);
 }
 
-pub fn store_error() {
-    counter!("compactor_session_store_errors_total").increment(1);
-}
-
-pub fn request_done(record: &RequestRecord, upstream_latency: Option<Duration>) {
-    let route = record.route;
-    counter!("compactor_requests_total", "route" => route, "status" => status_label(record.status)).increment(1);
-    counter!("compactor_request_bytes_total", "route" => route).increment(record.bytes_in);
-    counter!("compactor_response_bytes_total", "route" => route).increment(record.bytes_out);
-    histogram!("compactor_overhead_seconds", "route" => route).record(record.overhead.as_secs_f64());
-    if let Some(ttfb) = record.upstream_ttfb {
-        histogram!("compactor_upstream_ttfb_seconds", "route" => route).record(ttfb.as_secs_f64());
-    }
-    if let Some(latency) = upstream_latency {
-        histogram!("compactor_upstream_duration_seconds", "route" => route).record(latency.as_secs_f64());
-    }
-    if let Some(code) = record.error {
-        counter!("compactor_errors_total", "route" => route, "code" => code).increment(1);
-    }
+/// A session store operation (`load`, `commit`, `publish`, `lock`, `unlock`) that failed.
+pub fn store_error(operation: &'static str) {
+    counter!("compactor_session_store_errors_total", "operation" => operation).increment(1);
 }
 
 pub fn stream_started() {
@@ -139,32 +123,4 @@ pub fn stream_started() {
 
 pub fn stream_ended() {
     gauge!("compactor_active_streams").decrement(1.0);
-}
-
-/// Status codes as static strings, so labels never allocate and stay bounded.
-fn status_label(status: u16) -> &'static str {
-    match status {
-        200 => "200",
-        201 => "201",
-        204 => "204",
-        304 => "304",
-        400 => "400",
-        401 => "401",
-        403 => "403",
-        404 => "404",
-        408 => "408",
-        413 => "413",
-        422 => "422",
-        429 => "429",
-        500 => "500",
-        502 => "502",
-        503 => "503",
-        504 => "504",
-        529 => "529",
-        s if s < 200 => "1xx",
-        s if s < 300 => "2xx",
-        s if s < 400 => "3xx",
-        s if s < 500 => "4xx",
-        _ => "5xx",
-    }
 }

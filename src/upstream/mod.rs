@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, Uri, Version};
-use http_body_util::Full;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -22,20 +22,35 @@ use crate::route::{ApiFamily, Route};
 /// The request body compactor sends upstream: always complete, since it may have been rewritten.
 pub type UpstreamBody = Full<Bytes>;
 
+/// The client's request without its body: what every attempt sends upstream again. compactor may
+/// change the body (and the summary call sends its own), never the method, path or headers.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub route: Route,
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+}
+
+impl RequestHead {
+    pub fn new(route: Route, parts: Parts) -> Self {
+        Self { route, method: parts.method, uri: parts.uri, headers: parts.headers }
+    }
+}
+
 /// The process-wide pooled client with both upstream bases.
 pub struct Upstreams {
     client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
     openai: BaseUrl,
     anthropic: BaseUrl,
     first_byte_timeout: Duration,
-    first_byte_timeout_ms: u64,
 }
 
 impl Upstreams {
     pub fn new(config: &Config) -> Result<Self, std::io::Error> {
         let upstream: &UpstreamConfig = &config.upstream;
         let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(upstream.connect_timeout()));
+        http.set_connect_timeout(Some(upstream.connect_timeout));
         http.set_nodelay(true);
         http.enforce_http(false);
         let roots = hyper_rustls::HttpsConnectorBuilder::new();
@@ -51,8 +66,7 @@ impl Upstreams {
             client,
             openai: upstream.openai.clone(),
             anthropic: upstream.anthropic.clone(),
-            first_byte_timeout: upstream.first_byte_timeout(),
-            first_byte_timeout_ms: upstream.first_byte_timeout_ms,
+            first_byte_timeout: upstream.first_byte_timeout,
         })
     }
 
@@ -65,26 +79,18 @@ impl Upstreams {
 
     /// The upstream request for a client request: base URL joined with path and query, Host set
     /// for the upstream, hop-by-hop headers dropped, every other header kept in order.
-    pub fn build_request(
-        &self,
-        route: &Route,
-        parts: &Parts,
-        body: Bytes,
-    ) -> Result<Request<UpstreamBody>, ProxyError> {
-        let base = self.base(route.family);
-        let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-        let uri: Uri = format!("{}{}", base.as_str(), path_and_query)
-            .parse()
-            .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream URL: {e}")))?;
-        let mut headers = parts.headers.clone();
+    pub fn build_request(&self, head: &RequestHead, body: Bytes) -> Result<Request<UpstreamBody>, ProxyError> {
+        let base = self.base(head.route.family);
+        let path_and_query = head.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+        let uri: Uri = format!("{}{}", base.as_str(), path_and_query).parse().map_err(ProxyError::BadUpstreamUrl)?;
+        let mut headers = head.headers.clone();
         headers::strip_hop_by_hop(&mut headers);
         // The body may be rewritten; hyper sets the length of what is actually sent.
         headers.remove(header::CONTENT_LENGTH);
-        let host = HeaderValue::from_str(base.authority())
-            .map_err(|e| ProxyError::BadUpstreamRequest(format!("invalid upstream host: {e}")))?;
+        let host = HeaderValue::from_str(base.authority()).map_err(ProxyError::BadUpstreamHost)?;
         headers.insert(header::HOST, host);
         let mut request = Request::new(Full::new(body));
-        *request.method_mut() = parts.method.clone();
+        *request.method_mut() = head.method.clone();
         *request.uri_mut() = uri;
         *request.version_mut() = Version::HTTP_11;
         *request.headers_mut() = headers;
@@ -101,22 +107,31 @@ impl Upstreams {
         family: ApiFamily,
         request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let upstream = self.base(family).as_str().to_string();
+        let upstream = self.base(family).to_string();
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout_ms: self.first_byte_timeout_ms }),
-            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, reason: describe(&error) }),
+            Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout: self.first_byte_timeout }),
+            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, source: Box::new(error) }),
             Ok(Ok(response)) => Ok(response),
         }
     }
-}
 
-/// The innermost cause of a client error, which is what says what actually went wrong.
-fn describe(error: &hyper_util::client::legacy::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text = format!("{text}: {cause}");
-        source = cause.source();
+    /// A complete call with the client's head and another body, asking for an uncompressed JSON
+    /// answer: its status and whole body (up to `limit` bytes).
+    pub async fn call(&self, head: &RequestHead, body: Bytes, limit: usize) -> Result<(StatusCode, Bytes), ProxyError> {
+        let mut request = self.build_request(head, body)?;
+        request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        request.headers_mut().insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let response = self.send(head.route.family, request).await?;
+        let status = response.status();
+        let body = self.read_body(head.route.family, response.into_body(), limit).await?;
+        Ok((status, body))
     }
-    text
+
+    /// An upstream body read whole, up to `limit` bytes; a break on the way is the upstream's.
+    pub async fn read_body(&self, family: ApiFamily, body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(source) => Err(ProxyError::UpstreamUnreachable { upstream: self.base(family).to_string(), source }),
+        }
+    }
 }

@@ -44,11 +44,24 @@ pub enum Reply {
 
 impl Reply {
     pub fn json(status: u16, body: serde_json::Value) -> Self {
+        Self::body(status, body.to_string())
+    }
+
+    /// A complete JSON answer with exactly these bytes.
+    pub fn body(status: u16, body: impl Into<Bytes>) -> Self {
         Reply::Full {
             status: StatusCode::from_u16(status).expect("status"),
             headers: vec![("content-type", "application/json".into())],
-            body: Bytes::from(body.to_string()),
+            body: body.into(),
         }
+    }
+
+    /// The same answer with one more header (a stream keeps its own).
+    pub fn with_header(mut self, name: &'static str, value: &str) -> Self {
+        if let Reply::Full { headers, .. } = &mut self {
+            headers.push((name, value.to_string()));
+        }
+        self
     }
 }
 
@@ -86,7 +99,57 @@ pub struct FakeUpstream {
     state: Arc<State>,
 }
 
+/// A fake upstream set up before it starts: `FakeUpstream::builder().pacing(..).strict_pairing().start()`.
+#[derive(Default)]
+pub struct FakeBuilder {
+    pacing: Option<Pacing>,
+    responder: Option<Responder>,
+}
+
+impl FakeBuilder {
+    pub fn pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = Some(pacing);
+        self
+    }
+
+    /// Overrides the built-in answers; returning `None` falls back to them.
+    pub fn respond_with(mut self, responder: impl Fn(&Received) -> Option<Reply> + Send + Sync + 'static) -> Self {
+        self.responder = Some(Arc::new(responder));
+        self
+    }
+
+    /// Rejects requests with broken tool pairing exactly as OpenAI and Anthropic do.
+    pub fn strict_pairing(self) -> Self {
+        self.respond_with(strict_reply)
+    }
+
+    pub async fn start(self) -> FakeUpstream {
+        let fake = FakeUpstream::start().await;
+        if let Some(pacing) = self.pacing {
+            fake.set_pacing(pacing);
+        }
+        *fake.state.responder.lock().unwrap() = self.responder;
+        fake
+    }
+}
+
+/// The strict providers' answer to a request whose tool calls and results do not pair up.
+fn strict_reply(received: &Received) -> Option<Reply> {
+    let body: serde_json::Value = serde_json::from_slice(&received.body).ok()?;
+    let path = received.path_and_query.split('?').next().unwrap_or("");
+    let error = if path.ends_with("/v1/responses") {
+        super::strict::responses_pairing_error(&body)
+    } else {
+        super::strict::pairing_error(path, &body)
+    };
+    error.map(|error| Reply::json(400, error))
+}
+
 impl FakeUpstream {
+    pub fn builder() -> FakeBuilder {
+        FakeBuilder::default()
+    }
+
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake upstream");
         let addr = listener.local_addr().expect("fake addr");
@@ -123,6 +186,11 @@ impl FakeUpstream {
         format!("http://{}", self.addr)
     }
 
+    /// POSTs `body` straight to the fake, without compactor: what the upstream itself answers.
+    pub async fn direct(&self, path: &str, body: impl Into<Bytes>) -> super::client::Answer {
+        super::client::send(super::client::request("POST", &format!("{}{path}", self.url()), &[], body)).await
+    }
+
     pub fn set_pacing(&self, pacing: Pacing) {
         *self.state.pacing.lock().unwrap() = pacing;
     }
@@ -130,20 +198,6 @@ impl FakeUpstream {
     /// Overrides the built-in answers; returning `None` falls back to them.
     pub fn respond_with(&self, responder: impl Fn(&Received) -> Option<Reply> + Send + Sync + 'static) {
         *self.state.responder.lock().unwrap() = Some(Arc::new(responder));
-    }
-
-    /// Rejects requests with broken tool pairing exactly as OpenAI and Anthropic do.
-    pub fn strict_pairing(&self) {
-        self.respond_with(|received| {
-            let body: serde_json::Value = serde_json::from_slice(&received.body).ok()?;
-            let path = received.path_and_query.split('?').next().unwrap_or("");
-            let error = if path.ends_with("/v1/responses") {
-                super::strict::responses_pairing_error(&body)
-            } else {
-                super::strict::pairing_error(path, &body)
-            };
-            error.map(|error| Reply::json(400, error))
-        });
     }
 
     /// Lets a gated stream send its next event.
@@ -238,67 +292,35 @@ async fn send_events(state: Arc<State>, pacing: Pacing, events: Vec<String>, tx:
     state.streams_completed.fetch_add(1, Ordering::SeqCst);
 }
 
+const CHAT_COMPLETION: &[u8] = br#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#;
+const ANTHROPIC_MESSAGE: &[u8] = br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}"#;
+const RESPONSE: &[u8] = br#"{"id":"resp_1","object":"response","created_at":1700000000,"status":"completed","model":"gpt-5-codex","output":[{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":13}}"#;
+const MODELS: &[u8] =
+    br#"{"object":"list","data":[{"id":"gpt-4o","object":"model","created":1715367049,"owned_by":"system"}]}"#;
+const EMBEDDINGS: &[u8] = br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023064255,-0.009327292,0.12345678901234567890]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":5,"total_tokens":5}}"#;
+
 /// The built-in answers, shaped like the real providers'.
 fn default_reply(received: &Received) -> Reply {
     let path = received.path_and_query.split('?').next().unwrap_or("");
     let body: serde_json::Value = serde_json::from_slice(&received.body).unwrap_or(serde_json::Value::Null);
     let stream = body.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
+    // "Hello" streamed in two deltas, or whole.
+    let answer = |events: fn(&[&str]) -> Vec<String>, whole: &'static [u8]| match stream {
+        true => Reply::Stream { events: events(&["Hel", "lo"]) },
+        false => Reply::body(200, whole),
+    };
     if path.ends_with("/chat/completions") {
-        if stream {
-            Reply::Stream { events: openai_stream(&["Hel", "lo"]) }
-        } else {
-            Reply::Full {
-                status: StatusCode::OK,
-                headers: vec![("content-type", "application/json".into()), ("openai-processing-ms", "12".into())],
-                body: Bytes::from_static(
-                    br#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#,
-                ),
-            }
-        }
+        answer(openai_stream, CHAT_COMPLETION).with_header("openai-processing-ms", "12")
     } else if path.ends_with("/v1/messages") {
-        if stream {
-            Reply::Stream { events: anthropic_stream(&["Hel", "lo"]) }
-        } else {
-            Reply::Full {
-                status: StatusCode::OK,
-                headers: vec![("content-type", "application/json".into()), ("request-id", "req_1".into())],
-                body: Bytes::from_static(
-                    br#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}"#,
-                ),
-            }
-        }
+        answer(anthropic_stream, ANTHROPIC_MESSAGE).with_header("request-id", "req_1")
     } else if path.ends_with("/v1/responses") {
-        if stream {
-            Reply::Stream { events: responses_stream(&["Hel", "lo"]) }
-        } else {
-            Reply::Full {
-                status: StatusCode::OK,
-                headers: vec![("content-type", "application/json".into())],
-                body: Bytes::from_static(
-                    br#"{"id":"resp_1","object":"response","created_at":1700000000,"status":"completed","model":"gpt-5-codex","output":[{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":13}}"#,
-                ),
-            }
-        }
+        answer(responses_stream, RESPONSE)
     } else if path.ends_with("/v1/models") {
-        Reply::Full {
-            status: StatusCode::OK,
-            headers: vec![("content-type", "application/json".into())],
-            body: Bytes::from_static(br#"{"object":"list","data":[{"id":"gpt-4o","object":"model","created":1715367049,"owned_by":"system"}]}"#),
-        }
+        Reply::body(200, MODELS)
     } else if path.ends_with("/embeddings") {
-        Reply::Full {
-            status: StatusCode::OK,
-            headers: vec![("content-type", "application/json".into())],
-            body: Bytes::from_static(
-                br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023064255,-0.009327292,0.12345678901234567890]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":5,"total_tokens":5}}"#,
-            ),
-        }
+        Reply::body(200, EMBEDDINGS)
     } else {
-        Reply::Full {
-            status: StatusCode::NOT_FOUND,
-            headers: vec![("content-type", "application/json".into()), ("x-fake-route", "none".into())],
-            body: Bytes::from(format!(r#"{{"error":"no route for {path}"}}"#)),
-        }
+        Reply::body(404, format!(r#"{{"error":"no route for {path}"}}"#)).with_header("x-fake-route", "none")
     }
 }
 
@@ -384,6 +406,18 @@ impl Body for ChannelBody {
         match self.get_mut() {
             ChannelBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ChannelBody::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    // A complete reply declares its length, as providers' JSON replies do (Content-Length).
+    fn is_end_stream(&self) -> bool {
+        matches!(self, ChannelBody::Full(None))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            ChannelBody::Full(bytes) => http_body::SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            ChannelBody::Channel(_) => http_body::SizeHint::default(),
         }
     }
 }

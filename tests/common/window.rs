@@ -25,6 +25,13 @@ pub struct WindowSpec {
     pub count_max_tokens: bool,
 }
 
+impl WindowSpec {
+    /// A plain window of `window` of the fake's tokens.
+    pub fn window(window: usize) -> Self {
+        Self { window, ..Self::default() }
+    }
+}
+
 /// What the fake saw of summary requests.
 #[derive(Clone, Default)]
 pub struct Summaries {
@@ -47,6 +54,13 @@ pub fn markers(text: &str) -> Vec<String> {
     found.sort();
     found.dedup();
     found
+}
+
+/// A fresh fake upstream that enforces `spec`, and what it saw of summary requests.
+pub async fn window_upstream(spec: WindowSpec) -> (FakeUpstream, Summaries) {
+    let fake = FakeUpstream::start().await;
+    let summaries = enforce_window(&fake, spec);
+    (fake, summaries)
 }
 
 /// Turns `fake` into a window-enforcing upstream.

@@ -5,12 +5,14 @@
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::window::{Summaries, WindowSpec, enforce_window, markers};
+use crate::common::window::{Summaries, WindowSpec, markers, window_upstream};
 use crate::common::*;
 use serde_json::{Value, json};
 
 const CONFIG: &str = "[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\n";
 const WINDOW: usize = 4_000;
+/// The model table's word for the test model: a small window, so estimates cross the threshold.
+const SMALL_MODEL: &str = "[models.test-model]\ncontext_window = 4000\nmax_output_tokens = 500\n";
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Api {
@@ -28,13 +30,7 @@ impl Api {
 }
 
 fn filler(tag: &str, chars: usize) -> String {
-    let mut out = String::new();
-    let mut i = 0;
-    while out.len() < chars {
-        out.push_str(&format!("{tag} step {i} checked the module and found nothing unusual. "));
-        i += 1;
-    }
-    out
+    lines_until(chars, |i| format!("{tag} step {i} checked the module and found nothing unusual. "))
 }
 
 /// A conversation of `turns` tool turns with markers planted early, ending in a user message.
@@ -79,14 +75,16 @@ fn conversation(api: Api, turns: usize, stream: bool) -> Value {
     body
 }
 
-async fn post(proxy: &Compactor, api: Api, session: &str, body: &Value) -> Answer {
-    send(request(
-        "POST",
-        &proxy.url(api.path()),
-        &[("authorization", "Bearer k"), ("x-api-key", "k"), ("x-session-id", session)],
-        serde_json::to_vec(body).unwrap(),
-    ))
-    .await
+/// A fake upstream enforcing `spec` and a compactor with `config` in front of it.
+async fn small_window(spec: WindowSpec, config: &str) -> (FakeUpstream, Summaries, ProxyProcess) {
+    let (fake, summaries) = window_upstream(spec).await;
+    let proxy = ProxyProcess::start(&fake, config);
+    (fake, summaries, proxy)
+}
+
+/// A turn of session `session`, with both dialects' credentials.
+async fn post(proxy: &ProxyProcess, api: Api, session: &str, body: &Value) -> Answer {
+    proxy.post(api.path(), &[("authorization", "Bearer k"), ("x-api-key", "k"), ("x-session-id", session)], body).await
 }
 
 fn assert_answered(api: Api, answer: &Answer, stream: bool) {
@@ -103,9 +101,7 @@ fn assert_answered(api: Api, answer: &Answer, stream: bool) {
 async fn an_overflow_becomes_a_normal_answer_with_exactly_one_summary_call() {
     for api in [Api::Chat, Api::Anthropic] {
         for stream in [false, true] {
-            let fake = FakeUpstream::start().await;
-            let summaries = enforce_window(&fake, WindowSpec { window: WINDOW, ..Default::default() });
-            let proxy = Compactor::start(&fake, CONFIG);
+            let (fake, summaries, proxy) = small_window(WindowSpec::window(WINDOW), CONFIG).await;
             let answer = post(&proxy, api, "s", &conversation(api, 12, stream)).await;
             assert_answered(api, &answer, stream);
             assert_eq!(summaries.count(), 1, "{api:?} stream={stream}");
@@ -144,9 +140,7 @@ async fn an_overflow_becomes_a_normal_answer_with_exactly_one_summary_call() {
 #[tokio::test]
 async fn later_turns_reuse_the_summary_and_a_full_context_is_compacted_again() {
     for api in [Api::Chat, Api::Anthropic] {
-        let fake = FakeUpstream::start().await;
-        let summaries = enforce_window(&fake, WindowSpec { window: WINDOW, ..Default::default() });
-        let proxy = Compactor::start(&fake, CONFIG);
+        let (fake, summaries, proxy) = small_window(WindowSpec::window(WINDOW), CONFIG).await;
         let mut conversation = conversation(api, 12, false);
         post(&proxy, api, "s", &conversation).await;
         assert_eq!(summaries.count(), 1);
@@ -197,12 +191,9 @@ async fn later_turns_reuse_the_summary_and_a_full_context_is_compacted_again() {
 
 #[tokio::test]
 async fn with_auto_off_the_overflow_error_passes_through_unchanged() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: WINDOW, ..Default::default() });
-    let proxy = Compactor::start(&fake, &format!("{CONFIG}auto = false\n"));
+    let (fake, summaries, proxy) = small_window(WindowSpec::window(WINDOW), &format!("{CONFIG}auto = false\n")).await;
     let body = conversation(Api::Anthropic, 12, false);
-    let direct =
-        send(request("POST", &format!("{}/v1/messages", fake.url()), &[], serde_json::to_vec(&body).unwrap())).await;
+    let direct = fake.direct("/v1/messages", serde_json::to_vec(&body).unwrap()).await;
     let answer = post(&proxy, Api::Anthropic, "s", &body).await;
     assert_eq!(answer.status, 400);
     assert_eq!(answer.text(), direct.text());
@@ -211,13 +202,10 @@ async fn with_auto_off_the_overflow_error_passes_through_unchanged() {
 
 #[tokio::test]
 async fn a_failing_summary_falls_down_the_ladder_to_the_original_error_and_trips_the_breaker() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: WINDOW, summary_fails: true, ..Default::default() });
-    let proxy = Compactor::start(&fake, CONFIG);
+    let (fake, summaries, proxy) =
+        small_window(WindowSpec { window: WINDOW, summary_fails: true, ..Default::default() }, CONFIG).await;
     let body = conversation(Api::Chat, 12, false);
-    let direct =
-        send(request("POST", &format!("{}/v1/chat/completions", fake.url()), &[], serde_json::to_vec(&body).unwrap()))
-            .await;
+    let direct = fake.direct("/v1/chat/completions", serde_json::to_vec(&body).unwrap()).await;
     let answer = post(&proxy, Api::Chat, "s", &body).await;
     assert_eq!(answer.status, 400);
     assert_eq!(answer.text(), direct.text(), "the client gets the original error, unchanged");
@@ -237,9 +225,7 @@ async fn a_failing_summary_falls_down_the_ladder_to_the_original_error_and_trips
 
 #[tokio::test]
 async fn ten_parallel_requests_of_one_session_cause_one_summary_call() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: WINDOW, ..Default::default() });
-    let proxy = Compactor::start(&fake, CONFIG);
+    let (_fake, summaries, proxy) = small_window(WindowSpec::window(WINDOW), CONFIG).await;
     let body = conversation(Api::Chat, 12, false);
     let requests = (0..10).map(|_| post(&proxy, Api::Chat, "parallel", &body));
     let answers = futures_util::future::join_all(requests).await;
@@ -251,9 +237,8 @@ async fn ten_parallel_requests_of_one_session_cause_one_summary_call() {
 
 #[tokio::test]
 async fn an_error_inside_a_200_stream_is_recovered_before_the_client_sees_it() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: WINDOW, in_stream_error: true, ..Default::default() });
-    let proxy = Compactor::start(&fake, CONFIG);
+    let (_fake, summaries, proxy) =
+        small_window(WindowSpec { window: WINDOW, in_stream_error: true, ..Default::default() }, CONFIG).await;
     let answer = post(&proxy, Api::Chat, "s", &conversation(Api::Chat, 12, true)).await;
     assert_eq!(answer.status, 200);
     assert!(!answer.text().contains("prompt is too long"), "{}", answer.text());
@@ -263,9 +248,8 @@ async fn an_error_inside_a_200_stream_is_recovered_before_the_client_sees_it() {
 
 #[tokio::test]
 async fn when_only_max_tokens_does_not_fit_it_is_lowered_without_a_summary() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: 20_000, count_max_tokens: true, ..Default::default() });
-    let proxy = Compactor::start(&fake, CONFIG);
+    let (fake, summaries, proxy) =
+        small_window(WindowSpec { window: 20_000, count_max_tokens: true, ..Default::default() }, CONFIG).await;
     let mut body = conversation(Api::Anthropic, 12, false);
     body["max_tokens"] = json!(16_000);
     let answer = post(&proxy, Api::Anthropic, "s", &body).await;
@@ -279,13 +263,8 @@ async fn when_only_max_tokens_does_not_fit_it_is_lowered_without_a_summary() {
 
 #[tokio::test]
 async fn a_conversation_near_the_window_is_compacted_before_it_is_forwarded() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: 1_000_000, ..Default::default() });
     // The model table says the window is small: the estimate crosses 80% before the upstream complains.
-    let proxy = Compactor::start(
-        &fake,
-        &format!("{CONFIG}[models.test-model]\ncontext_window = 4000\nmax_output_tokens = 500\n"),
-    );
+    let (fake, summaries, proxy) = small_window(WindowSpec::window(1_000_000), &format!("{CONFIG}{SMALL_MODEL}")).await;
     let answer = post(&proxy, Api::Anthropic, "s", &conversation(Api::Anthropic, 12, false)).await;
     assert_eq!(answer.status, 200);
     assert_eq!(summaries.count(), 1);
@@ -299,12 +278,7 @@ async fn a_conversation_near_the_window_is_compacted_before_it_is_forwarded() {
 
 #[tokio::test]
 async fn the_agents_own_compaction_request_is_forwarded_untouched() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: 1_000_000, ..Default::default() });
-    let proxy = Compactor::start(
-        &fake,
-        &format!("{CONFIG}[models.test-model]\ncontext_window = 4000\nmax_output_tokens = 500\n"),
-    );
+    let (fake, summaries, proxy) = small_window(WindowSpec::window(1_000_000), &format!("{CONFIG}{SMALL_MODEL}")).await;
     let mut body = conversation(Api::Anthropic, 12, false);
     body["system"] =
         json!([{"type": "text", "text": "You are a helpful AI assistant tasked with summarizing conversations."}]);
@@ -315,9 +289,7 @@ async fn the_agents_own_compaction_request_is_forwarded_untouched() {
 
 #[tokio::test]
 async fn the_admin_api_can_ask_for_a_compaction_on_the_next_request() {
-    let fake = FakeUpstream::start().await;
-    let summaries = enforce_window(&fake, WindowSpec { window: 1_000_000, ..Default::default() });
-    let proxy = Compactor::start(&fake, CONFIG);
+    let (_fake, summaries, proxy) = small_window(WindowSpec::window(1_000_000), CONFIG).await;
     let body = conversation(Api::Chat, 12, false);
     let answer = post(&proxy, Api::Chat, "s", &body).await;
     assert_eq!(summaries.count(), 0);
@@ -345,11 +317,9 @@ async fn the_admin_api_can_ask_for_a_compaction_on_the_next_request() {
 #[tokio::test]
 async fn a_compaction_through_one_replica_is_applied_by_the_other() {
     let Some(redis) = RedisServer::start() else { return };
-    let fake = FakeUpstream::start().await;
-    let summaries: Summaries = enforce_window(&fake, WindowSpec { window: WINDOW, ..Default::default() });
+    let (fake, summaries) = window_upstream(WindowSpec::window(WINDOW)).await;
     let config = format!("{CONFIG}{}", redis.config());
-    let one = Compactor::start(&fake, &config);
-    let two = Compactor::start(&fake, &config);
+    let (one, two) = ProxyProcess::replicas(&fake, &config);
     let mut body = conversation(Api::Anthropic, 12, false);
     assert_eq!(post(&one, Api::Anthropic, "shared", &body).await.status, 200);
     assert_eq!(summaries.count(), 1);

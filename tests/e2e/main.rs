@@ -5,8 +5,12 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_compaction;
 mod compaction;
+mod fidelity;
+mod hostile_input;
 mod operations;
+mod provider_sim;
 mod proxy;
 mod responses;
 mod rewrite_proxy;

@@ -5,13 +5,20 @@ use std::time::Duration;
 
 use crate::common::*;
 
-#[test]
-fn check_config_prints_defaults_file_values_and_environment_overrides() {
+/// A configuration file with `toml` in a temporary directory (kept while the first value lives).
+fn config_file(toml: &str) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
-    std::fs::write(&path, "[upstream]\nopenai = \"http://file:1\"\nanthropic = \"http://file:2\"\n").unwrap();
+    std::fs::write(&path, toml).unwrap();
+    let path = path.to_str().unwrap().to_string();
+    (dir, path)
+}
+
+#[test]
+fn check_config_prints_defaults_file_values_and_environment_overrides() {
+    let (_dir, path) = config_file("[upstream]\nopenai = \"http://file:1\"\nanthropic = \"http://file:2\"\n");
     let (code, out, err) = run_binary(
-        &["--config", path.to_str().unwrap(), "--check-config"],
+        &["--config", &path, "--check-config"],
         &[("COMPACTOR_UPSTREAM__ANTHROPIC", "http://env:3"), ("COMPACTOR_LIMITS__MAX_BODY_BYTES", "77")],
     );
     assert_eq!(code, Some(0), "{err}");
@@ -23,21 +30,16 @@ fn check_config_prints_defaults_file_values_and_environment_overrides() {
 
 #[test]
 fn the_config_file_can_come_from_the_environment() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(&path, "listen = \"0.0.0.0:9999\"\n").unwrap();
-    let (code, out, _) = run_binary(&["--check-config"], &[("COMPACTOR_CONFIG", path.to_str().unwrap())]);
+    let (_dir, path) = config_file("listen = \"0.0.0.0:9999\"\n");
+    let (code, out, _) = run_binary(&["--check-config"], &[("COMPACTOR_CONFIG", &path)]);
     assert_eq!(code, Some(0));
     assert!(out.contains("listen = \"0.0.0.0:9999\""), "{out}");
 }
 
 #[test]
 fn bad_values_and_unknown_keys_stop_the_start_naming_each_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(&path, "[upstream]\nconnect_timeout_ms = \"soon\"\ntypo_key = 1\n").unwrap();
-    let (code, _, err) =
-        run_binary(&["--config", path.to_str().unwrap()], &[("COMPACTOR_LIMITS__MAX_BODY_BYTES", "lots")]);
+    let (_dir, path) = config_file("[upstream]\nconnect_timeout_ms = \"soon\"\ntypo_key = 1\n");
+    let (code, _, err) = run_binary(&["--config", &path], &[("COMPACTOR_LIMITS__MAX_BODY_BYTES", "lots")]);
     assert_eq!(code, Some(2));
     assert!(err.contains("`upstream.connect_timeout_ms`"), "{err}");
     assert!(err.contains("`upstream.typo_key`"), "{err}");
@@ -64,8 +66,7 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
 
 #[tokio::test]
 async fn health_readiness_and_metrics_are_answered_locally() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
     assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.status, 200);
     send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
@@ -90,9 +91,8 @@ async fn health_readiness_and_metrics_are_answered_locally() {
 
 #[tokio::test]
 async fn sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
-    let fake = FakeUpstream::start().await;
-    fake.set_pacing(Pacing::Delay(Duration::from_millis(150)));
-    let mut proxy = Compactor::start(&fake, "[shutdown]\ndrain_timeout_ms = 10000\n");
+    let fake = FakeUpstream::builder().pacing(Pacing::Delay(Duration::from_millis(150))).start().await;
+    let mut proxy = ProxyProcess::start(&fake, "[shutdown]\ndrain_timeout_ms = 10000\n");
     let response = client()
         .request(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true)))
         .await
@@ -115,12 +115,43 @@ async fn sigterm_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
 
 #[tokio::test]
 async fn the_healthcheck_subcommand_reports_a_live_proxy() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
     let listen = proxy.addr.to_string();
     let (code, _, err) = run_binary(&["healthcheck"], &[("COMPACTOR_LISTEN", &listen)]);
     assert_eq!(code, Some(0), "{err}");
     drop(proxy);
     let (code, _, _) = run_binary(&["healthcheck"], &[("COMPACTOR_LISTEN", &listen)]);
     assert_eq!(code, Some(1));
+}
+
+#[tokio::test]
+async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
+    const TOKEN: &str = "admin-tok-7f3a9c";
+    const TENANT: &str = "tenant-sec-51b2e8";
+    let env = [("COMPACTOR_ADMIN__TOKEN", TOKEN), ("COMPACTOR_SESSION__TENANT_SECRET", TENANT)];
+    let (code, out, err) = run_binary(&["--check-config"], &env);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("token = \"[redacted]\""), "{out}");
+    assert!(out.contains("tenant_secret = \"[redacted]\""), "{out}");
+    for secret in [TOKEN, TENANT] {
+        assert!(!out.contains(secret) && !err.contains(secret), "{secret} printed by --check-config");
+    }
+
+    // Debug logging prints the effective configuration at start: still without the secrets.
+    let fake = FakeUpstream::start().await;
+    let toml = format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n[log]\nlevel = \"debug\"\n", fake.url());
+    let proxy = ProxyProcess::start_with(&toml, &env);
+    proxy.wait_for_log("effective configuration").await;
+    send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
+    // The token from the environment is the one in force.
+    let admin =
+        send(request("GET", &proxy.url("/admin/sessions/x"), &[("authorization", &format!("Bearer {TOKEN}"))], ""))
+            .await;
+    assert_eq!(admin.status, 404, "{}", admin.text());
+    proxy.wait_for_log("route=chat_completions").await;
+    let logs = proxy.logs().join("\n");
+    assert!(logs.contains("[redacted]"), "the configuration was logged");
+    for secret in [TOKEN, TENANT] {
+        assert!(!logs.contains(secret), "{secret} leaked into the logs");
+    }
 }

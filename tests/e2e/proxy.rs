@@ -10,8 +10,7 @@ const AUTH: (&str, &str) = ("authorization", "Bearer sk-test-secret-123");
 
 #[tokio::test]
 async fn chat_completion_round_trips_byte_for_byte() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     let body = chat_body(false);
     let answer = send(request(
         "POST",
@@ -38,8 +37,7 @@ async fn chat_completion_round_trips_byte_for_byte() {
 
 #[tokio::test]
 async fn anthropic_messages_keep_their_headers_and_query_in_order() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     let body = messages_body(false);
     let answer = send(request(
         "POST",
@@ -70,8 +68,7 @@ async fn anthropic_messages_keep_their_headers_and_query_in_order() {
 
 #[tokio::test]
 async fn streamed_answers_arrive_exactly_as_the_upstream_sent_them() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
     let chat = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(true))).await;
     assert_eq!(chat.header("content-type"), Some("text/event-stream"));
     assert_eq!(chat.text(), fake::openai_stream(&["Hel", "lo"]).concat());
@@ -82,8 +79,7 @@ async fn streamed_answers_arrive_exactly_as_the_upstream_sent_them() {
 
 #[tokio::test]
 async fn models_embeddings_and_unknown_paths_pass_through() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
 
     let models = send(request("GET", &proxy.url("/v1/models"), &[AUTH], "")).await;
     assert_eq!(models.status, 200);
@@ -106,7 +102,7 @@ async fn models_embeddings_and_unknown_paths_pass_through() {
 #[tokio::test]
 async fn a_base_url_path_prefix_is_joined_with_the_request_path() {
     let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start_with(
+    let proxy = ProxyProcess::start_with(
         &format!("[upstream]\nopenai = \"{0}/api/\"\nanthropic = \"{0}/anthropic\"\n", fake.url()),
         &[],
     );
@@ -118,9 +114,8 @@ async fn a_base_url_path_prefix_is_joined_with_the_request_path() {
 
 #[tokio::test]
 async fn events_reach_the_client_before_the_upstream_sends_the_next() {
-    let fake = FakeUpstream::start().await;
-    fake.set_pacing(Pacing::Gated);
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().pacing(Pacing::Gated).start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     for (path, body, first) in [
         ("/v1/chat/completions", chat_body(true), fake::openai_stream(&["Hel", "lo"])[0].clone()),
         ("/v1/messages", messages_body(true), fake::anthropic_stream(&["Hel", "lo"])[0].clone()),
@@ -140,7 +135,7 @@ async fn events_reach_the_client_before_the_upstream_sends_the_next() {
 #[tokio::test]
 async fn an_unreachable_upstream_is_a_502_in_the_route_dialect() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let proxy = Compactor::start_with(
+    let proxy = ProxyProcess::start_with(
         &format!("[upstream]\nopenai = \"http://{closed}\"\nanthropic = \"http://{closed}\"\n"),
         &[],
     );
@@ -158,9 +153,8 @@ async fn an_unreachable_upstream_is_a_502_in_the_route_dialect() {
 
 #[tokio::test]
 async fn a_silent_upstream_is_a_504_after_the_first_byte_timeout() {
-    let fake = FakeUpstream::start().await;
-    fake.set_pacing(Pacing::Hang);
-    let proxy = Compactor::start(&fake, "first_byte_timeout_ms = 300\n");
+    let fake = FakeUpstream::builder().pacing(Pacing::Hang).start().await;
+    let proxy = ProxyProcess::start(&fake, "first_byte_timeout_ms = 300\n");
     let started = std::time::Instant::now();
     let answer = send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(false))).await;
     assert_eq!(answer.status, 504);
@@ -171,8 +165,7 @@ async fn a_silent_upstream_is_a_504_after_the_first_byte_timeout() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_is_a_413_whether_declared_or_streamed() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "[limits]\nmax_body_bytes = 1000\n");
+    let (fake, proxy) = ProxyProcess::with_fake("[limits]\nmax_body_bytes = 1000\n").await;
     let big = "x".repeat(2000);
     let declared = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], big.clone())).await;
     assert_eq!(declared.status, 413);
@@ -195,16 +188,15 @@ async fn a_body_over_the_limit_is_a_413_whether_declared_or_streamed() {
 
 #[tokio::test]
 async fn upstream_errors_pass_through_unchanged() {
-    let fake = FakeUpstream::start().await;
-    fake.respond_with(|received| {
-        let status = if received.path_and_query.contains("messages") { 529 } else { 429 };
-        Some(Reply::Full {
-            status: http::StatusCode::from_u16(status).unwrap(),
-            headers: vec![("content-type", "application/json".into()), ("retry-after", "7".into())],
-            body: bytes::Bytes::from(format!(r#"{{"error":{{"message":"busy {status}","type":"x"}}}}"#)),
+    let fake = FakeUpstream::builder()
+        .respond_with(|received| {
+            let status = if received.path_and_query.contains("messages") { 529 } else { 429 };
+            let body = format!(r#"{{"error":{{"message":"busy {status}","type":"x"}}}}"#);
+            Some(Reply::body(status, body).with_header("retry-after", "7"))
         })
-    });
-    let proxy = Compactor::start(&fake, "");
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "");
     let chat = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
     assert_eq!(chat.status, 429);
     assert_eq!(chat.header("retry-after"), Some("7"));
@@ -217,9 +209,8 @@ async fn upstream_errors_pass_through_unchanged() {
 
 #[tokio::test]
 async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_stream() {
-    let fake = FakeUpstream::start().await;
-    fake.set_pacing(Pacing::Endless(Duration::from_millis(20)));
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().pacing(Pacing::Endless(Duration::from_millis(20))).start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     let response =
         client().request(request("POST", &proxy.url("/v1/messages"), &[AUTH], messages_body(true))).await.unwrap();
     let mut body = response.into_body();
@@ -234,9 +225,8 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_stream() {
 
 #[tokio::test]
 async fn a_stream_that_goes_silent_is_cut_after_the_idle_timeout() {
-    let fake = FakeUpstream::start().await;
-    fake.set_pacing(Pacing::StallAfterFirst);
-    let proxy = Compactor::start(&fake, "idle_timeout_ms = 300\n");
+    let fake = FakeUpstream::builder().pacing(Pacing::StallAfterFirst).start().await;
+    let proxy = ProxyProcess::start(&fake, "idle_timeout_ms = 300\n");
     let response =
         client().request(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(true))).await.unwrap();
     assert_eq!(response.status(), 200);
@@ -247,8 +237,7 @@ async fn a_stream_that_goes_silent_is_cut_after_the_idle_timeout() {
 
 #[tokio::test]
 async fn h2c_clients_are_served() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     let h2: HttpClient =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).http2_only(true).build_http();
     let response =
@@ -262,8 +251,7 @@ async fn h2c_clients_are_served() {
 
 #[tokio::test]
 async fn logs_carry_one_line_per_request_and_never_a_credential() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
     send(request("POST", &proxy.url("/v1/chat/completions?key=sk-query-secret"), &[AUTH], chat_body(false))).await;
     send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "sk-ant-secret")], messages_body(false))).await;
     let line = proxy.wait_for_log("route=messages").await;

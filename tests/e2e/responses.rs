@@ -2,20 +2,14 @@
 //! Items stay paired by call_id, reasoning items arrive byte for byte, stateful requests and the
 //! agent's own compaction pass untouched, and overflow (plain or inside a 200 stream) is recovered.
 
-use crate::common::window::{WindowSpec, enforce_window};
+use crate::common::window::{WindowSpec, window_upstream};
 use crate::common::*;
 use serde_json::{Value, json};
 
 const REASONING: &str = r#"{"type":"reasoning","id":"rs_0a1b","summary":[{"type":"summary_text","text":"**Planning** the fix"}],"content":null,"encrypted_content":"gAAAAABo9x1Zk3r+EXAMPLE/opaque=="}"#;
 
 fn filler(tag: &str, chars: usize) -> String {
-    let mut out = String::new();
-    let mut i = 0;
-    while out.len() < chars {
-        out.push_str(&format!("{tag} line {i}: compiled ok\n"));
-        i += 1;
-    }
-    out
+    lines_until(chars, |i| format!("{tag} line {i}: compiled ok\n"))
 }
 
 /// A Codex-style stateless request: developer prompt first, then turns of reasoning, a call and
@@ -41,20 +35,15 @@ fn codex_body(turns: usize, output_chars: usize, stream: bool) -> Value {
         "store": false, "stream": stream, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0199-conv"})
 }
 
-async fn post(proxy: &Compactor, path: &str, body: &Value) -> Answer {
-    send(request(
-        "POST",
-        &proxy.url(path),
-        &[("authorization", "Bearer sk-codex"), ("session_id", "0199-conv"), ("originator", "codex_cli_rs")],
-        serde_json::to_vec(body).unwrap(),
-    ))
-    .await
+/// A request with the headers Codex CLI sends.
+async fn post(proxy: &ProxyProcess, path: &str, body: &Value) -> Answer {
+    let headers = [("authorization", "Bearer sk-codex"), ("session_id", "0199-conv"), ("originator", "codex_cli_rs")];
+    proxy.post(path, &headers, body).await
 }
 
 #[tokio::test]
 async fn an_unchanged_responses_request_arrives_byte_identical() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     let body = codex_body(3, 500, true);
     let answer = post(&proxy, "/v1/responses", &body).await;
     assert_eq!(answer.status, 200);
@@ -65,9 +54,8 @@ async fn an_unchanged_responses_request_arrives_byte_identical() {
 
 #[tokio::test]
 async fn pruning_and_repair_keep_every_call_id_paired_and_reasoning_byte_identical() {
-    let fake = FakeUpstream::start().await;
-    fake.strict_pairing();
-    let proxy = Compactor::start(&fake, "[prune]\nprotect_tokens = 2000\nminimum_tokens = 500\n");
+    let fake = FakeUpstream::builder().strict_pairing().start().await;
+    let proxy = ProxyProcess::start(&fake, "[prune]\nprotect_tokens = 2000\nminimum_tokens = 500\n");
     let mut body = codex_body(8, 3000, false);
     let input = body["input"].as_array_mut().unwrap();
     // Interrupted call (no output) and an orphan output, as after a crash.
@@ -76,8 +64,7 @@ async fn pruning_and_repair_keep_every_call_id_paired_and_reasoning_byte_identic
         json!({"type": "function_call", "name": "exec_command", "arguments": "{}", "call_id": "call_interrupted"}),
     );
     input.insert(2, json!({"type": "function_call_output", "call_id": "call_ghost", "output": "orphan"}));
-    let direct =
-        send(request("POST", &format!("{}/v1/responses", fake.url()), &[], serde_json::to_vec(&body).unwrap())).await;
+    let direct = fake.direct("/v1/responses", serde_json::to_vec(&body).unwrap()).await;
     assert_eq!(direct.status, 400, "the strict fake rejects the broken request");
 
     let answer = post(&proxy, "/v1/responses", &body).await;
@@ -102,8 +89,7 @@ async fn pruning_and_repair_keep_every_call_id_paired_and_reasoning_byte_identic
 
 #[tokio::test]
 async fn stateful_requests_and_the_agents_own_compaction_pass_untouched() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "[prune]\nprotect_tokens = 100\nminimum_tokens = 10\n");
+    let (fake, proxy) = ProxyProcess::with_fake("[prune]\nprotect_tokens = 100\nminimum_tokens = 10\n").await;
     let mut stateful = codex_body(8, 3000, false);
     stateful["previous_response_id"] = json!("resp_abc123");
     post(&proxy, "/v1/responses", &stateful).await;
@@ -129,9 +115,8 @@ async fn stateful_requests_and_the_agents_own_compaction_pass_untouched() {
 #[tokio::test]
 async fn overflow_is_recovered_plain_and_from_a_response_failed_stream() {
     for stream in [false, true] {
-        let fake = FakeUpstream::start().await;
-        let summaries = enforce_window(&fake, WindowSpec { window: 4_000, ..Default::default() });
-        let proxy = Compactor::start(
+        let (fake, summaries) = window_upstream(WindowSpec::window(4_000)).await;
+        let proxy = ProxyProcess::start(
             &fake,
             "[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nemergency_protect_tokens = 1000000\n",
         );
@@ -161,8 +146,7 @@ async fn overflow_is_recovered_plain_and_from_a_response_failed_stream() {
 
 #[tokio::test]
 async fn usage_from_response_completed_feeds_the_session() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "[admin]\ntoken = \"t\"\n");
+    let (_fake, proxy) = ProxyProcess::with_fake("[admin]\ntoken = \"t\"\n").await;
     let answer = post(&proxy, "/v1/responses", &codex_body(2, 200, true)).await;
     let key = answer.header("x-compactor-session").unwrap().to_string();
     let other = send(request(
@@ -207,9 +191,8 @@ fn reasoning_items(body: &[u8]) -> Vec<String> {
 
 #[tokio::test]
 async fn recorded_codex_requests_keep_pairs_and_reasoning_and_small_ones_arrive_unchanged() {
-    let fake = FakeUpstream::start().await;
-    fake.strict_pairing();
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().strict_pairing().start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     let headers = [("authorization", "Bearer sk-codex"), ("session_id", "codex-fixture")];
 
     let small = fixture("responses_codex_small.json");
@@ -236,7 +219,7 @@ async fn recorded_codex_requests_keep_pairs_and_reasoning_and_small_ones_arrive_
     assert_eq!(sent.json()["input"][0]["role"], "developer");
 
     let broken = fixture("responses_codex_broken.json");
-    let direct = send(request("POST", &format!("{}/v1/responses", fake.url()), &[], broken.clone())).await;
+    let direct = fake.direct("/v1/responses", broken.clone()).await;
     assert_eq!(direct.status, 400);
     let answer = send(request("POST", &proxy.url("/v1/responses"), &headers, broken)).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
@@ -244,8 +227,7 @@ async fn recorded_codex_requests_keep_pairs_and_reasoning_and_small_ones_arrive_
 
 #[tokio::test]
 async fn recorded_stateful_and_compaction_trigger_requests_pass_untouched() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "[prune]\nprotect_tokens = 10\nminimum_tokens = 1\n");
+    let (fake, proxy) = ProxyProcess::with_fake("[prune]\nprotect_tokens = 10\nminimum_tokens = 1\n").await;
     for name in ["responses_codex_stateful.json", "responses_codex_compaction_trigger.json"] {
         let body = fixture(name);
         send(request("POST", &proxy.url("/v1/responses"), &[("authorization", "Bearer k")], body.clone())).await;

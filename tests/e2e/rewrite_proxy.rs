@@ -7,10 +7,6 @@ use serde_json::{Value, json};
 const PLACEHOLDER: &str = "[Old tool result content cleared]";
 const SMALL_WINDOWS: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n";
 
-fn output(tag: &str, tokens: usize) -> String {
-    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
-}
-
 fn chat(outputs: &[(&str, String)]) -> Value {
     let mut messages = vec![json!({"role": "user", "content": "Fix the build."})];
     for (id, text) in outputs {
@@ -20,26 +16,21 @@ fn chat(outputs: &[(&str, String)]) -> Value {
     json!({"model": "gpt-4o", "messages": messages})
 }
 
-async fn post(proxy: &Compactor, path: &str, session: &str, body: &Value) -> Answer {
-    send(request(
-        "POST",
-        &proxy.url(path),
-        &[
-            ("authorization", "Bearer sk-user"),
-            ("x-api-key", "sk-user"),
-            ("x-session-id", session),
-            ("content-type", "application/json"),
-        ],
-        serde_json::to_vec(body).unwrap(),
-    ))
-    .await
+/// A request of session `session`, with both dialects' credentials.
+async fn post(proxy: &ProxyProcess, path: &str, session: &str, body: &Value) -> Answer {
+    let headers = [
+        ("authorization", "Bearer sk-user"),
+        ("x-api-key", "sk-user"),
+        ("x-session-id", session),
+        ("content-type", "application/json"),
+    ];
+    proxy.post(path, &headers, body).await
 }
 
 #[tokio::test]
 async fn broken_tool_pairs_are_repaired_before_a_strict_upstream_sees_them() {
-    let fake = FakeUpstream::start().await;
-    fake.strict_pairing();
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().strict_pairing().start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     let openai = json!({"model": "gpt-4o", "messages": [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
@@ -53,18 +44,10 @@ async fn broken_tool_pairs_are_repaired_before_a_strict_upstream_sees_them() {
     ]});
 
     // The fake really is strict: straight to it, both are rejected with the providers' words.
-    let direct = send(request(
-        "POST",
-        &format!("{}/v1/chat/completions", fake.url()),
-        &[],
-        serde_json::to_vec(&openai).unwrap(),
-    ))
-    .await;
+    let direct = fake.direct("/v1/chat/completions", serde_json::to_vec(&openai).unwrap()).await;
     assert_eq!(direct.status, 400);
     assert!(direct.text().contains("did not have response messages: call_1"));
-    let direct =
-        send(request("POST", &format!("{}/v1/messages", fake.url()), &[], serde_json::to_vec(&anthropic).unwrap()))
-            .await;
+    let direct = fake.direct("/v1/messages", serde_json::to_vec(&anthropic).unwrap()).await;
     assert_eq!(direct.status, 400);
     assert!(direct.text().contains("without `tool_result` blocks immediately after"));
 
@@ -81,9 +64,12 @@ async fn broken_tool_pairs_are_repaired_before_a_strict_upstream_sees_them() {
 
 #[tokio::test]
 async fn pruning_is_visible_in_headers_and_untouched_messages_arrive_byte_identical() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, SMALL_WINDOWS);
-    let body = chat(&[("call_a", output("a", 200)), ("call_b", output("b", 200)), ("call_c", output("c", 400))]);
+    let (fake, proxy) = ProxyProcess::with_fake(SMALL_WINDOWS).await;
+    let body = chat(&[
+        ("call_a", tool_output("a", 200)),
+        ("call_b", tool_output("b", 200)),
+        ("call_c", tool_output("c", 400)),
+    ]);
     let client_bytes = serde_json::to_vec(&body).unwrap();
     let answer = post(&proxy, "/v1/chat/completions", "s", &body).await;
     assert_eq!(answer.status, 200);
@@ -114,15 +100,15 @@ async fn pruning_is_visible_in_headers_and_untouched_messages_arrive_byte_identi
 
 #[tokio::test]
 async fn pruning_is_monotonic_across_the_turns_of_a_session() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, SMALL_WINDOWS);
-    let mut outputs = vec![("call_a", output("a", 200)), ("call_b", output("b", 200)), ("call_c", output("c", 400))];
+    let (fake, proxy) = ProxyProcess::with_fake(SMALL_WINDOWS).await;
+    let mut outputs =
+        vec![("call_a", tool_output("a", 200)), ("call_b", tool_output("b", 200)), ("call_c", tool_output("c", 400))];
     post(&proxy, "/v1/chat/completions", "agent-1", &chat(&outputs)).await;
     let first = fake.last().json();
     assert_eq!(first["messages"][2]["content"], PLACEHOLDER);
 
     // Next turn: the same history plus one more call. The rewritten prefix is byte-stable.
-    outputs.push(("call_d", output("d", 50)));
+    outputs.push(("call_d", tool_output("d", 50)));
     post(&proxy, "/v1/chat/completions", "agent-1", &chat(&outputs)).await;
     let second = fake.last();
     let first_messages: Vec<String> =
@@ -147,11 +133,15 @@ async fn pruning_is_monotonic_across_the_turns_of_a_session() {
 #[tokio::test]
 async fn each_step_can_be_turned_off() {
     let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(
+    let proxy = ProxyProcess::start(
         &fake,
         &format!("{SMALL_WINDOWS}enabled = false\n[truncate]\nenabled = false\n[repair]\nenabled = false\n"),
     );
-    let body = chat(&[("call_a", output("a", 200)), ("call_b", output("b", 200)), ("call_c", output("c", 12_000))]);
+    let body = chat(&[
+        ("call_a", tool_output("a", 200)),
+        ("call_b", tool_output("b", 200)),
+        ("call_c", tool_output("c", 12_000)),
+    ]);
     let answer = post(&proxy, "/v1/chat/completions", "s", &body).await;
     assert_eq!(fake.last().body, serde_json::to_vec(&body).unwrap());
     assert_eq!(answer.header("x-compactor-pruned"), Some("0"));
@@ -159,8 +149,7 @@ async fn each_step_can_be_turned_off() {
 
 #[tokio::test]
 async fn a_body_compactor_cannot_parse_is_forwarded_as_it_came() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     for body in [
         &b"{not json"[..],
         br#"{"model":"gpt-4o","messages":"oops"}"#,
@@ -179,9 +168,8 @@ fn conversation_fixture(name: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn recorded_agent_conversations_shrink_and_still_pass_a_strict_upstream() {
-    let fake = FakeUpstream::start().await;
-    fake.strict_pairing();
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().strict_pairing().start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     for (name, path) in [
         ("anthropic_claude_code_long.json", "/v1/messages?beta=true"),
         ("openai_chat_agent_long.json", "/v1/chat/completions"),
@@ -217,14 +205,13 @@ async fn recorded_agent_conversations_shrink_and_still_pass_a_strict_upstream() 
 
 #[tokio::test]
 async fn recorded_broken_pairs_are_repaired_for_a_strict_upstream() {
-    let fake = FakeUpstream::start().await;
-    fake.strict_pairing();
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().strict_pairing().start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     for (name, path) in
         [("anthropic_broken_pairs.json", "/v1/messages"), ("openai_broken_pairs.json", "/v1/chat/completions")]
     {
         let body = conversation_fixture(name);
-        let direct = send(request("POST", &format!("{}{path}", fake.url()), &[], body.clone())).await;
+        let direct = fake.direct(path, body.clone()).await;
         assert_eq!(direct.status, 400, "{name} must be broken to begin with");
         let answer = send(request("POST", &proxy.url(path), &[("x-api-key", "k")], body)).await;
         assert_eq!(answer.status, 200, "{name}: {}", answer.text());

@@ -27,11 +27,7 @@ fn rate_limited(received: &Received) -> Option<Reply> {
     } else {
         serde_json::json!({"error": {"message": "Rate limit reached for requests.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}})
     };
-    Some(Reply::Full {
-        status: http::StatusCode::TOO_MANY_REQUESTS,
-        headers: vec![("content-type", "application/json".into()), ("retry-after", "20".into())],
-        body: bytes::Bytes::from(error.to_string()),
-    })
+    Some(Reply::json(429, error).with_header("retry-after", "20"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -49,11 +45,10 @@ async fn the_official_python_sdks_work_through_compactor() {
         return;
     };
 
-    let fake = FakeUpstream::start().await;
-    fake.respond_with(rate_limited);
-    let proxy = Compactor::start(&fake, "");
+    let fake = FakeUpstream::builder().respond_with(rate_limited).start().await;
+    let proxy = ProxyProcess::start(&fake, "");
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let dead = Compactor::start_with(
+    let dead = ProxyProcess::start_with(
         &format!("[upstream]\nopenai = \"http://{closed}\"\nanthropic = \"http://{closed}\"\n"),
         &[],
     );

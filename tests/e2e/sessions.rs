@@ -10,17 +10,13 @@ use serde_json::{Value, json};
 const PLACEHOLDER: &str = "[Old tool result content cleared]";
 const WINDOWS: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n[admin]\ntoken = \"admin-secret\"\n";
 
-fn output(tag: &str, tokens: usize) -> String {
-    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
-}
-
 fn history(calls: usize) -> Value {
     let mut messages = vec![json!({"role": "user", "content": "Fix the build."})];
     for i in 0..calls {
         let id = format!("call_{i}");
         let size = if i == calls - 1 { 400 } else { 200 };
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
-        messages.push(json!({"role": "tool", "tool_call_id": id, "content": output(&id, size)}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(&id, size)}));
     }
     json!({"model": "gpt-4o", "messages": messages})
 }
@@ -31,18 +27,14 @@ fn rewound() -> Value {
     json!({"model": "gpt-4o", "messages": full["messages"].as_array().unwrap()[..5]})
 }
 
-async fn post(proxy: &Compactor, key: &str, session: &str, body: &Value) -> Answer {
-    send(request(
-        "POST",
-        &proxy.url("/v1/chat/completions"),
-        &[("authorization", &format!("Bearer {key}")), ("x-session-id", session)],
-        serde_json::to_vec(body).unwrap(),
-    ))
-    .await
+/// A chat request of session `session` under credential `key`.
+async fn post(proxy: &ProxyProcess, key: &str, session: &str, body: &Value) -> Answer {
+    let bearer = format!("Bearer {key}");
+    proxy.post("/v1/chat/completions", &[("authorization", &bearer), ("x-session-id", session)], body).await
 }
 
 /// Waits until the pruned-ness of the rewound history through `proxy` is `expected`.
-async fn rewound_is_pruned(fake: &FakeUpstream, proxy: &Compactor, key: &str, session: &str) -> bool {
+async fn rewound_is_pruned(fake: &FakeUpstream, proxy: &ProxyProcess, key: &str, session: &str) -> bool {
     post(proxy, key, session, &rewound()).await;
     fake.last().json()["messages"][2]["content"] == PLACEHOLDER
 }
@@ -69,8 +61,7 @@ async fn with_each_store(test: impl AsyncFn(&str, Option<&RedisServer>)) {
 #[tokio::test]
 async fn a_session_remembers_what_was_pruned_and_tenants_never_share_it() {
     with_each_store(async |store, _| {
-        let fake = FakeUpstream::start().await;
-        let proxy = Compactor::start(&fake, &format!("{WINDOWS}{store}"));
+        let (fake, proxy) = ProxyProcess::with_fake(&format!("{WINDOWS}{store}")).await;
         let answer = post(&proxy, "key-a", "shared-id", &history(3)).await;
         assert_eq!(answer.header("x-compactor-pruned"), Some("2"));
         let session = answer.header("x-compactor-session").unwrap().to_string();
@@ -87,8 +78,7 @@ async fn a_session_remembers_what_was_pruned_and_tenants_never_share_it() {
 #[tokio::test]
 async fn the_admin_api_shows_and_forgets_a_session_and_never_reaches_upstream() {
     with_each_store(async |store, _| {
-        let fake = FakeUpstream::start().await;
-        let proxy = Compactor::start(&fake, &format!("{WINDOWS}{store}"));
+        let (fake, proxy) = ProxyProcess::with_fake(&format!("{WINDOWS}{store}")).await;
         let mut streamed = history(3);
         streamed["stream"] = json!(true);
         let answer = post(&proxy, "key-a", "s1", &streamed).await;
@@ -123,8 +113,7 @@ async fn the_admin_api_shows_and_forgets_a_session_and_never_reaches_upstream() 
 
 #[tokio::test]
 async fn without_an_admin_token_the_admin_api_does_not_exist() {
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, "");
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
     let answer = send(request("GET", &proxy.url("/admin/sessions/x"), &[("authorization", "Bearer ")], "")).await;
     assert_eq!(answer.status, 404);
     assert!(fake.received().is_empty());
@@ -133,9 +122,8 @@ async fn without_an_admin_token_the_admin_api_does_not_exist() {
 #[tokio::test]
 async fn usage_capture_does_not_delay_stream_chunks() {
     with_each_store(async |store, _| {
-        let fake = FakeUpstream::start().await;
-        fake.set_pacing(Pacing::Gated);
-        let proxy = Compactor::start(&fake, store);
+        let fake = FakeUpstream::builder().pacing(Pacing::Gated).start().await;
+        let proxy = ProxyProcess::start(&fake, store);
         let body = messages_body(true);
         let response = client()
             .request(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k"), ("x-session-id", "s")], body))
@@ -157,8 +145,7 @@ async fn two_replicas_sharing_redis_apply_each_others_decisions() {
     let Some(redis) = RedisServer::start() else { return };
     let fake = FakeUpstream::start().await;
     let config = format!("{WINDOWS}{}", redis.config());
-    let one = Compactor::start(&fake, &config);
-    let two = Compactor::start(&fake, &config);
+    let (one, two) = ProxyProcess::replicas(&fake, &config);
     assert!(!rewound_is_pruned(&fake, &two, "key", "s").await, "nothing decided yet");
     post(&one, "key", "s", &history(3)).await;
     assert!(eventually(async || rewound_is_pruned(&fake, &two, "key", "s").await).await);
@@ -167,8 +154,7 @@ async fn two_replicas_sharing_redis_apply_each_others_decisions() {
 #[tokio::test]
 async fn every_key_has_a_ttl_and_one_session_shares_one_hash_tag() {
     let Some(redis) = RedisServer::start() else { return };
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, &format!("{WINDOWS}{}\nttl_secs = 3600\n", redis.config()));
+    let (_fake, proxy) = ProxyProcess::with_fake(&format!("{WINDOWS}{}\nttl_secs = 3600\n", redis.config())).await;
     let answer = post(&proxy, "key", "s", &history(3)).await;
     let session = answer.header("x-compactor-session").unwrap().to_string();
     assert!(eventually(async || redis.keys().len() >= 2).await, "{:?}", redis.keys());
@@ -186,8 +172,7 @@ async fn redis_going_away_never_stops_the_proxy_and_state_returns_with_it() {
     if !redis.can_restart() {
         return;
     }
-    let fake = FakeUpstream::start().await;
-    let proxy = Compactor::start(&fake, &format!("{WINDOWS}{}", redis.config()));
+    let (_fake, proxy) = ProxyProcess::with_fake(&format!("{WINDOWS}{}", redis.config())).await;
     assert_eq!(post(&proxy, "key", "s", &history(3)).await.status, 200);
 
     redis.stop();
@@ -248,8 +233,7 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     let Some(cluster) = RedisCluster::start() else { return };
     let fake = FakeUpstream::start().await;
     let config = format!("{WINDOWS}{}", cluster.config());
-    let one = Compactor::start(&fake, &config);
-    let two = Compactor::start(&fake, &config);
+    let (one, two) = ProxyProcess::replicas(&fake, &config);
     for session in ["s1", "s2", "s3", "s4"] {
         post(&one, "key", session, &history(3)).await;
     }
@@ -265,4 +249,88 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     assert!(by_session.values().all(|nodes| nodes.len() == 1), "{by_session:?}");
     // The other replica applies the decisions through the cluster.
     assert!(eventually(async || rewound_is_pruned(&fake, &two, "key", "s1").await).await);
+}
+
+#[tokio::test]
+async fn admin_errors_speak_the_proxy_error_envelope() {
+    let fake = FakeUpstream::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let proxy = ProxyProcess::start(
+        &fake,
+        &format!("{WINDOWS}[session]\nstore = \"redis\"\nredis_url = \"redis://{closed}\"\n"),
+    );
+    let admin = |method: &str| {
+        request(method, &proxy.url("/admin/sessions/abc.def"), &[("authorization", "Bearer admin-secret")], "")
+    };
+    let down = send(admin("GET")).await;
+    assert_eq!(down.status, 503);
+    assert_eq!(down.json()["error"]["code"], "store_unavailable");
+    assert!(down.json()["error"]["message"].as_str().unwrap().contains("not connected to redis"), "{}", down.text());
+    let wrong = send(admin("PUT")).await;
+    assert_eq!(wrong.status, 405);
+    assert_eq!(wrong.header("allow"), Some("GET, DELETE"));
+    assert_eq!(wrong.json()["error"]["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn shutdown_waits_until_the_state_of_a_request_in_flight_is_stored() {
+    let Some(redis) = RedisServer::start() else { return };
+    let fake = FakeUpstream::builder().pacing(Pacing::Gated).start().await;
+    let config = format!("{WINDOWS}{}[shutdown]\ndrain_timeout_ms = 10000\n", redis.config());
+    let mut proxy = ProxyProcess::start(&fake, &config);
+    let mut streamed = history(3);
+    streamed["stream"] = json!(true);
+    let headers = [("authorization", "Bearer key"), ("x-session-id", "s")];
+    let body = serde_json::to_vec(&streamed).unwrap();
+    let response = client().request(request("POST", &proxy.url("/v1/chat/completions"), &headers, body)).await.unwrap();
+    let mut body = response.into_body();
+    assert!(next_chunk(&mut body, Duration::from_secs(5)).await.is_some());
+    assert!(redis.keys().is_empty(), "nothing is stored before the response is done");
+
+    proxy.terminate();
+    proxy.wait_for_log("shutting down").await;
+    for _ in 0..10 {
+        fake.release();
+    }
+    while next_chunk(&mut body, Duration::from_secs(5)).await.is_some() {}
+    assert_eq!(proxy.wait_exit(Duration::from_secs(10)), Some(0));
+    let keys = redis.keys();
+    assert!(keys.iter().any(|k| k.ends_with(":pruned")) && keys.iter().any(|k| k.ends_with(":usage")), "{keys:?}");
+}
+
+#[tokio::test]
+async fn usage_is_recorded_from_plain_replies_that_declare_their_length() {
+    // Providers answer plain JSON with a Content-Length: the body ends with its last frame, and the
+    // usage in it must still reach the session, in every dialect.
+    let (fake, proxy) = ProxyProcess::with_fake("[admin]\ntoken = \"admin-secret\"\n").await;
+    let bodies = [
+        ("/v1/chat/completions", json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})),
+        (
+            "/v1/messages",
+            json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "gpt-5-codex", "input": [{"type": "message", "role": "user", "content": "hi"}]}),
+        ),
+    ];
+    for (path, body) in bodies {
+        let answer = proxy.post(path, &[("x-session-id", path), ("authorization", "Bearer k")], &body).await;
+        assert_eq!(answer.status, 200, "{path}");
+        assert!(answer.header("content-length").is_some(), "{path}: the reply declares its length");
+        let session = answer.header("x-compactor-session").unwrap().to_string();
+        let mut state = Value::Null;
+        assert!(
+            eventually(async || {
+                state = proxy.get_with_token(&format!("/admin/sessions/{session}"), "admin-secret").await.json();
+                state["state"]["usage"]["prompt_tokens"] == 12
+            })
+            .await,
+            "{path}: {state}"
+        );
+        assert_eq!(state["state"]["usage"]["output_tokens"], 1, "{path}");
+    }
+    let complete = proxy.logs().iter().filter(|l| l.contains("outcome=complete") && l.contains("status=200")).count();
+    assert!(complete >= 3, "every request logged as complete: {:?}", proxy.logs());
+    assert_eq!(fake.received().len(), 3);
 }

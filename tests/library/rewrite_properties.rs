@@ -1,15 +1,15 @@
 //! Properties of every rewrite, for any generated conversation in either dialect: tool calls stay
 //! paired, user and assistant text is untouched, the estimate never grows beyond what repair must
 //! add, and rewriting the rewritten request changes nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 
 use compactor::dialect::Dialect;
-use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter};
-use compactor::tokens::{ModelTable, TokenCounter};
+use compactor::rewrite::Rewriter;
 use proptest::prelude::*;
 use serde_json::{Value, json};
+
+use crate::common::Settings;
 
 #[derive(Debug, Clone)]
 enum Turn {
@@ -19,6 +19,9 @@ enum Turn {
     Tools(Vec<Option<usize>>),
     /// A result whose call never existed.
     Orphan(usize),
+    /// Tools the provider runs in the assistant's own turn (a fetched page of this size and a web
+    /// search; Responses: an MCP call's output and a web search).
+    Server(usize),
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
@@ -27,11 +30,22 @@ fn turn() -> impl Strategy<Value = Turn> {
         2 => "[a-z ]{1,40}".prop_map(Turn::Assistant),
         6 => prop::collection::vec(prop::option::weighted(0.9, 0usize..1500), 1..4).prop_map(Turn::Tools),
         1 => (0usize..200).prop_map(Turn::Orphan),
+        2 => (0usize..1500).prop_map(Turn::Server),
     ]
 }
 
 fn text_of(size: usize, seed: usize) -> String {
     (0..size / 5).map(|i| format!("r{seed} w{i}\n")).collect()
+}
+
+/// The next `count` call ids, `{prefix}_{n}`, numbered on from `*call`.
+fn call_ids(call: &mut usize, prefix: &str, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|_| {
+            *call += 1;
+            format!("{prefix}_{call}")
+        })
+        .collect()
 }
 
 fn chat_body(turns: &[Turn]) -> Value {
@@ -42,13 +56,7 @@ fn chat_body(turns: &[Turn]) -> Value {
             Turn::User(t) => messages.push(json!({"role": "user", "content": t})),
             Turn::Assistant(t) => messages.push(json!({"role": "assistant", "content": t})),
             Turn::Tools(results) => {
-                let ids: Vec<String> = results
-                    .iter()
-                    .map(|_| {
-                        call += 1;
-                        format!("call_{call}")
-                    })
-                    .collect();
+                let ids = call_ids(&mut call, "call", results.len());
                 let calls: Vec<Value> = ids
                     .iter()
                     .map(|id| json!({"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}))
@@ -63,6 +71,8 @@ fn chat_body(turns: &[Turn]) -> Value {
             Turn::Orphan(size) => {
                 messages.push(json!({"role": "tool", "tool_call_id": "call_ghost", "content": text_of(*size, 0)}))
             }
+            // Chat Completions has no server-run tools.
+            Turn::Server(_) => messages.push(json!({"role": "assistant", "content": "searched"})),
         }
     }
     json!({"model": "gpt-4o", "messages": messages})
@@ -76,7 +86,7 @@ fn anthropic_body(turns: &[Turn]) -> Value {
             Turn::User(t) => messages.push(json!({"role": "user", "content": [{"type": "text", "text": t}]})),
             Turn::Assistant(t) => messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": t}]})),
             Turn::Tools(results) => {
-                let ids: Vec<String> = results.iter().map(|_| { call += 1; format!("toolu_{call}") }).collect();
+                let ids = call_ids(&mut call, "toolu", results.len());
                 let uses: Vec<Value> = ids.iter().map(|id| json!({"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "ls"}})).collect();
                 messages.push(json!({"role": "assistant", "content": uses}));
                 let blocks: Vec<Value> = ids
@@ -89,6 +99,19 @@ fn anthropic_body(turns: &[Turn]) -> Value {
                 }
             }
             Turn::Orphan(size) => messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_ghost", "content": text_of(*size, 0)}]})),
+            Turn::Server(size) => {
+                call += 1;
+                let (fetch, search) = (format!("srvtoolu_f{call}"), format!("srvtoolu_s{call}"));
+                messages.push(json!({"role": "assistant", "content": [
+                    {"type": "server_tool_use", "id": fetch, "name": "web_fetch", "input": {"url": "https://example.org"}},
+                    {"type": "web_fetch_tool_result", "tool_use_id": fetch, "content": {"type": "web_fetch_result", "url": "https://example.org",
+                        "content": {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text_of(*size, call)}}}},
+                    {"type": "server_tool_use", "id": search, "name": "web_search", "input": {"query": "q"}},
+                    {"type": "web_search_tool_result", "tool_use_id": search, "content": [
+                        {"type": "web_search_result", "url": "https://example.org", "title": "t", "encrypted_content": format!("enc{call}")}
+                    ]}
+                ]}));
+            }
         }
     }
     json!({"model": "claude-sonnet-4-5", "max_tokens": 1000, "messages": messages})
@@ -106,13 +129,7 @@ fn responses_body(turns: &[Turn]) -> Value {
             Turn::Assistant(t) => input
                 .push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]})),
             Turn::Tools(results) => {
-                let ids: Vec<String> = results
-                    .iter()
-                    .map(|_| {
-                        call += 1;
-                        format!("call_{call}")
-                    })
-                    .collect();
+                let ids = call_ids(&mut call, "call", results.len());
                 input.push(json!({"type": "reasoning", "id": format!("rs_{call}"), "summary": [], "encrypted_content": "gAAAAB"}));
                 for id in &ids {
                     input.push(json!({"type": "function_call", "call_id": id, "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"}));
@@ -127,6 +144,11 @@ fn responses_body(turns: &[Turn]) -> Value {
             }
             Turn::Orphan(size) => input
                 .push(json!({"type": "function_call_output", "call_id": "call_ghost", "output": text_of(*size, 0)})),
+            Turn::Server(size) => {
+                call += 1;
+                input.push(json!({"type": "web_search_call", "id": format!("ws_{call}"), "status": "completed", "action": {"type": "search", "query": "q"}}));
+                input.push(json!({"type": "mcp_call", "id": format!("mcp_{call}"), "server_label": "gh", "name": "list", "arguments": "{}", "output": text_of(*size, call)}));
+            }
         }
     }
     json!({"model": "gpt-5-codex", "instructions": null, "input": input, "store": false, "stream": true})
@@ -228,6 +250,31 @@ fn assert_paired(dialect: Dialect, body: &Value) {
     }
 }
 
+/// The server-run tool blocks and items, with everything but the text a policy may shorten.
+fn server_blocks(body: &Value) -> Vec<Value> {
+    let history = if body.get("input").is_some() { body["input"].clone() } else { body["messages"].clone() };
+    let mut out = Vec::new();
+    for message in history.as_array().unwrap() {
+        let blocks = match &message["content"] {
+            Value::Array(blocks) if message.get("role").is_some() => blocks.clone(),
+            _ => vec![message.clone()],
+        };
+        for mut block in blocks {
+            let kind = block["type"].as_str().unwrap_or("").to_string();
+            if kind.starts_with("server_tool_use") || kind.starts_with("web_") || kind.starts_with("mcp_") {
+                if let Some(data) = block.pointer_mut("/content/content/source/data") {
+                    *data = json!("");
+                }
+                if kind == "mcp_call" {
+                    block["output"] = json!("");
+                }
+                out.push(block);
+            }
+        }
+    }
+    out
+}
+
 /// User and assistant text, in order.
 fn texts(body: &Value) -> Vec<String> {
     let mut out = Vec::new();
@@ -247,22 +294,12 @@ fn texts(body: &Value) -> Vec<String> {
 }
 
 fn rewriter() -> Rewriter {
-    let settings = RewriteSettings {
-        prune_enabled: true,
-        dedupe: true,
-        prune: PruneSettings {
-            protect_tokens: 500,
-            minimum_tokens: 300,
-            placeholder: "[cleared]".into(),
-            protected_tools: vec![],
-        },
-        truncate_enabled: true,
-        tool_output_max_tokens: 600,
-        repair_enabled: true,
-        image_tokens: 1000,
-        blocking_tokenize_bytes: 1 << 20,
-    };
-    Rewriter::new(settings, TokenCounter::new(100_000), ModelTable::default())
+    Settings::defaults()
+        .prune_window(500, 300)
+        .placeholder("[cleared]")
+        .protected_tools(&[])
+        .tool_output_max_tokens(600)
+        .rewriter(100_000)
 }
 
 fn check(dialect: Dialect, body: Value) {
@@ -273,6 +310,7 @@ fn check(dialect: Dialect, body: Value) {
     let out: Value = serde_json::from_slice(&out_bytes).unwrap();
     assert_paired(dialect, &out);
     assert_eq!(texts(&out), texts(&body), "user and assistant text must be untouched");
+    assert_eq!(server_blocks(&out), server_blocks(&body), "server tool blocks keep every field but their text");
     // Repair may add a short synthetic result per unanswered call; nothing else may grow.
     let allowance = first.report.repaired as u32 * 12;
     assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);

@@ -1,6 +1,5 @@
 //! Every provider's real overflow error is recognized, with the window and prompt size it names;
 //! none of the look-alikes (rate limits, output caps) is.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use compactor::overflow::OverflowDetector;
 use serde_json::Value;
@@ -69,9 +68,29 @@ fn prompt_plus_max_tokens_errors_say_the_prompt_fits() {
 }
 
 #[test]
+fn numbers_with_thousands_separators_are_read_whole() {
+    // DS4's server writes its counts with separators (quoted in earendil-works/pi#6262).
+    let body =
+        br#"{"error":{"message":"Prompt has 5,958,968 tokens, but the configured context size is 256,000 tokens"}}"#;
+    let found = OverflowDetector::default().detect(400, body).unwrap();
+    assert_eq!((found.prompt_tokens, found.limit), (Some(5_958_968), Some(256_000)));
+}
+
+#[test]
 fn extra_patterns_from_the_configuration_are_honoured() {
     let body = br#"{"error":{"message":"Conversation is way too big for this little model"}}"#;
     assert!(OverflowDetector::default().detect(400, body).is_none());
     let detector = OverflowDetector::new(&["way too big".to_string()]).unwrap();
     assert!(detector.detect(400, body).is_some());
+}
+
+#[test]
+fn an_error_event_in_a_crlf_stream_split_over_data_lines_is_recognized() {
+    let detector = OverflowDetector::default();
+    let stream = b": PROCESSING\r\n\r\nevent: error\r\ndata: {\"error\":{\"message\":\r\ndata: \"prompt is too long: 210000 tokens > 200000 maximum\"}}\r\n\r\n";
+    let found = detector.detect(200, stream).unwrap();
+    assert_eq!((found.prompt_tokens, found.limit), (Some(210000), Some(200000)));
+    let gateway =
+        b"error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"n_ctx\":4096}\r\n\r\n";
+    assert_eq!(detector.detect(200, gateway).unwrap().limit, Some(4096));
 }

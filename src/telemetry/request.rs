@@ -1,18 +1,9 @@
-//! The record stage: one log line and the metrics of a request, emitted when its response is done.
+//! The record stage: one log line and the metrics of each request, written once its response is
+//! done (or the client left).
 
 use std::time::{Duration, Instant};
 
-use crate::session::{SessionUpdate, Store, Usage};
-use crate::telemetry::metric;
-
-/// What a request adds to its session, written when the response is done (off its path).
-pub struct SessionWrite {
-    pub store: Store,
-    pub key: String,
-    pub update: SessionUpdate,
-    /// Messages in the request as the client sent it, stored with the usage.
-    pub message_count: u64,
-}
+use metrics::{counter, histogram};
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +29,9 @@ impl Outcome {
     }
 }
 
-/// Everything the log line and the metrics of one request need; emitted once, on drop.
-pub struct RequestRecord {
+/// Everything the log line and the metrics of one request need; written once, by [`RequestLog::emit`].
+#[derive(Debug)]
+pub struct RequestLog {
     pub request_id: String,
     pub method: http::Method,
     pub route: &'static str,
@@ -61,10 +53,11 @@ pub struct RequestRecord {
     pub session: Option<String>,
     /// Estimated tokens before and after rewriting, and outputs pruned.
     pub tokens: Option<(u32, u32, usize)>,
-    pub session_write: Option<SessionWrite>,
+    /// When the response ended (body done, or the client gone).
+    pub ended_at: Option<Instant>,
 }
 
-impl RequestRecord {
+impl RequestLog {
     pub fn new(request_id: String, method: http::Method, route: &'static str) -> Self {
         Self {
             request_id,
@@ -82,22 +75,14 @@ impl RequestRecord {
             streaming: false,
             session: None,
             tokens: None,
-            session_write: None,
+            ended_at: None,
         }
     }
 
-    /// The usage the upstream reported, to store with the session.
-    pub fn set_usage(&mut self, usage: Option<Usage>) {
-        if let (Some(write), Some(mut usage)) = (self.session_write.as_mut(), usage) {
-            usage.message_count = write.message_count;
-            write.update.usage = Some(usage);
-        }
-    }
-}
-
-impl Drop for RequestRecord {
-    fn drop(&mut self) {
-        let upstream_latency = self.forwarded_at.map(|at| at.elapsed());
+    /// Writes the log line and the metrics.
+    pub fn emit(&self) {
+        let ended_at = self.ended_at.unwrap_or_else(Instant::now);
+        let upstream_latency = self.forwarded_at.map(|at| ended_at.saturating_duration_since(at));
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
         let (tokens_before, tokens_after, pruned) = self.tokens.unwrap_or_default();
         tracing::info!(
@@ -118,17 +103,51 @@ impl Drop for RequestRecord {
             pruned,
             "request"
         );
-        metric::request_done(self, upstream_latency);
-        if let Some(write) = self.session_write.take() {
-            // Off the request's path; a failure only costs the next request its stored state.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    if let Err(error) = write.store.update(&write.key, &write.update).await {
-                        tracing::debug!(%error, "session update failed");
-                        metric::store_error();
-                    }
-                });
-            }
+        self.record_metrics(upstream_latency);
+    }
+
+    fn record_metrics(&self, upstream_latency: Option<Duration>) {
+        let route = self.route;
+        counter!("compactor_requests_total", "route" => route, "status" => status_label(self.status)).increment(1);
+        counter!("compactor_request_bytes_total", "route" => route).increment(self.bytes_in);
+        counter!("compactor_response_bytes_total", "route" => route).increment(self.bytes_out);
+        histogram!("compactor_overhead_seconds", "route" => route).record(self.overhead.as_secs_f64());
+        if let Some(ttfb) = self.upstream_ttfb {
+            histogram!("compactor_upstream_ttfb_seconds", "route" => route).record(ttfb.as_secs_f64());
         }
+        if let Some(latency) = upstream_latency {
+            histogram!("compactor_upstream_duration_seconds", "route" => route).record(latency.as_secs_f64());
+        }
+        if let Some(code) = self.error {
+            counter!("compactor_errors_total", "route" => route, "code" => code).increment(1);
+        }
+    }
+}
+
+/// Status codes as static strings, so labels never allocate and stay bounded.
+fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        304 => "304",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        408 => "408",
+        413 => "413",
+        422 => "422",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        529 => "529",
+        s if s < 200 => "1xx",
+        s if s < 300 => "2xx",
+        s if s < 400 => "3xx",
+        s if s < 500 => "4xx",
+        _ => "5xx",
     }
 }

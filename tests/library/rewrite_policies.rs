@@ -1,55 +1,32 @@
 //! The rewrite policies on hand-built conversations in both dialects: what goes upstream shrinks,
 //! everything else keeps its bytes, and tool pairs always hold.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 
 use compactor::dialect::Dialect;
-use compactor::rewrite::{PruneSettings, RewriteSettings, Rewriter, Rewritten};
-use compactor::tokens::{ModelTable, TokenCounter};
+use compactor::rewrite::{Rewriter, Rewritten};
 use serde_json::{Value, json};
+
+use crate::common::{Settings, tool_output};
 
 const PLACEHOLDER: &str = "[Old tool result content cleared]";
 
-fn settings() -> RewriteSettings {
-    RewriteSettings {
-        prune_enabled: true,
-        dedupe: true,
-        prune: PruneSettings {
-            protect_tokens: 400,
-            minimum_tokens: 200,
-            placeholder: PLACEHOLDER.into(),
-            protected_tools: vec!["skill".into()],
-        },
-        truncate_enabled: true,
-        tool_output_max_tokens: 2_000,
-        repair_enabled: true,
-        image_tokens: 1_000,
-        blocking_tokenize_bytes: 1 << 20,
-    }
-}
-
-fn rewriter(settings: RewriteSettings) -> Rewriter {
-    Rewriter::new(settings, TokenCounter::new(10_000), ModelTable::default())
+/// The shipped defaults (placeholder, protected `skill` tool) with small windows.
+fn rewriter() -> Rewriter {
+    Settings::defaults().prune_window(400, 200).tool_output_max_tokens(2_000).rewriter(10_000)
 }
 
 fn rewrite(dialect: Dialect, body: &Value) -> (Rewritten, Value) {
-    rewrite_with(&rewriter(settings()), dialect, body, &BTreeSet::new())
+    rewrite_with(&rewriter(), dialect, body, &BTreeSet::new())
 }
 
+/// The rewrite of `body`, and what would go upstream: the new body, or the client's own bytes.
 fn rewrite_with(rewriter: &Rewriter, dialect: Dialect, body: &Value, pruned: &BTreeSet<String>) -> (Rewritten, Value) {
     let bytes = serde_json::to_vec(body).unwrap();
     let rewritten = rewriter.rewrite_body(dialect, &bytes, pruned).expect("parses");
-    let after = match &rewritten.body {
-        Some(new) => serde_json::from_slice(new).expect("the rewritten body is JSON"),
-        None => body.clone(),
-    };
+    let sent = rewritten.body.as_deref().unwrap_or(&bytes);
+    let after = serde_json::from_slice(sent).expect("the forwarded body is JSON");
     (rewritten, after)
-}
-
-/// About `tokens` tokens of distinct text.
-fn output(tag: &str, tokens: usize) -> String {
-    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
 }
 
 fn chat_turns(outputs: &[(&str, &str, String)]) -> Value {
@@ -94,7 +71,7 @@ fn tool_texts_chat(body: &Value) -> Vec<String> {
 
 #[test]
 fn an_ordinary_request_is_left_alone() {
-    let body = chat_turns(&[("call_1", "read_file", output("a", 100))]);
+    let body = chat_turns(&[("call_1", "read_file", tool_output("a", 100))]);
     let (rewritten, _) = rewrite(Dialect::ChatCompletions, &body);
     assert!(rewritten.body.is_none(), "nothing to do must mean the original bytes");
     assert_eq!(rewritten.report.tokens_before, rewritten.report.tokens_after);
@@ -103,7 +80,8 @@ fn an_ordinary_request_is_left_alone() {
 
 #[test]
 fn prunes_old_tool_outputs_but_keeps_the_newest_window() {
-    let outputs: Vec<_> = (0..8).map(|i| (format!("call_{i}"), "read_file", output(&format!("f{i}"), 150))).collect();
+    let outputs: Vec<_> =
+        (0..8).map(|i| (format!("call_{i}"), "read_file", tool_output(&format!("f{i}"), 150))).collect();
     let outputs: Vec<(&str, &str, String)> = outputs.iter().map(|(a, b, c)| (a.as_str(), *b, c.clone())).collect();
     let body = chat_turns(&outputs);
     let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
@@ -126,7 +104,10 @@ fn prunes_old_tool_outputs_but_keeps_the_newest_window() {
 
 #[test]
 fn nothing_is_pruned_until_the_prunable_total_reaches_the_minimum() {
-    let body = chat_turns(&[("call_0", "read_file", output("old", 100)), ("call_1", "read_file", output("new", 450))]);
+    let body = chat_turns(&[
+        ("call_0", "read_file", tool_output("old", 100)),
+        ("call_1", "read_file", tool_output("new", 450)),
+    ]);
     let (rewritten, _) = rewrite(Dialect::ChatCompletions, &body);
     assert!(rewritten.body.is_none(), "100 prunable tokens are under the 200 minimum");
 }
@@ -134,32 +115,33 @@ fn nothing_is_pruned_until_the_prunable_total_reaches_the_minimum() {
 #[test]
 fn outputs_of_protected_tools_are_never_pruned() {
     let body = chat_turns(&[
-        ("call_0", "skill", output("skill", 300)),
-        ("call_1", "read_file", output("old", 300)),
-        ("call_2", "read_file", output("new", 450)),
+        ("call_0", "skill", tool_output("skill", 300)),
+        ("call_1", "read_file", tool_output("old", 300)),
+        ("call_2", "read_file", tool_output("new", 450)),
     ]);
     let (_, after) = rewrite(Dialect::ChatCompletions, &body);
     let texts = tool_texts_chat(&after);
-    assert_eq!(texts[0], output("skill", 300));
+    assert_eq!(texts[0], tool_output("skill", 300));
     assert_eq!(texts[1], PLACEHOLDER);
 }
 
 #[test]
 fn an_output_pruned_once_stays_pruned_even_inside_the_window() {
-    let body = chat_turns(&[("call_0", "read_file", output("a", 100)), ("call_1", "read_file", output("b", 100))]);
+    let body =
+        chat_turns(&[("call_0", "read_file", tool_output("a", 100)), ("call_1", "read_file", tool_output("b", 100))]);
     let pruned: BTreeSet<String> = ["call_1".to_string()].into();
-    let (rewritten, after) = rewrite_with(&rewriter(settings()), Dialect::ChatCompletions, &body, &pruned);
-    assert_eq!(tool_texts_chat(&after), [output("a", 100), PLACEHOLDER.to_string()]);
+    let (rewritten, after) = rewrite_with(&rewriter(), Dialect::ChatCompletions, &body, &pruned);
+    assert_eq!(tool_texts_chat(&after), [tool_output("a", 100), PLACEHOLDER.to_string()]);
     assert_eq!(rewritten.report.pruned_call_ids, ["call_1"]);
 }
 
 #[test]
 fn anthropic_tool_results_are_pruned_with_their_images_and_keep_cache_control() {
-    let old = json!([{"type": "text", "text": output("old", 300)}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]);
+    let old = json!([{"type": "text", "text": tool_output("old", 300)}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]);
     let body = anthropic_turns(&[
         ("toolu_0", "Read", old),
-        ("toolu_1", "Read", json!(output("mid", 150))),
-        ("toolu_2", "Read", json!(output("new", 450))),
+        ("toolu_1", "Read", json!(tool_output("mid", 150))),
+        ("toolu_2", "Read", json!(tool_output("new", 450))),
     ]);
     let (rewritten, after) = rewrite(Dialect::AnthropicMessages, &body);
     let first = &after["messages"][2]["content"][0];
@@ -167,7 +149,7 @@ fn anthropic_tool_results_are_pruned_with_their_images_and_keep_cache_control() 
     assert_eq!(first["tool_use_id"], "toolu_0");
     assert_eq!(first["cache_control"], json!({"type": "ephemeral"}));
     assert_eq!(after["messages"][4]["content"][0]["content"], PLACEHOLDER);
-    assert_eq!(after["messages"][6]["content"][0]["content"], output("new", 450));
+    assert_eq!(after["messages"][6]["content"][0]["content"], tool_output("new", 450));
     // Thinking blocks with signatures arrive exactly as sent.
     assert_eq!(after["messages"][1], body["messages"][1]);
     assert_eq!(rewritten.report.pruned, 2);
@@ -175,7 +157,7 @@ fn anthropic_tool_results_are_pruned_with_their_images_and_keep_cache_control() 
 
 #[test]
 fn a_huge_tool_output_keeps_head_and_tail_in_both_dialects() {
-    let huge = output("log", 6_000);
+    let huge = tool_output("log", 6_000);
     let chat = chat_turns(&[("call_0", "run", huge.clone())]);
     let (rewritten, after) = rewrite(Dialect::ChatCompletions, &chat);
     let text = &tool_texts_chat(&after)[0];
@@ -194,10 +176,10 @@ fn a_huge_tool_output_keeps_head_and_tail_in_both_dialects() {
 
 #[test]
 fn an_older_copy_of_a_repeated_output_points_to_the_newer_one() {
-    let same = output("same file", 120);
+    let same = tool_output("same file", 120);
     let body = chat_turns(&[
         ("call_0", "read_file", same.clone()),
-        ("call_1", "read_file", output("other", 50)),
+        ("call_1", "read_file", tool_output("other", 50)),
         ("call_2", "read_file", same.clone()),
     ]);
     let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
@@ -271,11 +253,10 @@ fn untouched_messages_keep_their_exact_bytes_in_a_changed_request() {
     // Odd spacing and long numbers: only a byte-preserving rewrite keeps them.
     let body = format!(
         r#"{{"model":"gpt-4o","temperature":0.10000000000000001,"messages":[{{"role":"user","content":"hi",  "x":1.0e5}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_0","type":"function","function":{{"name":"r","arguments":"{{}}"}}}}]}},{{"role":"tool","tool_call_id":"call_0","content":{}}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_1","type":"function","function":{{"name":"r","arguments":"{{}}"}}}}]}},{{"role":"tool","tool_call_id":"call_1","content":{}}}],"stream":true}}"#,
-        serde_json::to_string(&output("old", 300)).unwrap(),
-        serde_json::to_string(&output("new", 500)).unwrap()
+        serde_json::to_string(&tool_output("old", 300)).unwrap(),
+        serde_json::to_string(&tool_output("new", 500)).unwrap()
     );
-    let rewritten =
-        rewriter(settings()).rewrite_body(Dialect::ChatCompletions, body.as_bytes(), &BTreeSet::new()).unwrap();
+    let rewritten = rewriter().rewrite_body(Dialect::ChatCompletions, body.as_bytes(), &BTreeSet::new()).unwrap();
     let new = String::from_utf8(rewritten.body.unwrap()).unwrap();
     assert!(new.starts_with(
         r#"{"model":"gpt-4o","temperature":0.10000000000000001,"messages":[{"role":"user","content":"hi",  "x":1.0e5},"#
@@ -287,10 +268,10 @@ fn untouched_messages_keep_their_exact_bytes_in_a_changed_request() {
 #[test]
 fn rewriting_a_rewritten_request_changes_nothing() {
     let outputs: Vec<(String, &str, String)> =
-        (0..6).map(|i| (format!("toolu_{i}"), "Read", output(&format!("f{i}"), 200 + i * 400))).collect();
+        (0..6).map(|i| (format!("toolu_{i}"), "Read", tool_output(&format!("f{i}"), 200 + i * 400))).collect();
     let outputs: Vec<(&str, &str, Value)> = outputs.iter().map(|(a, b, c)| (a.as_str(), *b, json!(c))).collect();
     let body = anthropic_turns(&outputs);
-    let rewriter = rewriter(settings());
+    let rewriter = rewriter();
     let (first, after) = rewrite_with(&rewriter, Dialect::AnthropicMessages, &body, &BTreeSet::new());
     assert!(first.body.is_some());
     let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
@@ -301,7 +282,7 @@ fn rewriting_a_rewritten_request_changes_nothing() {
 
 #[test]
 fn a_body_that_is_not_the_dialect_is_not_rewritten() {
-    let rewriter = rewriter(settings());
+    let rewriter = rewriter();
     for body in [
         &b"not json"[..],
         br#"{"model":"x"}"#,
@@ -315,13 +296,26 @@ fn a_body_that_is_not_the_dialect_is_not_rewritten() {
 
 #[test]
 fn content_part_arrays_and_refusals_are_counted_and_kept() {
-    let body = json!({"model": "gpt-4o", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
-        {"role": "assistant", "content": "sure", "refusal": null},
-        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]}
-    ]});
-    let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
+    let messages = [
+        json!({"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}),
+        json!({"role": "assistant", "content": "sure", "refusal": null}),
+        json!({"role": "developer", "content": [{"type": "text", "text": "be brief"}]}),
+    ];
+    let body = json!({"model": "gpt-4o", "messages": messages});
+    let (rewritten, _) = rewrite(Dialect::ChatCompletions, &body);
     assert!(rewritten.body.is_none());
-    assert_eq!(after, body);
     assert!(rewritten.report.tokens_before >= 1_000, "the image counts as a fixed estimate");
+    // In a request the policies do change (a huge tool output is cut), the same messages still
+    // go upstream byte for byte.
+    let mut changed = body.clone();
+    let history = changed["messages"].as_array_mut().unwrap();
+    history.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
+    history.push(json!({"role": "tool", "tool_call_id": "call_0", "content": tool_output("log", 6_000)}));
+    let bytes = serde_json::to_vec(&changed).unwrap();
+    let rewritten = rewriter().rewrite_body(Dialect::ChatCompletions, &bytes, &BTreeSet::new()).unwrap();
+    let sent = String::from_utf8(rewritten.body.expect("the huge output is truncated")).unwrap();
+    for message in &messages {
+        let raw = serde_json::to_string(message).unwrap();
+        assert!(sent.contains(&raw), "{raw} changed on its way");
+    }
 }

@@ -1,0 +1,134 @@
+//! The overflow ladder of one request: what was sent, which compaction it carries, and which rung
+//! comes next. The rungs, cheapest first: lower `max_tokens` (when the prompt alone fits), prune
+//! harder, summarize, summarize harder.
+
+use bytes::Bytes;
+
+use crate::dialect::{Dialect, ParsedRequest};
+use crate::overflow::Overflow;
+use crate::session::state::CompactionRecord;
+
+/// Tokens left free between prompt and output when `max_tokens` is lowered.
+const MAX_TOKENS_MARGIN: u64 = 64;
+
+/// The rungs after lowering `max_tokens`, cheapest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Rung {
+    PruneHard,
+    Summarize,
+    SummarizeHarder,
+    Exhausted,
+}
+
+/// One request's climb: created by [`super::Compactor::prepare`], advanced by each
+/// [`super::Compactor::recover`].
+#[derive(Debug)]
+pub struct Ladder {
+    pub(super) dialect: Dialect,
+    /// The body as the client sent it: every rung derives its body from this one.
+    pub(super) client_body: Bytes,
+    pub(super) message_count: usize,
+    /// The compaction applied to the body being sent.
+    pub(super) record: Option<CompactionRecord>,
+    rung: Rung,
+    lowered_max_tokens: bool,
+    retries: u32,
+}
+
+impl Ladder {
+    pub(super) fn new(
+        dialect: Dialect,
+        client_body: Bytes,
+        message_count: usize,
+        record: Option<CompactionRecord>,
+    ) -> Self {
+        Self {
+            dialect,
+            client_body,
+            message_count,
+            record,
+            rung: Rung::PruneHard,
+            lowered_max_tokens: false,
+            retries: 0,
+        }
+    }
+
+    /// Retries so far.
+    pub fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    /// The compaction generation of the body being sent.
+    pub fn compacted(&self) -> Option<u32> {
+        self.record.as_ref().map(|r| r.generation)
+    }
+
+    pub(super) fn count_retry(&mut self) {
+        self.retries += 1;
+    }
+
+    /// The first rung, once: when the prompt fits but prompt + `max_tokens` does not, the same
+    /// body asking for fewer tokens (no fewer than `min_output_tokens`).
+    pub(super) fn lower_max_tokens(
+        &mut self,
+        sent: &[u8],
+        overflow: &Overflow,
+        min_output_tokens: u32,
+    ) -> Option<Bytes> {
+        if self.lowered_max_tokens || !overflow.prompt_fits() {
+            return None;
+        }
+        self.lowered_max_tokens = true;
+        let parsed = ParsedRequest::parse(self.dialect, sent)?;
+        let (field, requested) = parsed.max_tokens()?;
+        let (limit, prompt) = (overflow.limit?, overflow.prompt_tokens?);
+        let fits = limit.saturating_sub(prompt).saturating_sub(MAX_TOKENS_MARGIN);
+        if fits < u64::from(min_output_tokens) || fits >= requested {
+            return None;
+        }
+        parsed.splice(&[(field, fits.to_string())]).map(Bytes::from)
+    }
+
+    /// The next rung to try, `None` once every rung was tried.
+    pub(super) fn next_rung(&mut self) -> Option<Rung> {
+        let this = self.rung;
+        self.rung = match this {
+            Rung::PruneHard => Rung::Summarize,
+            Rung::Summarize => Rung::SummarizeHarder,
+            Rung::SummarizeHarder | Rung::Exhausted => Rung::Exhausted,
+        };
+        (this != Rung::Exhausted).then_some(this)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ladder(body: &str) -> Ladder {
+        Ladder::new(Dialect::AnthropicMessages, Bytes::from(body.to_string()), 1, None)
+    }
+
+    #[test]
+    fn the_rungs_come_cheapest_first_and_each_once() {
+        let mut ladder = ladder("{}");
+        let rungs: Vec<Rung> = std::iter::from_fn(|| ladder.next_rung()).collect();
+        assert_eq!(rungs, [Rung::PruneHard, Rung::Summarize, Rung::SummarizeHarder]);
+        assert_eq!(ladder.next_rung(), None);
+    }
+
+    #[test]
+    fn max_tokens_is_lowered_once_and_only_when_the_prompt_fits() {
+        let body = r#"{"model":"claude","max_tokens":16000,"messages":[{"role":"user","content":"hi"}]}"#;
+        let overflow = Overflow { limit: Some(20_000), prompt_tokens: Some(12_000), max_tokens: Some(16_000) };
+        let mut first = ladder(body);
+        let lowered = first.lower_max_tokens(body.as_bytes(), &overflow, 1_024).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&lowered).unwrap(),
+            r#"{"model":"claude","max_tokens":7936,"messages":[{"role":"user","content":"hi"}]}"#
+        );
+        assert_eq!(first.lower_max_tokens(body.as_bytes(), &overflow, 1_024), None, "once");
+        let too_long = Overflow { prompt_tokens: Some(19_500), ..overflow };
+        assert_eq!(ladder(body).lower_max_tokens(body.as_bytes(), &too_long, 1_024), None);
+    }
+}

@@ -1,0 +1,81 @@
+//! `[compaction]`: when to compact, how the summary is asked for, and what counts as an overflow.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::agent;
+use crate::overflow::OverflowDetector;
+
+/// `[compaction]` settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompactionSettings {
+    pub auto: bool,
+    pub threshold: f64,
+    pub max_retries: u32,
+    pub model: String,
+    pub summary_max_tokens: u32,
+    pub keep_recent_tokens: u32,
+    pub user_message_max_tokens: u32,
+    pub summary_prefix: String,
+    pub system_prompt: String,
+    pub instruction: String,
+    pub emergency_protect_tokens: u32,
+    pub min_output_tokens: u32,
+    pub transcript_output_tokens: u32,
+    /// How long a summary call may take.
+    #[serde(rename = "summary_timeout_ms", serialize_with = "crate::config::millis")]
+    pub summary_timeout: Duration,
+    /// How long a request waits for another replica's compaction of the same session.
+    #[serde(rename = "lock_wait_ms", serialize_with = "crate::config::millis")]
+    pub lock_wait: Duration,
+    pub max_failures: u32,
+    /// Lower-cased, so a request is matched without lower-casing the list each time.
+    pub agent_markers: Vec<String>,
+    /// Built-in overflow detection plus the configured extra patterns, compiled once.
+    #[serde(rename = "extra_overflow_patterns")]
+    pub overflow: OverflowDetector,
+}
+
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are a context-compaction assistant. You receive the transcript of an AI agent's work \
+session (the user's requests, the assistant's replies, tool calls and tool outputs) and write a handoff summary that lets \
+another model continue the work seamlessly. You do not call tools and you do not continue the task: you only write the summary.";
+
+pub const DEFAULT_INSTRUCTION: &str = "Write a detailed handoff summary of the conversation above, in this order:\n\
+1. The user's goal, and every constraint, preference and instruction the user stated (quote them when wording matters).\n\
+2. What has been done so far, step by step, with outcomes.\n\
+3. What was in progress at the end of the transcript.\n\
+4. Files, resources, commands and URLs involved, with exact paths and names.\n\
+5. Decisions made and why; approaches that failed and why.\n\
+6. Exact identifiers, values and error messages that matter, verbatim.\n\
+7. The next steps.\n\
+Be specific and complete; keep exact strings verbatim; do not invent anything that is not in the transcript.";
+
+pub const DEFAULT_SUMMARY_PREFIX: &str = "Another language model started to solve this task and produced a summary of its work \
+so far, because the conversation grew too long for its context window. Use this handoff summary to continue the task \
+without redoing finished work; the most recent messages follow it verbatim.\n\n";
+
+impl Default for CompactionSettings {
+    fn default() -> Self {
+        Self {
+            auto: true,
+            threshold: 0.8,
+            max_retries: 3,
+            model: String::new(),
+            summary_max_tokens: 8_192,
+            keep_recent_tokens: 20_000,
+            user_message_max_tokens: 20_000,
+            summary_prefix: DEFAULT_SUMMARY_PREFIX.into(),
+            system_prompt: DEFAULT_SYSTEM_PROMPT.into(),
+            instruction: DEFAULT_INSTRUCTION.into(),
+            emergency_protect_tokens: 4_000,
+            min_output_tokens: 1_024,
+            transcript_output_tokens: 2_000,
+            summary_timeout: Duration::from_millis(300_000),
+            lock_wait: Duration::from_millis(120_000),
+            max_failures: 3,
+            agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
+            overflow: OverflowDetector::default(),
+        }
+    }
+}

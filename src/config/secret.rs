@@ -1,0 +1,73 @@
+//! A configured secret (the admin token, the tenant secret): a value that never prints. `Debug`,
+//! `Display` and `Serialize` show `[redacted]` when it is set and `""` when it is not, so
+//! `--check-config` and any `{:?}` of the configuration tell whether a secret is set, never what
+//! it is.
+
+use std::fmt;
+
+/// What every rendering of a set secret shows.
+pub const REDACTED: &str = "[redacted]";
+
+/// A string that only [`Secret::expose`] reveals.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that uses it (a comparison, a key derivation).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn shown(&self) -> &'static str {
+        if self.0.is_empty() { "" } else { REDACTED }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.shown())
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.shown())
+    }
+}
+
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.shown())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Secret)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_secret_prints_as_redacted_everywhere_and_an_unset_one_as_empty() {
+        let secret = Secret::new("hunter2-token");
+        assert_eq!(format!("{secret}"), REDACTED);
+        assert_eq!(format!("{secret:?}"), "\"[redacted]\"");
+        assert_eq!(serde_json::to_string(&secret).unwrap(), "\"[redacted]\"");
+        assert_eq!(secret.expose(), "hunter2-token");
+        let unset = Secret::default();
+        assert_eq!((format!("{unset}"), format!("{unset:?}")), (String::new(), "\"\"".to_string()));
+        assert!(unset.is_empty());
+    }
+}

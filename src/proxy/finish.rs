@@ -1,0 +1,78 @@
+//! The end of a request. When its response body ends, the client leaves, or the request is
+//! dropped half-way, the request's [`Finish`] writes its log line and metrics (at once, so they
+//! are there when the client has the last byte) and hands the session's state to the request's
+//! finisher: a task started when the request took its state, tracked for shutdown, that commits
+//! the state and waits for the write. Nothing is written to the store from `Drop`: a drop only
+//! sends a message.
+
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
+
+use crate::session::{SessionCtx, Usage};
+use crate::telemetry::request::RequestLog;
+
+/// What the finisher commits.
+struct Commit {
+    ctx: SessionCtx,
+    usage: Option<Usage>,
+}
+
+/// A request's remains, filled in as it goes; finished once, by [`Finish::send`] or when dropped.
+pub struct Finish {
+    pub log: RequestLog,
+    /// The token usage the upstream reported, read by the tap.
+    pub usage: Option<Usage>,
+    /// The session's state, and the way to its finisher.
+    state: Option<(SessionCtx, oneshot::Sender<Commit>)>,
+    sent: bool,
+}
+
+impl Finish {
+    pub fn new(log: RequestLog) -> Self {
+        Self { log, usage: None, state: None, sent: false }
+    }
+
+    /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
+    pub fn keep(&mut self, tracker: &TaskTracker, ctx: SessionCtx) {
+        let (sender, receiver) = oneshot::channel();
+        tracker.spawn(commit(receiver));
+        self.state = Some((ctx, sender));
+    }
+
+    /// The session's state, while the request still changes it.
+    pub fn ctx(&mut self) -> Option<&mut SessionCtx> {
+        self.state.as_mut().map(|(ctx, _)| ctx)
+    }
+
+    /// Writes the log line and hands the session's state to the finisher; later calls do nothing.
+    pub fn send(&mut self) {
+        if std::mem::replace(&mut self.sent, true) {
+            return;
+        }
+        self.log.ended_at = Some(Instant::now());
+        self.log.emit();
+        if let Some((ctx, sender)) = self.state.take() {
+            // Refused only when the runtime is shutting down and the finisher is gone with it.
+            drop(sender.send(Commit { ctx, usage: self.usage.take() }));
+        }
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.send();
+    }
+}
+
+/// The finisher: commits the session's state and waits for the write.
+async fn commit(receiver: oneshot::Receiver<Commit>) {
+    // The sender always sends before it goes, so an error here means the runtime is going away.
+    let Ok(Commit { mut ctx, usage }) = receiver.await else { return };
+    if let Some(usage) = usage {
+        ctx.set_usage(usage);
+    }
+    // A failed commit is logged and counted by the context itself.
+    ctx.commit().await;
+}

@@ -1,0 +1,73 @@
+//! Forwarding with recovery: send, look at what came back, and on "context length exceeded" ask
+//! the compactor what next; retry with the body it gives, or give the client the upstream's first
+//! error unchanged.
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+
+use super::inspect::{self, Inspected};
+use crate::compaction::{Compactor, Ladder, Next};
+use crate::error::ProxyError;
+use crate::session::SessionCtx;
+use crate::telemetry::metric;
+use crate::upstream::{RequestHead, Upstreams};
+
+/// The result of forwarding with recovery.
+pub(super) struct Forwarded {
+    pub inspected: Inspected,
+    pub retries: u32,
+    /// The compaction generation of the body that finally went out.
+    pub compacted: Option<u32>,
+    /// Tokens of the body that finally went out, when recovery rewrote it.
+    pub tokens_after: Option<u32>,
+}
+
+/// Sends `body`; on overflow, recovers when the request has a ladder. `identity` asks the
+/// upstream for an uncompressed answer, which the usage tap and the inspection read.
+pub(super) async fn forward(
+    upstreams: &Upstreams,
+    compactor: &Compactor,
+    head: &RequestHead,
+    mut body: Bytes,
+    mut recovery: Option<(&mut Ladder, &mut SessionCtx)>,
+    identity: bool,
+) -> Result<Forwarded, ProxyError> {
+    let route = head.route.label();
+    let mut first_error = None;
+    let mut tokens_after = None;
+    loop {
+        let mut request = upstreams.build_request(head, body.clone())?;
+        if identity {
+            request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
+        let response = upstreams.send(head.route.family, request).await?;
+        let inspected = match recovery {
+            Some(_) => inspect::inspect(upstreams, &compactor.settings().overflow, head.route.family, response).await?,
+            None => Inspected::pass(response),
+        };
+        let (retries, compacted) =
+            recovery.as_ref().map_or((0, None), |(ladder, _)| (ladder.retries(), ladder.compacted()));
+        let done = |inspected| Ok(Forwarded { inspected, retries, compacted, tokens_after });
+        let Inspected::Overflow { overflow, parts: error_parts, body: error_body } = inspected else {
+            // After a retry, a failure of another kind gives the client the original error.
+            return match first_error {
+                Some((parts, body)) if inspected.is_error() => done(Inspected::Buffered { parts, body }),
+                _ => done(inspected),
+            };
+        };
+        metric::overflow_seen(route);
+        let (original_parts, original_body) = first_error.get_or_insert((error_parts, error_body)).clone();
+        let original = Inspected::Buffered { parts: original_parts, body: original_body };
+        let Some((ladder, ctx)) = recovery.as_mut() else { return done(original) };
+        match compactor.recover(head, ladder, ctx, &overflow, &body).await {
+            Next::Retry { body: next, report } => {
+                if let Some(report) = report {
+                    tokens_after = Some(report.tokens_after);
+                }
+                metric::retry(route);
+                body = next;
+            }
+            Next::GiveUp => return done(original),
+        }
+    }
+}

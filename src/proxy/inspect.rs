@@ -1,0 +1,209 @@
+//! Looking at what came back before the client sees it, when compactor may still retry: an error
+//! body is read whole; a stream is held only until its first event, which is either content
+//! (release it) or an error (an overflow to recover from, or passed on as it came).
+
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http::response;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::error::ProxyError;
+use crate::overflow::{Overflow, OverflowDetector};
+use crate::route::ApiFamily;
+use crate::sse;
+use crate::upstream::Upstreams;
+
+/// Largest error body or held stream prefix compactor reads to look for an overflow.
+const MAX_INSPECT_BYTES: usize = 1 << 20;
+
+/// What came back from one attempt.
+pub(super) enum Inspected {
+    /// Pass it on: the head, the body (possibly with a held prefix already read).
+    Pass { parts: response::Parts, body: Incoming, held: Option<Bytes> },
+    /// A complete error response, already read.
+    Buffered { parts: response::Parts, body: Bytes },
+    /// An overflow, already read (the body is kept to return unchanged if recovery fails).
+    Overflow { overflow: Overflow, parts: response::Parts, body: Bytes },
+}
+
+impl Inspected {
+    /// A response passed on without looking.
+    pub(super) fn pass(response: http::Response<Incoming>) -> Self {
+        let (parts, body) = response.into_parts();
+        Self::Pass { parts, body, held: None }
+    }
+
+    pub(super) fn is_error(&self) -> bool {
+        match self {
+            Self::Buffered { parts, .. } | Self::Pass { parts, .. } => !parts.status.is_success(),
+            Self::Overflow { .. } => true,
+        }
+    }
+}
+
+/// Reads an error body or holds a stream until its first event, and classifies what came.
+pub(super) async fn inspect(
+    upstreams: &Upstreams,
+    detector: &OverflowDetector,
+    family: ApiFamily,
+    response: http::Response<Incoming>,
+) -> Result<Inspected, ProxyError> {
+    let (parts, body) = response.into_parts();
+    if !parts.status.is_success() {
+        let bytes = upstreams.read_body(family, body, MAX_INSPECT_BYTES).await?;
+        return Ok(match detector.detect(parts.status.as_u16(), &bytes) {
+            Some(overflow) => Inspected::Overflow { overflow, parts, body: bytes },
+            None => Inspected::Buffered { parts, body: bytes },
+        });
+    }
+    let streaming =
+        parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streaming {
+        return Ok(Inspected::Pass { parts, body, held: None });
+    }
+    Ok(hold_stream(upstreams, detector, parts, body).await)
+}
+
+/// Holds a stream until its first event that carries content or an error; never longer than the
+/// first-byte timeout, never more than [`MAX_INSPECT_BYTES`].
+async fn hold_stream(
+    upstreams: &Upstreams,
+    detector: &OverflowDetector,
+    parts: response::Parts,
+    mut body: Incoming,
+) -> Inspected {
+    let deadline = tokio::time::Instant::now() + upstreams.first_byte_timeout();
+    let mut held = BytesMut::new();
+    let mut first = FirstEvent::new();
+    let mut verdict = Verdict::Wait;
+    loop {
+        match verdict {
+            Verdict::Release => return Inspected::Pass { parts, body, held: Some(held.freeze()) },
+            Verdict::Error => {
+                return match detector.detect(200, &held) {
+                    Some(overflow) => Inspected::Overflow { overflow, parts, body: held.freeze() },
+                    None => Inspected::Pass { parts, body, held: Some(held.freeze()) },
+                };
+            }
+            Verdict::Wait if held.len() > MAX_INSPECT_BYTES => {
+                return Inspected::Pass { parts, body, held: Some(held.freeze()) };
+            }
+            Verdict::Wait => {}
+        }
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    held.extend_from_slice(&data);
+                    verdict = first.push(&data);
+                }
+            }
+            // The stream ended (or broke) while held, with no verdict: pass on what there is.
+            Ok(None) | Ok(Some(Err(_))) | Err(_) => return Inspected::Pass { parts, body, held: Some(held.freeze()) },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Wait,
+    Release,
+    Error,
+}
+
+/// Watches a held stream's events: comments, pings and Responses' bookkeeping events keep the
+/// hold; the first event with content releases it; an error event is inspected.
+struct FirstEvent {
+    reader: sse::Reader,
+    verdict: Verdict,
+}
+
+impl FirstEvent {
+    fn new() -> Self {
+        Self { reader: sse::Reader::new(MAX_INSPECT_BYTES), verdict: Verdict::Wait }
+    }
+
+    /// Reads the next chunk of the held stream; the verdict stands once it is not `Wait`.
+    fn push(&mut self, chunk: &[u8]) -> Verdict {
+        let verdict = &mut self.verdict;
+        self.reader.push(chunk, |event| {
+            if *verdict == Verdict::Wait {
+                *verdict = event_verdict(event);
+            }
+        });
+        self.verdict
+    }
+}
+
+fn event_verdict(event: &sse::Event) -> Verdict {
+    if event.error.is_some() {
+        return Verdict::Error;
+    }
+    let (name, data) = (event.name.as_str(), event.data.trim());
+    if data.is_empty() && name.is_empty() {
+        return Verdict::Wait;
+    }
+    if name == "error" || name == "response.failed" {
+        return Verdict::Error;
+    }
+    if data == "[DONE]" {
+        return Verdict::Release;
+    }
+    let value: serde_json::Value = match serde_json::from_str(data) {
+        Ok(value) => value,
+        Err(_) => return Verdict::Release,
+    };
+    let kind = value.get("type").and_then(|t| t.as_str()).unwrap_or(name);
+    if value.get("error").is_some_and(|e| !e.is_null()) || kind == "error" || kind == "response.failed" {
+        return Verdict::Error;
+    }
+    match kind {
+        "ping" | "response.created" | "response.in_progress" | "response.queued" => Verdict::Wait,
+        _ => Verdict::Release,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first_event_verdict(held: &[u8]) -> Verdict {
+        FirstEvent::new().push(held)
+    }
+
+    #[test]
+    fn a_stream_is_held_through_pings_and_bookkeeping_and_released_at_content() {
+        assert_eq!(first_event_verdict(b": OPENROUTER PROCESSING\n\n"), Verdict::Wait);
+        assert_eq!(first_event_verdict(b"event: ping\ndata: {\"type\":\"ping\"}\n\n"), Verdict::Wait);
+        assert_eq!(
+            first_event_verdict(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"),
+            Verdict::Release
+        );
+        assert_eq!(
+            first_event_verdict(b"event: response.created\ndata: {\"type\":\"response.created\"}\n\n"),
+            Verdict::Wait
+        );
+        assert_eq!(first_event_verdict(b"data: {\"choices\":[{\"delta\":{\"content\""), Verdict::Wait);
+    }
+
+    #[test]
+    fn error_events_inside_a_200_stream_are_inspected() {
+        assert_eq!(first_event_verdict(b"data: {\"error\":{\"message\":\"prompt is too long\"}}\n\n"), Verdict::Error);
+        assert_eq!(
+            first_event_verdict(b"event: response.failed\ndata: {\"type\":\"response.failed\"}\n\n"),
+            Verdict::Error
+        );
+        assert_eq!(first_event_verdict(b"error: {\"code\":400}\n\n"), Verdict::Error);
+    }
+
+    #[test]
+    fn the_verdict_stands_at_the_first_event_that_decides_even_across_chunks() {
+        let mut first = FirstEvent::new();
+        assert_eq!(first.push(b": keep-alive\r\n\r\nevent: ping\r\ndata: {\"type\":"), Verdict::Wait);
+        assert_eq!(
+            first.push(b"\"ping\"}\r\n\r\ndata: {\"choices\":[]}\r\n\r\ndata: {\"error\":{}}\r\n\r\n"),
+            Verdict::Release
+        );
+        assert_eq!(first.push(b"error: late\n\n"), Verdict::Release);
+    }
+}

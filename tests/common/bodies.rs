@@ -1,0 +1,31 @@
+//! Request bodies and texts the tests send.
+
+/// A small chat completions body.
+pub fn chat_body(stream: bool) -> String {
+    format!(
+        r#"{{"model":"gpt-4o","messages":[{{"role":"system","content":"You are terse."}},{{"role":"user","content":"Say hello"}}],"temperature":0.10000000000000001,"stream":{stream}}}"#
+    )
+}
+
+/// A small Anthropic messages body.
+pub fn messages_body(stream: bool) -> String {
+    format!(
+        r#"{{"model":"claude-sonnet-4-5","max_tokens":32000,"system":[{{"type":"text","text":"You are terse.","cache_control":{{"type":"ephemeral"}}}}],"messages":[{{"role":"user","content":"Say hello"}}],"stream":{stream}}}"#
+    )
+}
+
+/// About `tokens` tokens of distinct text, for a tool output.
+pub fn tool_output(tag: &str, tokens: usize) -> String {
+    (0..tokens / 6).map(|i| format!("{tag} line {i} ok\n")).collect()
+}
+
+/// Lines from `line(0)`, `line(1)`, ... until the text has at least `chars` characters.
+pub fn lines_until(chars: usize, line: impl Fn(usize) -> String) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while out.len() < chars {
+        out.push_str(&line(i));
+        i += 1;
+    }
+    out
+}
