@@ -1,14 +1,14 @@
 //! Compaction: keep each conversation inside its model's window. [`Compactor`] is what the proxy
 //! asks, at the two moments it has: before forwarding ([`Compactor::prepare`]: identify the
 //! session and the conversation inside it, load their state, re-apply a stored summary, run the
-//! rewrite policies, compact ahead of time) and after an overflow ([`Compactor::recover`]: the next rung of the ladder). It is given
-//! the request's head and bytes and gives bytes back; it knows nothing of HTTP bodies or of the
-//! proxy.
+//! rewrite policies, compact ahead of time) and after an overflow ([`Compactor::recover`]: the
+//! next rung of the ladder). It is given the request's head and bytes and gives bytes back; it
+//! knows nothing of HTTP bodies or of the proxy.
 //!
 //! Inside: `budget` (window, threshold and breaker arithmetic), `ladder` (one request's rungs),
-//! `compact` and `lock` (one compaction per conversation, across replicas), `summarizer` (the summary
-//! call), `plan` (where to cut and the rebuilt conversation; pure), `agent` (the agents' own
-//! compaction requests, which compactor leaves alone).
+//! `compact` and `lock` (one compaction per conversation, across replicas), `summarizer` (the
+//! summary call), `plan` (where to cut and the rebuilt conversation; pure), `agent` (the agents'
+//! own compaction requests, which compactor leaves alone).
 
 pub mod agent;
 mod budget;

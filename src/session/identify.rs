@@ -1,6 +1,7 @@
-//! Which conversation a request belongs to, and whose: a session id from the headers agents
-//! already send, else from the body, else a fingerprint of the conversation's opening; scoped by a
-//! keyed hash of the caller's credential so tenants never share state.
+//! Which session a request belongs to, and whose: a session id from the headers agents already
+//! send, else from the body, else a fingerprint of the conversation's opening; scoped by a keyed
+//! hash of the caller's credential so tenants never share state. And which conversation inside
+//! the session: a hash of the same opening ([`ConversationId`]).
 
 use std::borrow::Cow;
 
@@ -331,7 +332,7 @@ mod tests {
         assert_eq!(session, sub_session, "a subagent runs under its parent's session id");
         assert_ne!(parent, search);
         assert_ne!(search, review, "two subagents of one kind differ by their task");
-        // Two conversations whose first messages open with the same reminder block differ by the rest.
+        // First messages that open with the same reminder block differ by the rest.
         let (_, other_task) =
             ids(&claude_code("eeeee", MAIN_PROMPT, serde_json::json!([user(&[REMINDER, "Fix the flaky test."])])));
         assert_ne!(parent, other_task);

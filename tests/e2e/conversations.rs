@@ -107,7 +107,7 @@ async fn two_conversations_of_one_session_compact_side_by_side_and_one_conversat
         assert_eq!(header(&first, "x-compactor-session"), header(&other, "x-compactor-session"));
         assert_eq!(header(&first, "x-compactor-conversation"), header(&retry, "x-compactor-conversation"));
         assert_ne!(header(&first, "x-compactor-conversation"), header(&other, "x-compactor-conversation"));
-        // Each waited for one summary, none for two: the subagent never queued behind the main loop.
+        // Each waited for one summary, none for two: the subagent never queued behind the parent.
         let one_summary = SUMMARY + SUMMARY / 2;
         for (name, took) in [("main", first_took), ("retry", retry_took), ("subagent", other_took)] {
             assert!(
