@@ -1,12 +1,12 @@
 //! The token budget: the window a session works with (the one an overflow error named, else the
-//! model table's), when an estimate crosses the compaction threshold, the hybrid estimate, the
-//! circuit breaker, and the sizes the harder rungs use. Pure arithmetic, no I/O.
+//! model table's), when a conversation's estimate crosses the compaction threshold, the hybrid
+//! estimate, the conversation's circuit breaker, and the sizes the harder rungs use. Pure
+//! arithmetic, no I/O.
 
 use super::settings::CompactionSettings;
 use crate::overflow::Overflow;
 use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
-use crate::session::SessionState;
-use crate::session::state::Counters;
+use crate::session::{Breaker, ConversationState, SessionState};
 use crate::tokens::ModelInfo;
 
 /// The window an overflow error named, worth remembering for the session's later estimates.
@@ -14,30 +14,31 @@ pub fn window_named(overflow: &Overflow) -> Option<u64> {
     overflow.limit.filter(|limit| *limit > 0)
 }
 
-/// True when the session's estimate (hybrid, or the full count) exceeds `threshold` x (window -
-/// output reserve). `message_count`: messages of the client's request.
+/// True when the conversation's estimate (hybrid, or the full count) exceeds `threshold` x
+/// (the session's window - output reserve). `message_count`: messages of the client's request.
 pub fn over_threshold(
     settings: &CompactionSettings,
-    state: &SessionState,
+    session: &SessionState,
+    conversation: &ConversationState,
     message_count: usize,
     report: &RewriteReport,
     hybrid: bool,
 ) -> bool {
-    let window = match state.counters.learned_window {
+    let window = match session.counters.learned_window {
         0 => u64::from(report.model.context_window),
         learned => learned,
     };
     let reserve = report.max_tokens.unwrap_or(u64::from(report.model.max_output_tokens)).min(window / 2);
     let budget = (window.saturating_sub(reserve) as f64 * settings.threshold) as u64;
-    let estimate = if hybrid { estimate(state, message_count, report) } else { u64::from(report.tokens_after) };
+    let estimate = if hybrid { estimate(conversation, message_count, report) } else { u64::from(report.tokens_after) };
     estimate > budget
 }
 
 /// Hybrid estimate: the last prompt size the upstream reported plus an estimate of only what was
 /// added since; a full count when there is no usable report.
-fn estimate(state: &SessionState, message_count: usize, report: &RewriteReport) -> u64 {
+fn estimate(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
     let full = u64::from(report.tokens_after);
-    let Some(usage) = state.usage else { return full };
+    let Some(usage) = conversation.usage else { return full };
     let since = usage.message_count as usize;
     if usage.prompt_tokens == 0 || since == 0 || since > message_count {
         return full;
@@ -47,10 +48,9 @@ fn estimate(state: &SessionState, message_count: usize, report: &RewriteReport) 
     usage.prompt_tokens + u64::from(Rewriter::scaled(tail, report.model))
 }
 
-/// Whether this session failed to compact too often, on this same conversation.
-pub fn breaker_open(settings: &CompactionSettings, counters: &Counters, message_count: usize) -> bool {
-    counters.compaction_failures >= u64::from(settings.max_failures)
-        && counters.failures_at_messages == message_count as u64
+/// Whether this conversation failed to compact too often, at this same length.
+pub fn breaker_open(settings: &CompactionSettings, breaker: &Breaker, message_count: usize) -> bool {
+    breaker.failures >= u64::from(settings.max_failures) && breaker.at_messages == message_count as u64
 }
 
 /// Settings for the prune-harder rung: a small protected window, no minimum.
@@ -94,31 +94,33 @@ mod tests {
     #[test]
     fn the_threshold_uses_a_learned_window_over_the_model_table() {
         let settings = CompactionSettings::default();
-        let mut state = SessionState::default();
+        let mut session = SessionState::default();
+        let conversation = ConversationState::default();
         // 0.8 x (10000 - 1000) = 7200.
-        assert!(!over_threshold(&settings, &state, 3, &report(7_000, vec![]), false));
-        state.counters.learned_window = 8_000;
+        assert!(!over_threshold(&settings, &session, &conversation, 3, &report(7_000, vec![]), false));
+        session.counters.learned_window = 8_000;
         // 0.8 x (8000 - 1000) = 5600.
-        assert!(over_threshold(&settings, &state, 3, &report(7_000, vec![]), false));
+        assert!(over_threshold(&settings, &session, &conversation, 3, &report(7_000, vec![]), false));
     }
 
     #[test]
     fn the_hybrid_estimate_adds_only_what_came_after_the_reported_usage() {
         let settings = CompactionSettings::default();
         let usage = Usage { prompt_tokens: 7_000, message_count: 2, ..Usage::default() };
-        let state = SessionState { usage: Some(usage), ..SessionState::default() };
+        let session = SessionState::default();
+        let conversation = ConversationState { usage: Some(usage), ..ConversationState::default() };
         let grown = report(100, vec![10, 10, 150, 150]);
-        assert!(over_threshold(&settings, &state, 4, &grown, true), "7000 + 300 > 7200");
-        assert!(!over_threshold(&settings, &state, 4, &grown, false), "the full count alone is 100");
+        assert!(over_threshold(&settings, &session, &conversation, 4, &grown, true), "7000 + 300 > 7200");
+        assert!(!over_threshold(&settings, &session, &conversation, 4, &grown, false), "the full count alone is 100");
         // A conversation shorter than the one reported: the report says nothing about it.
-        assert!(!over_threshold(&settings, &state, 1, &grown, true));
+        assert!(!over_threshold(&settings, &session, &conversation, 1, &grown, true));
     }
 
     #[test]
     fn the_breaker_opens_after_max_failures_on_the_same_conversation_only() {
         let settings = CompactionSettings::default();
-        let counters = Counters { compaction_failures: 3, failures_at_messages: 12, ..Counters::default() };
-        assert!(breaker_open(&settings, &counters, 12));
-        assert!(!breaker_open(&settings, &counters, 14));
+        let breaker = Breaker { failures: 3, at_messages: 12 };
+        assert!(breaker_open(&settings, &breaker, 12));
+        assert!(!breaker_open(&settings, &breaker, 14));
     }
 }

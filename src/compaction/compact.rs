@@ -1,11 +1,12 @@
-//! One compaction: take the session's lock (or wait for the request that holds it), summarize the
-//! older part of the conversation, build the record that replaces it, and publish the record
+//! One compaction: find the cut (nothing to summarize means no lock, no call), take the
+//! conversation's lock (or wait for the request of the same conversation that holds it), summarize
+//! the older part of the conversation, build the record that replaces it, and publish the record
 //! before the lock is released.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::ladder::Ladder;
-use super::lock::{self, CompactionLock};
+use super::lock::{self, CompactionLock, Waited};
 use super::settings::CompactionSettings;
 use super::summarizer::{Summarizer, SummaryError, SummaryInput};
 use super::{budget, plan};
@@ -14,6 +15,7 @@ use crate::rewrite::Rewriter;
 use crate::session::SessionCtx;
 use crate::session::state::CompactionRecord;
 use crate::telemetry::metric;
+use crate::tokens::ModelInfo;
 use crate::upstream::RequestHead;
 
 /// How much longer than a summary call the lock is held at most, should its holder vanish.
@@ -24,7 +26,7 @@ const LOCK_MARGIN: Duration = Duration::from_secs(10);
 pub enum CompactError {
     #[error("nothing left to summarize")]
     NothingToSummarize,
-    #[error("another request of this session is compacting it")]
+    #[error("another request of this conversation is compacting it")]
     Busy,
     #[error("summary call failed")]
     SummaryFailed(#[source] SummaryError),
@@ -39,10 +41,23 @@ pub(super) struct Compaction<'c> {
     pub summarizer: &'c Summarizer,
 }
 
+/// Where the client's conversation is cut: it is counted, and `cut` is the first message kept.
+struct Cut<'b> {
+    parsed: ParsedRequest<'b>,
+    model: ModelInfo,
+    /// The first message the summary covers (after the previous record's part).
+    from: usize,
+    cut: usize,
+    user_budget: u32,
+    /// The harder rung: a quarter of the tail kept, user messages capped.
+    harder: bool,
+}
+
 impl Compaction<'_> {
     /// Summarizes the older history in a separate tool-less call and publishes the record. One
-    /// compaction per session at a time: a request that finds the lock taken waits for the
-    /// winner's record and reuses it.
+    /// compaction per conversation at a time: a request that finds its conversation's lock taken
+    /// waits for the holder's record and reuses it; other conversations of the session have
+    /// their own locks and never wait for this one.
     pub(super) async fn run(
         &self,
         head: &RequestHead,
@@ -51,15 +66,25 @@ impl Compaction<'_> {
         harder: bool,
         trigger: &'static str,
     ) -> Result<CompactionRecord, CompactError> {
-        let generation = ctx.state().compactions.iter().map(|r| r.generation).max().unwrap_or(0);
-        let Some(lock) = CompactionLock::claim(ctx, self.settings.summary_timeout + LOCK_MARGIN).await else {
-            let client =
-                ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
-            return lock::await_winner(ctx, &client, generation, self.settings.lock_wait)
-                .await
-                .ok_or(CompactError::Busy);
+        let cut = self.cut(ladder, harder).await?;
+        let hold = self.settings.summary_timeout + LOCK_MARGIN;
+        let lock = match CompactionLock::claim(ctx, hold).await {
+            Some(lock) => lock,
+            None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
+                Waited::Record(record) => return Ok(record),
+                Waited::TimedOut => return Err(CompactError::Busy),
+                // The holder finished without a record for this history: summarize it here,
+                // unless the holder's failures opened the conversation's breaker.
+                Waited::Released => {
+                    if budget::breaker_open(self.settings, &ctx.conversation().breaker, ladder.message_count) {
+                        return Err(CompactError::Busy);
+                    }
+                    CompactionLock::claim(ctx, hold).await.ok_or(CompactError::Busy)?
+                }
+            },
         };
-        let result = self.summarize(head, ladder, ctx, harder, trigger, generation + 1).await;
+        let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
+        let result = self.summarize(head, ladder, ctx, &cut, trigger, generation).await;
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
             Ok(record) => {
@@ -75,28 +100,36 @@ impl Compaction<'_> {
         result
     }
 
-    /// The new record: where to cut, the summary of what comes before the cut, the user's own
-    /// messages kept from it, and the sizes before and after.
+    /// Where to cut the client's conversation: about `keep_recent_tokens` from the end (a quarter
+    /// on the harder rung), after what the applied record already covers.
+    async fn cut<'b>(&self, ladder: &'b Ladder, harder: bool) -> Result<Cut<'b>, CompactError> {
+        let mut parsed =
+            ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
+        let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
+        let after = ladder.record.as_ref().map_or(0, |r| r.covered_messages as usize);
+        let (keep, user_budget) = budget::kept_tokens(self.settings, harder);
+        let cut = plan::choose_cut(&parsed, keep, after.max(parsed.lead()).saturating_sub(1).max(after))
+            .ok_or(CompactError::NothingToSummarize)?;
+        let from = after.max(parsed.lead());
+        Ok(Cut { parsed, model, from, cut, user_budget, harder })
+    }
+
+    /// The new record: the summary of what comes before the cut, the user's own messages kept
+    /// from it, and the sizes before and after.
     async fn summarize(
         &self,
         head: &RequestHead,
         ladder: &Ladder,
         ctx: &SessionCtx,
-        harder: bool,
+        cut: &Cut<'_>,
         trigger: &'static str,
         generation: u32,
     ) -> Result<CompactionRecord, CompactError> {
         let settings = self.settings;
-        let mut parsed =
-            ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
-        let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
+        let Cut { parsed, model, from, cut, user_budget, harder } = cut;
+        let (model, cut, harder) = (*model, *cut, *harder);
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let previous = ladder.record.as_ref();
-        let after = previous.map_or(0, |r| r.covered_messages as usize);
-        let (keep, user_budget) = budget::kept_tokens(settings, harder);
-        let cut = plan::choose_cut(&parsed, keep, after.max(parsed.lead()).saturating_sub(1).max(after))
-            .ok_or(CompactError::NothingToSummarize)?;
-
         let summary_model = match settings.model.as_str() {
             "" => parsed.model.as_deref().unwrap_or("").to_string(),
             configured => configured.to_string(),
@@ -104,8 +137,8 @@ impl Compaction<'_> {
         let summarizer = self.rewriter.models.lookup(&summary_model);
         let max_tokens = settings.summary_max_tokens.min(summarizer.max_output_tokens);
         let input = SummaryInput {
-            parsed: &parsed,
-            from: after.max(parsed.lead()),
+            parsed,
+            from: *from,
             cut,
             previous: previous.map(|r| r.summary.as_str()),
             model: &summary_model,
@@ -118,17 +151,17 @@ impl Compaction<'_> {
             generation,
             summary,
             covered_messages: cut as u64,
-            covered_hash: plan::prefix_hash(&parsed, cut),
+            covered_hash: plan::prefix_hash(parsed, cut),
             first_kept: cut as u64,
-            user_messages: plan::user_messages(&parsed, cut, user_budget),
+            user_messages: plan::user_messages(parsed, cut, *user_budget),
             truncate_user_tokens: budget::user_message_cap(settings, harder),
             tokens_before: u64::from(Rewriter::scaled(parsed.conversation.tokens_before(), model)),
             tokens_after: 0,
             trigger: trigger.to_string(),
             model: summary_model,
-            at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            at_unix_ms: crate::session::unix_ms(),
         };
-        if let Some(rebuilt) = plan::rebuild(&parsed, &record, &settings.summary_prefix, &count)
+        if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
             && let Some(mut after) = ParsedRequest::parse(ladder.dialect, &rebuilt)
         {
             self.rewriter.count_items(&mut after, model.encoding);
@@ -136,6 +169,7 @@ impl Compaction<'_> {
         }
         tracing::info!(
             session = %ctx.key().as_str(),
+            conversation = %ctx.conversation_id(),
             trigger = %trigger,
             generation,
             tokens_before = record.tokens_before,

@@ -1,14 +1,14 @@
 //! Compaction: keep each conversation inside its model's window. [`Compactor`] is what the proxy
 //! asks, at the two moments it has: before forwarding ([`Compactor::prepare`]: identify the
-//! session, load its state, re-apply a stored summary, run the rewrite policies, compact ahead of
-//! time) and after an overflow ([`Compactor::recover`]: the next rung of the ladder). It is given
-//! the request's head and bytes and gives bytes back; it knows nothing of HTTP bodies or of the
-//! proxy.
+//! session and the conversation inside it, load their state, re-apply a stored summary, run the
+//! rewrite policies, compact ahead of time) and after an overflow ([`Compactor::recover`]: the
+//! next rung of the ladder). It is given the request's head and bytes and gives bytes back; it
+//! knows nothing of HTTP bodies or of the proxy.
 //!
 //! Inside: `budget` (window, threshold and breaker arithmetic), `ladder` (one request's rungs),
-//! `compact` and `lock` (one compaction per session, across replicas), `summarizer` (the summary
-//! call), `plan` (where to cut and the rebuilt conversation; pure), `agent` (the agents' own
-//! compaction requests, which compactor leaves alone).
+//! `compact` and `lock` (one compaction per conversation, across replicas), `summarizer` (the
+//! summary call), `plan` (where to cut and the rebuilt conversation; pure), `agent` (the agents'
+//! own compaction requests, which compactor leaves alone).
 
 pub mod agent;
 mod budget;
@@ -28,7 +28,7 @@ use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
 use crate::overflow::Overflow;
 use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
-use crate::session::{Identifier, SessionCtx, SessionKey, Store};
+use crate::session::{ConversationId, Identifier, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::tokens::TokenCounter;
 use crate::upstream::{RequestHead, Upstreams};
@@ -55,6 +55,8 @@ pub struct Prepared {
     pub body: Bytes,
     /// The session the request belongs to, when compactor identified one.
     pub session: Option<SessionKey>,
+    /// The conversation inside the session, when compactor keeps state for it.
+    pub conversation: Option<ConversationId>,
     pub report: Option<RewriteReport>,
     /// The compaction generation applied to `body`.
     pub compacted: Option<u32>,
@@ -66,7 +68,7 @@ pub struct Prepared {
 
 impl Prepared {
     fn untouched(body: Bytes) -> Self {
-        Self { body, session: None, report: None, compacted: None, ctx: None, ladder: None }
+        Self { body, session: None, conversation: None, report: None, compacted: None, ctx: None, ladder: None }
     }
 }
 
@@ -144,8 +146,9 @@ impl Compactor {
             metric::rewrite_skipped(route, "agent_compaction");
             return Prepared { session: Some(session), ..Prepared::untouched(body.clone()) };
         }
-        let mut ctx = SessionCtx::load(self.store.clone(), session).await;
-        let record = plan::matching_record(&parsed, &ctx.state().compactions).cloned();
+        let conversation = ConversationId::of(&parsed);
+        let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
+        let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
         let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record);
         // The parse is handed on to the rewrite rather than repeated.
         let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed)).await;
@@ -156,9 +159,16 @@ impl Compactor {
             return Prepared::untouched(body.clone());
         };
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
-        if self.settings.auto && !budget::breaker_open(&self.settings, &ctx.state().counters, ladder.message_count) {
-            let requested = ctx.state().counters.compact_requested > 0;
-            if requested || budget::over_threshold(&self.settings, ctx.state(), ladder.message_count, &report, true) {
+        if self.settings.auto
+            && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
+        {
+            // The admin API's request belongs to the session: the first of its conversations
+            // with something to summarize answers it (compact_ahead leaves it standing otherwise).
+            let requested = ctx.session().counters.compact_requested > 0;
+            let (session, conversation) = (ctx.session(), ctx.conversation());
+            let over =
+                budget::over_threshold(&self.settings, session, conversation, ladder.message_count, &report, true);
+            if requested || over {
                 let trigger = if requested { "admin" } else { "threshold" };
                 if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await {
                     (sent, report) = compacted;
@@ -170,6 +180,7 @@ impl Compactor {
         Prepared {
             body: sent,
             session: Some(ctx.key().clone()),
+            conversation: Some(ctx.conversation_id().clone()),
             report: Some(report),
             compacted: ladder.compacted(),
             ctx: Some(ctx),
@@ -191,7 +202,7 @@ impl Compactor {
             ctx.learn_window(window);
         }
         if ladder.retries() >= self.settings.max_retries
-            || budget::breaker_open(&self.settings, &ctx.state().counters, ladder.message_count)
+            || budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
         {
             return Next::GiveUp;
         }
@@ -231,7 +242,12 @@ impl Compactor {
                             }
                         }
                         Err(error) => {
-                            tracing::warn!(error = %Chain(&error), session = %ctx.key().as_str(), "compaction failed")
+                            tracing::warn!(
+                                error = %Chain(&error),
+                                session = %ctx.key().as_str(),
+                                conversation = %ctx.conversation_id(),
+                                "compaction failed"
+                            )
                         }
                     }
                 }
@@ -255,7 +271,8 @@ impl Compactor {
         if trigger == "threshold"
             && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings()).await
         {
-            if !budget::over_threshold(&self.settings, ctx.state(), ladder.message_count, &hard, false) {
+            let (session, conversation) = (ctx.session(), ctx.conversation());
+            if !budget::over_threshold(&self.settings, session, conversation, ladder.message_count, &hard, false) {
                 metric::compaction(trigger, "pruned");
                 return Some((body, hard));
             }
@@ -266,10 +283,14 @@ impl Compactor {
                 ladder.record = Some(record);
                 self.derive(ladder, ctx, &self.rewriter.settings).await.or(best)
             }
+            // A conversation with nothing to summarize (a title request, a young subagent)
+            // leaves the admin API's request for the next one that has.
+            Err(CompactError::NothingToSummarize) if trigger == "admin" => best,
             Err(error) => {
                 tracing::warn!(
                     error = %Chain(&error),
                     session = %ctx.key().as_str(),
+                    conversation = %ctx.conversation_id(),
                     tokens = report.tokens_after,
                     "compaction ahead of time failed"
                 );
@@ -309,7 +330,7 @@ impl Compactor {
             Some(parsed) => parsed,
             None => work::step(|| ParsedRequest::parse(ladder.dialect, &ladder.client_body)).await.ok()??,
         };
-        let pruned = &ctx.state().pruned;
+        let pruned = &ctx.conversation().pruned;
         let Some(record) = &ladder.record else {
             let mut rewritten = self.rewriter.rewrite_with(&mut client, pruned, settings).await.ok()?;
             let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| ladder.client_body.clone());

@@ -124,6 +124,7 @@ impl Config {
                 key_prefix: r.get("session.key_prefix", d.session.key_prefix),
                 ttl: r.parse("session.ttl_secs", d.session.ttl, |s: u64| positive(s).map(Duration::from_secs)),
                 max_sessions: r.parse("session.max_sessions", d.session.max_sessions, positive),
+                max_conversations: r.parse("session.max_conversations", d.session.max_conversations, positive_u32),
                 redis_timeout: r.parse("session.redis_timeout_ms", d.session.redis_timeout, positive_ms),
                 tenant_secret: r.get("session.tenant_secret", d.session.tenant_secret),
                 breaker_failures: r.parse("session.breaker_failures", d.session.breaker_failures, positive_u32),

@@ -102,6 +102,9 @@ pub struct SessionConfig {
     #[serde(rename = "ttl_secs", serialize_with = "secs")]
     pub ttl: Duration,
     pub max_sessions: u64,
+    /// Conversations kept per session (an agent's main loop, its subagents, its side requests), in
+    /// memory and in Redis; the least recently used go first, with their records.
+    pub max_conversations: u32,
     #[serde(rename = "redis_timeout_ms", serialize_with = "millis")]
     pub redis_timeout: Duration,
     pub tenant_secret: Secret,
@@ -287,6 +290,7 @@ impl Default for Config {
                 key_prefix: "compactor".into(),
                 ttl: Duration::from_secs(7 * 24 * 3600),
                 max_sessions: 100_000,
+                max_conversations: 32,
                 redis_timeout: Duration::from_millis(250),
                 tenant_secret: Secret::default(),
                 breaker_failures: 5,

@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::error::{Chain, ProxyError};
 use crate::rewrite::RewriteReport;
 use crate::route::Route;
-use crate::session::Store;
+use crate::session::{ConversationId, Store};
 use crate::telemetry::request::RequestLog;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
@@ -85,11 +85,12 @@ impl Proxy {
         let _stop_when_gone = budget.stop_on_drop();
 
         let prepared = budget.scope(self.compactor.prepare(&head, body)).await;
-        let Prepared { body, session, report, compacted, ctx, mut ladder } = prepared;
+        let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         if let Some(report) = &report {
             finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
         finish.log.session = session.as_ref().map(|s| s.key.clone());
+        finish.log.conversation = conversation.as_ref().map(|c| c.to_string());
         if let Some(ctx) = ctx {
             finish.keep(&self.finishers, ctx);
         }
@@ -105,7 +106,7 @@ impl Proxy {
             Err(error) => return fail(error, route, finish),
         };
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
-        let answer = Answer { session: session.map(|s| s.key), report, compacted, tap_usage };
+        let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
         self.respond(forwarded, answer, finish)
     }
 
@@ -123,6 +124,9 @@ impl Proxy {
         finish.log.status = response_parts.status.as_u16();
         if let Some(session) = &answer.session {
             headers.insert("x-compactor-session", header_value(session));
+        }
+        if let Some(conversation) = &answer.conversation {
+            headers.insert("x-compactor-conversation", header_value(conversation.as_str()));
         }
         if let Some(report) = &answer.report {
             let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
@@ -156,6 +160,8 @@ impl Proxy {
 /// What the response tells the client about what compactor did.
 struct Answer {
     session: Option<String>,
+    /// The conversation inside the session whose state the request used.
+    conversation: Option<ConversationId>,
     report: Option<RewriteReport>,
     /// The compaction generation applied before forwarding.
     compacted: Option<u32>,

@@ -57,8 +57,9 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
     }
 }
 
-/// `GET|DELETE /admin/sessions/{key}`: a session's stored state, or forgetting it;
-/// `POST /admin/sessions/{key}/compact`: compact it on its next request.
+/// `GET|DELETE /admin/sessions/{key}`: a session's stored state with its conversations, or
+/// forgetting all of it; `POST /admin/sessions/{key}/compact`: compact on the session's next
+/// request whose conversation has something to summarize.
 async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Response<ResponseBody> {
     let token = &state.config.admin.token;
     if token.is_empty() {
@@ -79,7 +80,7 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
             return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
         }
         let update = SessionUpdate { compact_requested: Some(true), ..Default::default() };
-        return match store.update(key, &update).await {
+        return match store.update_session(key, &update).await {
             Ok(()) => json(StatusCode::ACCEPTED, serde_json::json!({"session": key, "compact_on_next_request": true})),
             Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         };
@@ -88,12 +89,8 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
     };
     match *request.method() {
-        Method::GET => match store.load(key).await {
-            Ok(session)
-                if session.counters.requests == 0 && session.pruned.is_empty() && session.compactions.is_empty() =>
-            {
-                ProxyError::NotFound.into_response(ApiFamily::OpenAi)
-            }
+        Method::GET => match store.view(key).await {
+            Ok(session) if session.is_empty() => ProxyError::NotFound.into_response(ApiFamily::OpenAi),
             Ok(session) => {
                 json(StatusCode::OK, serde_json::json!({"session": key, "store": store.kind(), "state": session}))
             }

@@ -1,11 +1,12 @@
-//! Which conversation a request belongs to, and whose: a session id from the headers agents
-//! already send, else from the body, else a fingerprint of the conversation's opening; scoped by a
-//! keyed hash of the caller's credential so tenants never share state.
+//! Which session a request belongs to, and whose: a session id from the headers agents already
+//! send, else from the body, else a fingerprint of the conversation's opening; scoped by a keyed
+//! hash of the caller's credential so tenants never share state. And which conversation inside
+//! the session: a hash of the same opening ([`ConversationId`]).
 
 use std::borrow::Cow;
 
 use http::HeaderMap;
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
 
 use crate::dialect::ParsedRequest;
 use crate::json::RawObject;
@@ -120,26 +121,70 @@ pub fn session_from_user_id(user_id: &str) -> Option<String> {
     (!session.is_empty()).then(|| session.to_string())
 }
 
-/// A fingerprint of the conversation's opening: system prompt and first user message, ignoring
-/// lines that change on every request (Claude Code's billing header).
+/// A fingerprint of the conversation's opening, the session id of requests that carry none.
 pub fn fingerprint(parsed: &ParsedRequest) -> String {
+    format!("{:032x}", xxh3_128(opening(parsed).as_bytes()))
+}
+
+/// The line Claude Code adds to its system prompt, different on every request.
+const BILLING_LINE: &str = "x-anthropic-billing-header:";
+
+/// What a conversation shares from its first request to its last: the system prompt that comes
+/// before the first user message, and that message's text. Lines that change on every request
+/// (Claude Code's billing header) are left out; so are `cache_control` markers, attachments and
+/// everything later in the history, which grows.
+fn opening(parsed: &ParsedRequest) -> String {
     use crate::conversation::{Kind, Role};
     let mut opening = String::new();
-    for text in &parsed.system {
-        for line in text.lines() {
-            if !line.trim_start().starts_with("x-anthropic-billing-header:") {
-                opening.push_str(line);
-                opening.push('\n');
-            }
+    let mut system = |text: &str| {
+        for line in text.lines().filter(|line| !line.trim_start().starts_with(BILLING_LINE)) {
+            opening.push_str(line);
+            opening.push('\n');
+        }
+    };
+    parsed.top_system.iter().for_each(|text| system(text));
+    let items = &parsed.conversation.items;
+    let first_user = parsed.messages.iter().position(|m| m.role == Role::User);
+    for item in items.iter().filter(|item| first_user.is_none_or(|first| item.message < first)) {
+        if let Kind::System { text } = &item.kind {
+            system(text);
         }
     }
-    let first_user = parsed.conversation.items.iter().find_map(|item| match &item.kind {
-        Kind::Text { role: Role::User, text } => Some(text.as_ref()),
-        _ => None,
-    });
     opening.push('\0');
-    opening.push_str(first_user.unwrap_or(""));
-    format!("{:032x}", xxh3_128(opening.as_bytes()))
+    for item in items.iter().filter(|item| Some(item.message) == first_user) {
+        if let Kind::Text { role: Role::User, text } = &item.kind {
+            opening.push_str(text);
+            opening.push('\n');
+        }
+    }
+    opening
+}
+
+/// One conversation inside a session: a short hash of its opening (see [`opening`]). An agent's
+/// main loop, each of its subagents and each side request (a title, a summary) open differently,
+/// so each gets its own compaction lock, records and breaker.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConversationId(String);
+
+impl ConversationId {
+    pub fn of(parsed: &ParsedRequest) -> Self {
+        Self(format!("{:016x}", xxh3_64(opening(parsed).as_bytes())))
+    }
+
+    /// An id as the admin API or the store gives it back; `None` when it is not one.
+    pub fn parse(text: &str) -> Option<Self> {
+        (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Self(text.to_ascii_lowercase()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ConversationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 #[cfg(test)]
@@ -205,6 +250,92 @@ mod tests {
         let a = id.identify(&HeaderMap::new(), Some(&first));
         assert_eq!(a, id.identify(&HeaderMap::new(), Some(&second)));
         assert_eq!(a.source, SessionSource::Fingerprint);
+    }
+
+    /// A Claude Code request: the billing line, `system` blocks, and `messages` with the newest
+    /// block marked for caching, as Claude Code sends them.
+    fn claude_code(cch: &str, system: &str, messages: serde_json::Value) -> String {
+        let mut messages = messages;
+        if let Some(block) = messages
+            .as_array_mut()
+            .and_then(|m| m.last_mut())
+            .and_then(|m| m["content"].as_array_mut())
+            .and_then(|c| c.last_mut())
+        {
+            block["cache_control"] = serde_json::json!({"type": "ephemeral"});
+        }
+        serde_json::json!({
+            "model": "claude-sonnet-4-5",
+            "metadata": {"user_id": "user_abc_account_11111111_session_22222222"},
+            "system": [
+                {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.197.e4f; cc_entrypoint=cli; cch={cch};")},
+                {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+                {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}
+            ],
+            "messages": messages
+        })
+        .to_string()
+    }
+
+    fn ids(body: &str) -> (SessionKey, ConversationId) {
+        let parsed = ParsedRequest::parse(Dialect::AnthropicMessages, body.as_bytes()).unwrap();
+        let headers = headers(&[("x-claude-code-session-id", "22222222"), ("x-api-key", "k")]);
+        (Identifier::new("x-session-id", "").identify(&headers, Some(&parsed)), ConversationId::of(&parsed))
+    }
+
+    fn user(blocks: &[&str]) -> serde_json::Value {
+        let content: Vec<serde_json::Value> =
+            blocks.iter().map(|text| serde_json::json!({"type": "text", "text": text})).collect();
+        serde_json::json!({"role": "user", "content": content})
+    }
+
+    const MAIN_PROMPT: &str = "You are an interactive CLI tool that helps users with software engineering tasks.";
+    const REMINDER: &str = "<system-reminder>\nAs you answer the user's questions, you can use the following context: CLAUDE.md says run cargo test.\n</system-reminder>";
+
+    #[test]
+    fn a_conversation_keeps_its_id_as_it_grows_whatever_the_billing_line_and_cache_markers_say() {
+        let first = serde_json::json!([user(&[REMINDER, "Add streaming to the exporter."])]);
+        let grown = serde_json::json!([
+            user(&[REMINDER, "Add streaming to the exporter."]),
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "fn main() {}"}]},
+            {"role": "system", "content": "A system entry later in the history."},
+            user(&["Good, now the tests."])
+        ]);
+        let (session, opened) = ids(&claude_code("aaaaa", MAIN_PROMPT, first));
+        let (same_session, later) = ids(&claude_code("bbbbb", MAIN_PROMPT, grown));
+        assert_eq!(session, same_session);
+        assert_eq!(opened, later, "the billing line, the moved cache marker and the newer turns change nothing");
+        assert_eq!(opened.as_str().len(), 16);
+        assert_eq!(ConversationId::parse(opened.as_str()), Some(opened.clone()));
+        assert_eq!(ConversationId::parse("not-an-id"), None);
+    }
+
+    #[test]
+    fn a_claude_code_task_subagent_is_another_conversation_of_the_same_session() {
+        let subagent_prompt = "You are an agent for Claude Code, Anthropic's official CLI for Claude. Given the user's message, you should use the tools available to complete the task.";
+        let (session, parent) = ids(&claude_code(
+            "aaaaa",
+            MAIN_PROMPT,
+            serde_json::json!([user(&[REMINDER, "Add streaming to the exporter."])]),
+        ));
+        let (sub_session, search) = ids(&claude_code(
+            "ccccc",
+            subagent_prompt,
+            serde_json::json!([user(&["Find every caller of export_session."])]),
+        ));
+        let (_, review) = ids(&claude_code(
+            "ddddd",
+            subagent_prompt,
+            serde_json::json!([user(&["Review the diff of the exporter."])]),
+        ));
+        assert_eq!(session, sub_session, "a subagent runs under its parent's session id");
+        assert_ne!(parent, search);
+        assert_ne!(search, review, "two subagents of one kind differ by their task");
+        // First messages that open with the same reminder block differ by the rest.
+        let (_, other_task) =
+            ids(&claude_code("eeeee", MAIN_PROMPT, serde_json::json!([user(&[REMINDER, "Fix the flaky test."])])));
+        assert_ne!(parent, other_task);
     }
 
     #[test]

@@ -1,59 +1,166 @@
-//! The in-process session store: bounded, with time-to-idle expiry.
+//! The in-process session store: bounded (sessions, and conversations per session, the least
+//! recently used dropped first), with time-to-idle expiry.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::state::{SessionState, SessionUpdate};
+use super::state::{ConversationState, ConversationView, SessionState, SessionUpdate, SessionView, Update};
+
+/// Compaction locks by (session, conversation): owner and expiry.
+type Locks = HashMap<(String, String), (String, Instant)>;
 
 #[derive(Clone)]
 pub struct MemoryStore {
-    sessions: moka::sync::Cache<String, Arc<Mutex<SessionState>>>,
-    locks: Arc<Mutex<HashMap<String, (String, Instant)>>>,
+    sessions: moka::sync::Cache<String, Arc<Mutex<MemorySession>>>,
+    locks: Arc<Mutex<Locks>>,
+    max_conversations: usize,
+    /// Orders uses: two uses in the same millisecond still have an order.
+    uses: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct MemorySession {
+    state: SessionState,
+    conversations: HashMap<String, Kept>,
+}
+
+/// A conversation and when it was last used.
+struct Kept {
+    use_order: u64,
+    last_used_unix_ms: u64,
+    state: ConversationState,
 }
 
 impl MemoryStore {
-    pub fn new(max_sessions: u64, ttl: Duration) -> Self {
+    pub fn new(max_sessions: u64, max_conversations: usize, ttl: Duration) -> Self {
         Self {
             sessions: moka::sync::Cache::builder().max_capacity(max_sessions).time_to_idle(ttl).build(),
             locks: Arc::default(),
+            max_conversations: max_conversations.max(1),
+            uses: Arc::default(),
         }
     }
 
-    pub fn load(&self, key: &str) -> Option<SessionState> {
-        let entry = self.sessions.get(key)?;
-        let state = entry.lock().map(|s| s.clone()).unwrap_or_default();
-        Some(state)
+    /// The session's state and its conversation's; empty when unknown.
+    pub fn load(&self, key: &str, conversation: &str) -> (SessionState, ConversationState) {
+        let Some(entry) = self.sessions.get(key) else { return Default::default() };
+        let Ok(session) = entry.lock() else { return Default::default() };
+        let kept = session.conversations.get(conversation).map(|kept| kept.state.clone());
+        (session.state.clone(), kept.unwrap_or_default())
     }
 
-    pub fn update(&self, key: &str, update: &SessionUpdate) {
-        let entry = self.sessions.get_with(key.to_string(), || Arc::new(Mutex::new(SessionState::default())));
-        if let Ok(mut state) = entry.lock() {
-            state.apply(update);
+    /// Applies a request's changes and marks its conversation as the most recently used, dropping
+    /// the least recently used one beyond the bound.
+    pub fn update(&self, key: &str, conversation: &str, update: &Update) {
+        let entry = self.sessions.get_with(key.to_string(), Arc::default);
+        let Ok(mut session) = entry.lock() else { return };
+        session.state.apply(&update.session);
+        let use_order = self.uses.fetch_add(1, Ordering::Relaxed);
+        let kept = session.conversations.entry(conversation.to_string()).or_insert_with(|| Kept {
+            use_order,
+            last_used_unix_ms: 0,
+            state: ConversationState::default(),
+        });
+        kept.use_order = use_order;
+        kept.last_used_unix_ms = super::unix_ms();
+        kept.state.apply(&update.conversation);
+        while session.conversations.len() > self.max_conversations {
+            let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
+            let Some(oldest) = oldest else { break };
+            session.conversations.remove(&oldest);
         }
+    }
+
+    /// Changes the session's own state only (the admin API's requests).
+    pub fn update_session(&self, key: &str, update: &SessionUpdate) {
+        let entry = self.sessions.get_with(key.to_string(), Arc::default);
+        if let Ok(mut session) = entry.lock() {
+            session.state.apply(update);
+        }
+    }
+
+    /// The session with every conversation it keeps, most recently used first.
+    pub fn view(&self, key: &str) -> SessionView {
+        let Some(entry) = self.sessions.get(key) else { return SessionView::default() };
+        let Ok(session) = entry.lock() else { return SessionView::default() };
+        let mut kept: Vec<(&String, &Kept)> = session.conversations.iter().collect();
+        kept.sort_by_key(|(_, kept)| std::cmp::Reverse(kept.use_order));
+        let conversations = kept
+            .into_iter()
+            .map(|(id, kept)| ConversationView::new(id.clone(), kept.last_used_unix_ms, kept.state.clone()))
+            .collect();
+        SessionView { session: session.state.clone(), conversations }
     }
 
     pub fn forget(&self, key: &str) -> bool {
         self.sessions.remove(key).is_some()
     }
 
-    pub fn try_lock(&self, key: &str, owner: &str, hold: Duration) -> bool {
+    pub fn try_lock(&self, key: &str, conversation: &str, owner: &str, hold: Duration) -> bool {
         let Ok(mut locks) = self.locks.lock() else { return false };
         let now = Instant::now();
         locks.retain(|_, (_, until)| *until > now);
-        if locks.contains_key(key) {
+        let lock = (key.to_string(), conversation.to_string());
+        if locks.contains_key(&lock) {
             return false;
         }
-        locks.insert(key.to_string(), (owner.to_string(), now + hold));
+        locks.insert(lock, (owner.to_string(), now + hold));
         true
     }
 
-    pub fn unlock(&self, key: &str, owner: &str) -> bool {
+    pub fn unlock(&self, key: &str, conversation: &str, owner: &str) -> bool {
         let Ok(mut locks) = self.locks.lock() else { return false };
-        if locks.get(key).is_some_and(|(held_by, _)| held_by == owner) {
-            locks.remove(key);
+        let lock = (key.to_string(), conversation.to_string());
+        if locks.get(&lock).is_some_and(|(held_by, _)| held_by == owner) {
+            locks.remove(&lock);
             return true;
         }
         false
+    }
+
+    /// Whether someone holds the conversation's lock.
+    pub fn locked(&self, key: &str, conversation: &str) -> bool {
+        let Ok(locks) = self.locks.lock() else { return false };
+        let now = Instant::now();
+        locks.get(&(key.to_string(), conversation.to_string())).is_some_and(|(_, until)| *until > now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::state::ConversationUpdate;
+
+    fn request(messages: u64) -> Update {
+        let conversation = ConversationUpdate { request_messages: Some(messages), ..ConversationUpdate::default() };
+        Update { conversation, ..Update::default() }
+    }
+
+    #[test]
+    fn a_session_keeps_its_most_recently_used_conversations() {
+        let store = MemoryStore::new(10, 2, Duration::from_secs(60));
+        store.update("s", "a", &request(1));
+        store.update("s", "b", &request(2));
+        store.update("s", "a", &request(3));
+        store.update("s", "c", &request(4));
+        let ids: Vec<String> = store.view("s").conversations.into_iter().map(|c| c.id).collect();
+        assert_eq!(ids, ["c", "a"], "b was the least recently used");
+        assert_eq!(store.load("s", "a").1.messages, 3);
+        assert!(store.load("s", "b").1.is_empty());
+    }
+
+    #[test]
+    fn locks_are_per_conversation() {
+        let store = MemoryStore::new(10, 2, Duration::from_secs(60));
+        let hold = Duration::from_secs(5);
+        assert!(store.try_lock("s", "a", "one", hold));
+        assert!(store.locked("s", "a"));
+        assert!(!store.try_lock("s", "a", "two", hold));
+        assert!(store.try_lock("s", "b", "two", hold), "another conversation has its own lock");
+        assert!(!store.unlock("s", "a", "two"));
+        assert!(store.unlock("s", "a", "one"));
+        assert!(!store.locked("s", "a"));
     }
 }

@@ -1,5 +1,6 @@
-//! Sessions: which conversation a request belongs to, and the state compactor keeps for it so the
-//! next request of the same conversation gets the same rewrite, on any replica.
+//! Sessions: which session and which conversation inside it a request belongs to, and the state
+//! compactor keeps for them so the next request of the same conversation gets the same rewrite, on
+//! any replica.
 
 pub mod breaker;
 pub mod ctx;
@@ -12,6 +13,14 @@ pub mod store;
 
 pub use ctx::SessionCtx;
 pub use error::StoreError;
-pub use identify::{Identifier, SessionKey, SessionSource};
-pub use state::{SessionState, SessionUpdate, Usage};
+pub use identify::{ConversationId, Identifier, SessionKey, SessionSource};
+pub use state::{
+    Breaker, ConversationState, ConversationUpdate, ConversationView, SessionState, SessionUpdate, SessionView, Update,
+    Usage,
+};
 pub use store::Store;
+
+/// Milliseconds since the Unix epoch (0 with a clock set before it).
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,6 +1,19 @@
-//! The Redis session store, shared by every replica. One round trip to read a session (a
-//! pipeline), writes off the request's path, every key with a TTL, one hash tag per session so
-//! its keys live on one Redis Cluster shard.
+//! The Redis session store, shared by every replica. One round trip to read a request's state (a
+//! pipeline), one write pipeline per commit, off the request's path; every key with a TTL, one hash
+//! tag per session so its keys live on one Redis Cluster shard.
+//!
+//! Layout, under `<prefix>:{<session key>}:` (the braces are the hash tag):
+//! - `session`: hash of the session's own values (`requests`, `tokens_saved`, `compact_requested`,
+//!   `learned_window`);
+//! - `conversations`: sorted set of the session's conversation ids by last use (server time in
+//!   microseconds), at most `max_conversations` long;
+//! - `c:<id>`: hash of one conversation (`requests`, `messages`, `usage` as versioned JSON,
+//!   `breaker_failures`, `breaker_at`); `c:<id>:pruned`: set of pruned call ids;
+//!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock.
+//!
+//! The previous version's keys (`pruned`, `usage`, `counters`, `compactions`, `lock` right under
+//! the hash tag) are never read: state is a cache, they expire with their TTL, and forgetting a
+//! session deletes them too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +25,10 @@ use redis::{Pipeline, RedisResult, Value as RedisValue};
 use tokio::sync::OnceCell;
 
 use super::error::StoreError;
-use super::state::{CompactionRecord, Counters, MAX_RECORDS, STATE_VERSION, SessionState, SessionUpdate, Usage};
+use super::state::{
+    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, MAX_RECORDS, STATE_VERSION, SessionState,
+    SessionUpdate, SessionView, Update, Usage,
+};
 use crate::config::SessionConfig;
 
 /// A connection to one Redis or to a Redis Cluster; both reconnect by themselves.
@@ -44,6 +60,7 @@ pub struct RedisStore {
     connection: Arc<OnceCell<Connection>>,
     prefix: String,
     ttl_secs: i64,
+    max_conversations: usize,
     timeout: Duration,
 }
 
@@ -51,12 +68,92 @@ pub struct RedisStore {
 const RELEASE_LOCK: &str =
     r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) else return 0 end"#;
 
+/// Marks a conversation as just used and drops the least recently used ones beyond the bound,
+/// with their keys, in the same step. KEYS[1]: the session's `conversations`; ARGV: the
+/// conversation id, the bound, the TTL in seconds, the key prefix of conversations. Server time,
+/// so replicas with different clocks still agree on the order. (The keys it deletes are not
+/// declared: they share the session's hash tag, hence its Cluster slot.)
+const TOUCH_CONVERSATION: &str = r#"
+local now = redis.call("TIME")
+redis.call("ZADD", KEYS[1], now[1] * 1000000 + now[2], ARGV[1])
+local excess = redis.call("ZCARD", KEYS[1]) - tonumber(ARGV[2])
+if excess > 0 then
+  for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, excess - 1)) do
+    if id ~= ARGV[1] then
+      local base = ARGV[4] .. id
+      redis.call("DEL", base, base .. ":pruned", base .. ":compactions")
+      redis.call("ZREM", KEYS[1], id)
+    end
+  end
+end
+redis.call("EXPIRE", KEYS[1], ARGV[3])
+return 0
+"#;
+
+/// Deletes a whole session: every conversation the sorted set KEYS[1] lists (ARGV[1]: their key
+/// prefix), then KEYS (the session's own keys and the previous layout's). Returns how many keys
+/// went.
+const FORGET_SESSION: &str = r#"
+local deleted = 0
+for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
+  local base = ARGV[1] .. id
+  deleted = deleted + redis.call("DEL", base, base .. ":pruned", base .. ":compactions", base .. ":lock")
+end
+return deleted + redis.call("DEL", unpack(KEYS))
+"#;
+
+/// Keys of the previous layout (one set of keys per session), deleted when a session is forgotten.
+const PREVIOUS_LAYOUT: [&str; 5] = ["pruned", "usage", "counters", "compactions", "lock"];
+
+/// A Redis hash as field/value pairs.
+type Hash = Vec<(String, String)>;
+
+/// A number field of a hash; 0 when absent or not a number.
+fn number(hash: &Hash, name: &str) -> u64 {
+    hash.iter().find(|(field, _)| field == name).and_then(|(_, value)| value.parse().ok()).unwrap_or(0)
+}
+
+/// A session's hash, read.
+fn session_state(hash: &Hash) -> SessionState {
+    SessionState {
+        version: STATE_VERSION,
+        counters: Counters {
+            requests: number(hash, "requests"),
+            tokens_saved: number(hash, "tokens_saved"),
+            compact_requested: number(hash, "compact_requested"),
+            learned_window: number(hash, "learned_window"),
+        },
+    }
+}
+
+/// A conversation's three keys, read; values of another version are left out.
+fn conversation_state(hash: &Hash, pruned: Vec<String>, compactions: &[String]) -> ConversationState {
+    let usage = hash
+        .iter()
+        .find(|(field, _)| field == "usage")
+        .and_then(|(_, json)| serde_json::from_str::<Versioned<Usage>>(json).ok())
+        .and_then(Versioned::current);
+    ConversationState {
+        pruned: pruned.into_iter().collect(),
+        compactions: compactions
+            .iter()
+            .filter_map(|json| serde_json::from_str::<Versioned<CompactionRecord>>(json).ok())
+            .filter_map(Versioned::current)
+            .collect(),
+        usage,
+        breaker: Breaker { failures: number(hash, "breaker_failures"), at_messages: number(hash, "breaker_at") },
+        requests: number(hash, "requests"),
+        messages: number(hash, "messages"),
+    }
+}
+
 impl RedisStore {
     pub fn new(config: &SessionConfig) -> Self {
         let store = Self {
             connection: Arc::new(OnceCell::new()),
             prefix: config.key_prefix.clone(),
             ttl_secs: i64::try_from(config.ttl.as_secs()).unwrap_or(i64::MAX),
+            max_conversations: config.max_conversations.max(1) as usize,
             timeout: config.redis_timeout,
         };
         let cell = store.connection.clone();
@@ -87,6 +184,21 @@ impl RedisStore {
         format!("{}:{{{session}}}:{part}", self.prefix)
     }
 
+    /// The prefix of a session's conversation keys: `{prefix}:{<session key>}:c:`.
+    fn conversations_prefix(&self, session: &str) -> String {
+        self.key(session, "c:")
+    }
+
+    /// A conversation's keys: its hash, pruned set and record list.
+    fn conversation_keys(&self, session: &str, conversation: &str) -> [String; 3] {
+        let base = format!("{}{conversation}", self.conversations_prefix(session));
+        [format!("{base}:pruned"), format!("{base}:compactions"), base]
+    }
+
+    fn lock_key(&self, session: &str, conversation: &str) -> String {
+        format!("{}{conversation}:lock", self.conversations_prefix(session))
+    }
+
     fn connection(&self) -> Result<&Connection, StoreError> {
         self.connection.get().ok_or(StoreError::NotConnected)
     }
@@ -99,104 +211,174 @@ impl RedisStore {
         }
     }
 
-    /// Reads a whole session in one round trip.
-    pub async fn load(&self, session: &str) -> Result<SessionState, StoreError> {
-        let connection = self.connection()?;
-        let mut pipeline = redis::pipe();
-        pipeline
-            .smembers(self.key(session, "pruned"))
-            .get(self.key(session, "usage"))
-            .hgetall(self.key(session, "counters"))
-            .lrange(self.key(session, "compactions"), 0, -1);
-        type Loaded = (Vec<String>, Option<String>, Vec<(String, u64)>, Vec<String>);
-        let (pruned, usage, counters, compactions): Loaded =
-            self.bounded(connection.query(&pipeline)).await.map_err(corrupt_if_unreadable)?;
-        let usage = usage.map(|json| Versioned::<Usage>::read(&json, "usage")).transpose()?;
-        let compactions = compactions
-            .iter()
-            .map(|json| Versioned::<CompactionRecord>::read(json, "compactions"))
-            .collect::<Result<_, _>>()?;
-        let counter = |name: &str| counters.iter().find(|(k, _)| k == name).map_or(0, |(_, v)| *v);
-        Ok(SessionState {
-            version: STATE_VERSION,
-            pruned: pruned.into_iter().collect(),
-            compactions,
-            usage,
-            counters: Counters {
-                requests: counter("requests"),
-                tokens_saved: counter("tokens_saved"),
-                compaction_failures: counter("compaction_failures"),
-                failures_at_messages: counter("failures_at_messages"),
-                compact_requested: counter("compact_requested"),
-                learned_window: counter("learned_window"),
-            },
-        })
+    /// The reads of one request's state: the session's hash, then the conversation's hash, pruned
+    /// set and records.
+    fn read(&self, pipeline: &mut Pipeline, session: &str, conversation: &str) {
+        let [pruned, compactions, hash] = self.conversation_keys(session, conversation);
+        pipeline.hgetall(self.key(session, "session")).hgetall(hash).smembers(pruned).lrange(compactions, 0, -1);
     }
 
-    /// Adds a request's decisions: set union for pruned ids, so replicas never undo each other.
-    pub async fn update(&self, session: &str, update: &SessionUpdate) -> Result<(), StoreError> {
+    /// Reads the session's state and its conversation's in one round trip.
+    pub async fn load(
+        &self,
+        session: &str,
+        conversation: &str,
+    ) -> Result<(SessionState, ConversationState), StoreError> {
         let connection = self.connection()?;
-        let keys = ["pruned", "usage", "counters", "compactions"].map(|part| self.key(session, part));
         let mut pipeline = redis::pipe();
-        if !update.pruned.is_empty() {
-            pipeline.sadd(&keys[0], &update.pruned).ignore();
+        self.read(&mut pipeline, session, conversation);
+        type Loaded = (Hash, Hash, Vec<String>, Vec<String>);
+        let (session_hash, hash, pruned, compactions): Loaded =
+            self.bounded(connection.query(&pipeline)).await.map_err(corrupt_if_unreadable)?;
+        readable(&session_hash, &hash, &compactions)?;
+        Ok((session_state(&session_hash), conversation_state(&hash, pruned, &compactions)))
+    }
+
+    /// Whether the conversation's compaction lock is held, then its state, in one round trip (for
+    /// a request waiting on another's compaction). The lock is read first: its holder publishes
+    /// before it releases, so a lock seen free means its record is in what is read after.
+    pub async fn poll(&self, session: &str, conversation: &str) -> Result<(ConversationState, bool), StoreError> {
+        let connection = self.connection()?;
+        let mut pipeline = redis::pipe();
+        pipeline.exists(self.lock_key(session, conversation));
+        self.read(&mut pipeline, session, conversation);
+        type Polled = (bool, Hash, Hash, Vec<String>, Vec<String>);
+        let (locked, _, hash, pruned, compactions): Polled = self.bounded(connection.query(&pipeline)).await?;
+        Ok((conversation_state(&hash, pruned, &compactions), locked))
+    }
+
+    /// Adds a request's decisions in one pipeline: set union for pruned ids and increments for
+    /// counters, so replicas never undo each other; the conversation becomes the session's most
+    /// recently used, and every key written gets (or keeps) the TTL.
+    pub async fn update(&self, session: &str, conversation: &str, update: &Update) -> Result<(), StoreError> {
+        let connection = self.connection()?;
+        let mut pipeline = redis::pipe();
+        self.write_session(&mut pipeline, session, &update.session);
+        let change = &update.conversation;
+        let [pruned, compactions, hash] = self.conversation_keys(session, conversation);
+        if !change.pruned.is_empty() {
+            pipeline.sadd(&pruned, &change.pruned).ignore();
         }
-        if let Some(usage) = &update.usage {
-            pipeline.set(&keys[1], Versioned::json(usage)?).ignore();
+        if let Some(usage) = &change.usage {
+            pipeline.hset(&hash, "usage", Versioned::json(usage)?).ignore();
         }
-        if update.count_request {
-            pipeline.hincr(&keys[2], "requests", 1).ignore();
+        if change.clear_usage {
+            pipeline.hdel(&hash, "usage").ignore();
         }
-        if update.clear_usage {
-            pipeline.del(&keys[1]).ignore();
+        if let Some(breaker) = change.breaker {
+            let fields = [("breaker_failures", breaker.failures), ("breaker_at", breaker.at_messages)];
+            pipeline.hset_multiple(&hash, &fields).ignore();
         }
-        if let Some((failures, at)) = update.breaker {
-            pipeline.hset(&keys[2], "compaction_failures", failures).ignore();
-            pipeline.hset(&keys[2], "failures_at_messages", at).ignore();
+        if let Some(messages) = change.request_messages {
+            pipeline.hincr(&hash, "requests", 1).ignore();
+            pipeline.hset(&hash, "messages", messages).ignore();
         }
-        if let Some(requested) = update.compact_requested {
-            pipeline.hset(&keys[2], "compact_requested", u64::from(requested)).ignore();
-        }
-        if let Some(window) = update.learned_window {
-            pipeline.hset(&keys[2], "learned_window", window).ignore();
-        }
-        if update.tokens_saved > 0 {
-            pipeline.hincr(&keys[2], "tokens_saved", update.tokens_saved).ignore();
-        }
-        if let Some(record) = &update.compaction {
-            pipeline.rpush(&keys[3], Versioned::json(record)?).ignore();
+        if let Some(record) = &change.compaction {
+            pipeline.rpush(&compactions, Versioned::json(record)?).ignore();
             // The newest records are the ones that can still match; keep a bounded lineage.
-            pipeline.ltrim(&keys[3], -(MAX_RECORDS as isize), -1).ignore();
+            pipeline.ltrim(&compactions, -(MAX_RECORDS as isize), -1).ignore();
         }
-        // Every key of the session gets (or keeps) the TTL: refreshed on use.
-        for key in &keys {
+        for key in [&hash, &pruned, &compactions] {
             pipeline.expire(key, self.ttl_secs).ignore();
         }
+        pipeline
+            .cmd("EVAL")
+            .arg(TOUCH_CONVERSATION)
+            .arg(1)
+            .arg(self.key(session, "conversations"))
+            .arg(conversation)
+            .arg(self.max_conversations)
+            .arg(self.ttl_secs)
+            .arg(self.conversations_prefix(session))
+            .ignore();
         self.bounded(connection.query::<()>(&pipeline)).await
     }
 
+    /// Changes the session's own values only (the admin API's requests).
+    pub async fn update_session(&self, session: &str, update: &SessionUpdate) -> Result<(), StoreError> {
+        let connection = self.connection()?;
+        let mut pipeline = redis::pipe();
+        self.write_session(&mut pipeline, session, update);
+        self.bounded(connection.query::<()>(&pipeline)).await
+    }
+
+    fn write_session(&self, pipeline: &mut Pipeline, session: &str, update: &SessionUpdate) {
+        let key = self.key(session, "session");
+        if update.count_request {
+            pipeline.hincr(&key, "requests", 1).ignore();
+        }
+        if update.tokens_saved > 0 {
+            pipeline.hincr(&key, "tokens_saved", update.tokens_saved).ignore();
+        }
+        if let Some(requested) = update.compact_requested {
+            pipeline.hset(&key, "compact_requested", u64::from(requested)).ignore();
+        }
+        if let Some(window) = update.learned_window {
+            pipeline.hset(&key, "learned_window", window).ignore();
+        }
+        pipeline.expire(&key, self.ttl_secs).ignore();
+    }
+
+    /// The session and every conversation it keeps, most recently used first, in two round
+    /// trips (the list, then the conversations); conversations whose keys expired are left out.
+    pub async fn view(&self, session: &str) -> Result<SessionView, StoreError> {
+        let connection = self.connection()?;
+        let mut pipeline = redis::pipe();
+        pipeline.hgetall(self.key(session, "session"));
+        pipeline.cmd("ZREVRANGE").arg(self.key(session, "conversations")).arg(0).arg(-1).arg("WITHSCORES");
+        let (session_hash, listed): (Hash, Vec<(String, f64)>) = self.bounded(connection.query(&pipeline)).await?;
+        let mut pipeline = redis::pipe();
+        for (id, _) in &listed {
+            let [pruned, compactions, hash] = self.conversation_keys(session, id);
+            pipeline.hgetall(hash).smembers(pruned).lrange(compactions, 0, -1);
+        }
+        let read: Vec<(Hash, Vec<String>, Vec<String>)> = match listed.is_empty() {
+            true => Vec::new(),
+            false => self.bounded(connection.query(&pipeline)).await?,
+        };
+        let conversations = listed
+            .into_iter()
+            .zip(read)
+            .map(|((id, score), (hash, pruned, compactions))| {
+                // Scores are server time in microseconds.
+                ConversationView::new(id, (score / 1000.0) as u64, conversation_state(&hash, pruned, &compactions))
+            })
+            .filter(|view| !view.state.is_empty())
+            .collect();
+        Ok(SessionView { session: session_state(&session_hash), conversations })
+    }
+
+    /// Forgets a session with all its conversations, in one step; true when something existed.
     pub async fn forget(&self, session: &str) -> Result<bool, StoreError> {
         let connection = self.connection()?;
-        let keys: Vec<String> =
-            ["pruned", "usage", "counters", "compactions", "lock"].iter().map(|p| self.key(session, p)).collect();
-        let deleted: u64 = self.bounded(connection.command(redis::cmd("DEL").arg(&keys))).await?;
+        let mut keys = vec![self.key(session, "conversations"), self.key(session, "session")];
+        keys.extend(PREVIOUS_LAYOUT.iter().map(|part| self.key(session, part)));
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(FORGET_SESSION).arg(keys.len()).arg(&keys).arg(self.conversations_prefix(session));
+        let deleted: u64 = self.bounded(connection.command(&cmd)).await?;
         Ok(deleted > 0)
     }
 
-    /// Takes the session's lock for `hold` unless someone else has it (SET NX PX).
-    pub async fn try_lock(&self, session: &str, owner: &str, hold: Duration) -> Result<bool, StoreError> {
+    /// Takes the conversation's compaction lock for `hold` unless someone else has it (SET NX PX).
+    pub async fn try_lock(
+        &self,
+        session: &str,
+        conversation: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
         let connection = self.connection()?;
         let mut cmd = redis::cmd("SET");
-        cmd.arg(self.key(session, "lock")).arg(owner).arg("NX").arg("PX").arg(hold.as_millis() as u64);
+        cmd.arg(self.lock_key(session, conversation)).arg(owner).arg("NX").arg("PX").arg(hold.as_millis() as u64);
         let reply: RedisValue = self.bounded(connection.command(&cmd)).await?;
         Ok(matches!(reply, RedisValue::Okay))
     }
 
-    /// Releases the lock only if `owner` still holds it.
-    pub async fn unlock(&self, session: &str, owner: &str) -> Result<bool, StoreError> {
+    /// Releases the conversation's lock only if `owner` still holds it.
+    pub async fn unlock(&self, session: &str, conversation: &str, owner: &str) -> Result<bool, StoreError> {
         let connection = self.connection()?;
         let mut cmd = redis::cmd("EVAL");
-        cmd.arg(RELEASE_LOCK).arg(1).arg(self.key(session, "lock")).arg(owner);
+        cmd.arg(RELEASE_LOCK).arg(1).arg(self.lock_key(session, conversation)).arg(owner);
         let released: u64 = self.bounded(connection.command(&cmd)).await?;
         Ok(released == 1)
     }
@@ -256,17 +438,39 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
     }
 }
 
-/// Redis refused a command on a key of another type (`WRONGTYPE`, alone or inside a pipeline's
-/// failures), or answered with a value that is not what compactor stored (a counter that is not
-/// a number).
+/// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
+/// and HSET): one that does not parse would make every later increment fail.
+const NUMBER_FIELDS: [&str; 7] =
+    ["requests", "tokens_saved", "compact_requested", "learned_window", "breaker_failures", "breaker_at", "messages"];
+
+/// Whether every value read is one compactor wrote: numbers where it keeps numbers, usage and
+/// records of the current schema. Anything else is corrupt or another version's, and the caller
+/// ([`super::Store::load`]) deletes it so the session heals.
+fn readable(session_hash: &Hash, hash: &Hash, compactions: &[String]) -> Result<(), StoreError> {
+    for (field, value) in session_hash.iter().chain(hash) {
+        if NUMBER_FIELDS.contains(&field.as_str()) && value.parse::<u64>().is_err() {
+            return Err(StoreError::Corrupt(format!("`{field}` is not a number")));
+        }
+    }
+    if let Some((_, usage)) = hash.iter().find(|(field, _)| field == "usage") {
+        Versioned::<Usage>::read(usage, "usage")?;
+    }
+    for record in compactions {
+        Versioned::<CompactionRecord>::read(record, "compactions")?;
+    }
+    Ok(())
+}
+
+/// Redis refused a command on a key of another type (`WRONGTYPE`, alone or among a pipeline's
+/// failures), or answered with a value that is not what compactor stored.
 fn is_wrong_type(error: &redis::RedisError) -> bool {
     matches!(error.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse)
         || error.code() == Some("WRONGTYPE")
         || error.clone().into_server_errors().is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "WRONGTYPE"))
 }
 
-/// A reply Redis gave but compactor cannot read (a key of the wrong type, a counter that is not a
-/// number) means the stored value is corrupt, not that the store is down.
+/// A reply Redis gave but compactor cannot read means the stored value is corrupt, not that the
+/// store is down.
 fn corrupt_if_unreadable(error: StoreError) -> StoreError {
     match error {
         StoreError::Redis(redis_error) if is_wrong_type(&redis_error) => StoreError::Corrupt(redis_error.to_string()),

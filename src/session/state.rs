@@ -1,4 +1,8 @@
-//! What compactor remembers per session, as versioned JSON.
+//! What compactor remembers, in two parts: per session, what is true of the session as a whole
+//! (its model's learned window, its counters, the admin API's request to compact), and per
+//! conversation inside the session, what was decided for that history (pruned ids, compaction
+//! records, the last usage, the compaction breaker). A session holds several conversations: an
+//! agent's main loop, its subagents, its side requests.
 
 use std::collections::BTreeSet;
 
@@ -7,10 +11,10 @@ use serde::{Deserialize, Serialize};
 /// The version of the stored JSON; a record of another version is ignored, never misread.
 pub const STATE_VERSION: u32 = 1;
 
-/// Compaction records kept per session: the newest are the ones that can still match.
+/// Compaction records kept per conversation: the newest are the ones that can still match.
 pub const MAX_RECORDS: usize = 20;
 
-/// Token usage the upstream reported for the last request of the session.
+/// Token usage the upstream reported for the last request of a conversation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u64,
@@ -43,19 +47,13 @@ pub struct CompactionRecord {
     pub at_unix_ms: u64,
 }
 
-/// Request and savings counters, and the compaction circuit breaker.
+/// The session's counters and what is true of its model, shared by its conversations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     pub requests: u64,
     pub tokens_saved: u64,
-    /// Compactions that failed in a row.
-    #[serde(default)]
-    pub compaction_failures: u64,
-    /// How many messages the conversation had at the last failure: a changed conversation resets
-    /// the breaker.
-    #[serde(default)]
-    pub failures_at_messages: u64,
-    /// Set by the admin API: compact on the next request.
+    /// Set by the admin API: compact on the next request whose conversation has something to
+    /// summarize.
     #[serde(default)]
     pub compact_requested: u64,
     /// The real context window an overflow error named for this session's model.
@@ -63,48 +61,82 @@ pub struct Counters {
     pub learned_window: u64,
 }
 
-/// Everything kept for one session.
+/// What is kept for a session as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
     pub version: u32,
+    pub counters: Counters,
+}
+
+/// Compactions of one conversation that failed in a row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Breaker {
+    pub failures: u64,
+    /// How many messages the conversation had at the last failure: a grown conversation starts
+    /// the count again.
+    pub at_messages: u64,
+}
+
+/// What is kept for one conversation of a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConversationState {
     /// Call ids whose outputs are pruned: once pruned, pruned in every later request.
     pub pruned: BTreeSet<String>,
     pub compactions: Vec<CompactionRecord>,
     pub usage: Option<Usage>,
-    pub counters: Counters,
+    pub breaker: Breaker,
+    /// Requests of this conversation, and the messages the newest of them had.
+    pub requests: u64,
+    pub messages: u64,
 }
 
-/// What one request adds to its session, written by its [`super::SessionCtx`].
+impl ConversationState {
+    /// True when nothing was ever recorded for it (an unknown or expired conversation).
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0 && self.pruned.is_empty() && self.compactions.is_empty() && self.usage.is_none()
+    }
+}
+
+/// What one request changes of its session as a whole.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SessionUpdate {
-    pub pruned: Vec<String>,
-    pub usage: Option<Usage>,
-    pub tokens_saved: u64,
-    pub compaction: Option<CompactionRecord>,
-    /// Forget the last usage (a compaction made it stale).
-    pub clear_usage: bool,
-    /// New absolute values of the breaker and flags, when they change.
-    pub breaker: Option<(u64, u64)>,
-    pub compact_requested: Option<bool>,
-    pub learned_window: Option<u64>,
     /// Count this as a request (the admin API's writes are not).
     pub count_request: bool,
+    pub tokens_saved: u64,
+    pub compact_requested: Option<bool>,
+    pub learned_window: Option<u64>,
+}
+
+/// What one request changes of its conversation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConversationUpdate {
+    pub pruned: Vec<String>,
+    pub usage: Option<Usage>,
+    /// Forget the last usage (a compaction made it stale).
+    pub clear_usage: bool,
+    pub compaction: Option<CompactionRecord>,
+    /// The breaker's new value, when it changes.
+    pub breaker: Option<Breaker>,
+    /// Count this as a request of the conversation, with this many messages.
+    pub request_messages: Option<u64>,
+}
+
+/// Everything one write adds: the session part and the conversation part, stored together.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Update {
+    pub session: SessionUpdate,
+    pub conversation: ConversationUpdate,
+}
+
+impl Update {
+    pub fn is_empty(&self) -> bool {
+        *self == Update::default()
+    }
 }
 
 impl SessionState {
     pub fn apply(&mut self, update: &SessionUpdate) {
         self.version = STATE_VERSION;
-        self.pruned.extend(update.pruned.iter().cloned());
-        if update.usage.is_some() {
-            self.usage = update.usage;
-        }
-        if update.clear_usage {
-            self.usage = None;
-        }
-        if let Some((failures, at)) = update.breaker {
-            self.counters.compaction_failures = failures;
-            self.counters.failures_at_messages = at;
-        }
         if let Some(requested) = update.compact_requested {
             self.counters.compact_requested = u64::from(requested);
         }
@@ -115,10 +147,61 @@ impl SessionState {
             self.counters.requests += 1;
         }
         self.counters.tokens_saved += update.tokens_saved;
+    }
+}
+
+impl ConversationState {
+    pub fn apply(&mut self, update: &ConversationUpdate) {
+        self.pruned.extend(update.pruned.iter().cloned());
+        if update.usage.is_some() {
+            self.usage = update.usage;
+        }
+        if update.clear_usage {
+            self.usage = None;
+        }
+        if let Some(breaker) = update.breaker {
+            self.breaker = breaker;
+        }
+        if let Some(messages) = update.request_messages {
+            self.requests += 1;
+            self.messages = messages;
+        }
         if let Some(record) = &update.compaction {
             self.compactions.push(record.clone());
             let excess = self.compactions.len().saturating_sub(MAX_RECORDS);
             self.compactions.drain(..excess);
         }
+    }
+}
+
+/// One conversation as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConversationView {
+    pub id: String,
+    pub last_used_unix_ms: u64,
+    pub pruned_count: usize,
+    #[serde(flatten)]
+    pub state: ConversationState,
+}
+
+/// A session as the admin API shows it: its own state and its conversations, most recently used
+/// first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SessionView {
+    #[serde(flatten)]
+    pub session: SessionState,
+    pub conversations: Vec<ConversationView>,
+}
+
+impl SessionView {
+    /// True when the store knows nothing of the session.
+    pub fn is_empty(&self) -> bool {
+        self.session.counters == Counters::default() && self.conversations.iter().all(|c| c.state.is_empty())
+    }
+}
+
+impl ConversationView {
+    pub fn new(id: String, last_used_unix_ms: u64, state: ConversationState) -> Self {
+        Self { id, last_used_unix_ms, pruned_count: state.pruned.len(), state }
     }
 }

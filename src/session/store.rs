@@ -10,7 +10,7 @@ use super::breaker::{Admission, Breaker};
 use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
-use super::state::{SessionState, SessionUpdate};
+use super::state::{ConversationState, SessionState, SessionUpdate, SessionView, Update};
 use crate::config::{SessionConfig, StoreKind};
 use crate::telemetry::metric;
 
@@ -31,9 +31,14 @@ impl Store {
     /// Builds the configured store; a Redis store connects in the background (needs a runtime).
     pub fn from_config(config: &SessionConfig) -> Self {
         match config.store {
-            StoreKind::Memory => {
-                Self { backend: Backend::Memory(MemoryStore::new(config.max_sessions, config.ttl)), breaker: None }
-            }
+            StoreKind::Memory => Self {
+                backend: Backend::Memory(MemoryStore::new(
+                    config.max_sessions,
+                    config.max_conversations as usize,
+                    config.ttl,
+                )),
+                breaker: None,
+            },
             StoreKind::Redis => Self {
                 backend: Backend::Redis(RedisStore::new(config)),
                 breaker: Some(Arc::new(Breaker::new(config.breaker_failures, config.breaker_backoff))),
@@ -53,38 +58,71 @@ impl Store {
         self.breaker.as_ref().is_some_and(|breaker| breaker.is_open())
     }
 
-    /// The session's state; empty for a new session. A stored value compactor cannot read (a key
-    /// of the wrong type, unparseable JSON, another schema version) is deleted, with a warning
-    /// and a metric, and the session starts afresh: left alone it would fail every request of
-    /// the session and have its TTL refreshed forever.
-    pub async fn load(&self, key: &str) -> Result<SessionState, StoreError> {
+    /// The session's state and its conversation's; empty when new. A stored value compactor
+    /// cannot read (a key of the wrong type, unparseable JSON, another schema version, a counter
+    /// that is not a number) is deleted with the whole session, with a warning and a metric, and
+    /// the session starts afresh: left alone it would fail every request of the session and have
+    /// its TTL refreshed forever.
+    pub async fn load(&self, key: &str, conversation: &str) -> Result<(SessionState, ConversationState), StoreError> {
         let loaded = match &self.backend {
-            Backend::Memory(store) => Ok(store.load(key).unwrap_or_default()),
-            Backend::Redis(store) => self.guarded(store.load(key)).await,
+            Backend::Memory(store) => Ok(store.load(key, conversation)),
+            Backend::Redis(store) => self.guarded(store.load(key, conversation)).await,
         };
         match loaded {
             Err(StoreError::Corrupt(reason)) => {
                 metric::store_corrupt();
                 tracing::warn!(session = %key, %reason, "unreadable session state deleted; the session starts afresh");
                 self.forget(key).await?;
-                Ok(SessionState::default())
+                Ok(Default::default())
             }
             other => other,
         }
     }
 
-    /// Adds what a request decided to its session.
-    pub async fn update(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
+    /// Whether a conversation's compaction lock is held, and then its state (read in that order:
+    /// a holder publishes its record before it releases the lock).
+    pub async fn poll(&self, key: &str, conversation: &str) -> Result<(ConversationState, bool), StoreError> {
         match &self.backend {
             Backend::Memory(store) => {
-                store.update(key, update);
-                Ok(())
+                let locked = store.locked(key, conversation);
+                Ok((store.load(key, conversation).1, locked))
             }
-            Backend::Redis(store) => self.guarded(store.update(key, update)).await,
+            Backend::Redis(store) => self.guarded(store.poll(key, conversation)).await,
         }
     }
 
-    /// Forgets a session; true when it existed.
+    /// Adds what a request decided to its session and conversation, and marks the conversation as
+    /// the session's most recently used (the least recently used beyond the bound is dropped).
+    pub async fn update(&self, key: &str, conversation: &str, update: &Update) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.update(key, conversation, update);
+                Ok(())
+            }
+            Backend::Redis(store) => self.guarded(store.update(key, conversation, update)).await,
+        }
+    }
+
+    /// Changes the session's own state only (the admin API).
+    pub async fn update_session(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.update_session(key, update);
+                Ok(())
+            }
+            Backend::Redis(store) => self.guarded(store.update_session(key, update)).await,
+        }
+    }
+
+    /// The session with the conversations it keeps, most recently used first (the admin API).
+    pub async fn view(&self, key: &str) -> Result<SessionView, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.view(key)),
+            Backend::Redis(store) => self.guarded(store.view(key)).await,
+        }
+    }
+
+    /// Forgets a session and all its conversations; true when it existed.
     pub async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         match &self.backend {
             Backend::Memory(store) => Ok(store.forget(key)),
@@ -92,19 +130,25 @@ impl Store {
         }
     }
 
-    /// Takes the session's lock for at most `hold`, unless another owner holds it.
-    pub async fn try_lock(&self, key: &str, owner: &str, hold: Duration) -> Result<bool, StoreError> {
+    /// Takes a conversation's compaction lock for at most `hold`, unless another owner holds it.
+    pub async fn try_lock(
+        &self,
+        key: &str,
+        conversation: &str,
+        owner: &str,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
         match &self.backend {
-            Backend::Memory(store) => Ok(store.try_lock(key, owner, hold)),
-            Backend::Redis(store) => self.guarded(store.try_lock(key, owner, hold)).await,
+            Backend::Memory(store) => Ok(store.try_lock(key, conversation, owner, hold)),
+            Backend::Redis(store) => self.guarded(store.try_lock(key, conversation, owner, hold)).await,
         }
     }
 
-    /// Releases the lock if `owner` still holds it; true when it did.
-    pub async fn unlock(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+    /// Releases a conversation's lock if `owner` still holds it; true when it did.
+    pub async fn unlock(&self, key: &str, conversation: &str, owner: &str) -> Result<bool, StoreError> {
         match &self.backend {
-            Backend::Memory(store) => Ok(store.unlock(key, owner)),
-            Backend::Redis(store) => self.guarded(store.unlock(key, owner)).await,
+            Backend::Memory(store) => Ok(store.unlock(key, conversation, owner)),
+            Backend::Redis(store) => self.guarded(store.unlock(key, conversation, owner)).await,
         }
     }
 

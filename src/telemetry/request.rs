@@ -51,6 +51,8 @@ pub struct RequestLog {
     pub streaming: bool,
     /// The session key, when the request belongs to one.
     pub session: Option<String>,
+    /// The conversation inside the session, when compactor keeps state for it.
+    pub conversation: Option<String>,
     /// Estimated tokens before and after rewriting, and outputs pruned.
     pub tokens: Option<(u32, u32, usize)>,
     /// When the response ended (body done, or the client gone).
@@ -74,6 +76,7 @@ impl RequestLog {
             error: None,
             streaming: false,
             session: None,
+            conversation: None,
             tokens: None,
             ended_at: None,
         }
@@ -98,6 +101,7 @@ impl RequestLog {
             outcome = %self.outcome.as_str(),
             error = %self.error.unwrap_or("-"),
             session = %self.session.as_deref().unwrap_or("-"),
+            conversation = %self.conversation.as_deref().unwrap_or("-"),
             tokens_before,
             tokens_after,
             pruned,

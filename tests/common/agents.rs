@@ -81,6 +81,9 @@ pub struct SessionSpec {
     pub output_fact_every: usize,
     /// Varies ids, paths and text between sessions of the same shape.
     pub seed: u64,
+    /// `Some(n)`: the agent's `n`th subagent (Claude Code's Task tool) inside the session of
+    /// `seed`: the same session id, its own system prompt, task, tool calls and facts.
+    pub subagent: Option<u64>,
 }
 
 impl SessionSpec {
@@ -95,7 +98,14 @@ impl SessionSpec {
             user_fact_every: 5,
             output_fact_every: 3,
             seed: 1,
+            subagent: None,
         }
+    }
+
+    /// The `n`th subagent of this spec's session instead of its main loop.
+    pub fn subagent(mut self, n: u64) -> Self {
+        self.subagent = Some(n);
+        self
     }
 
     pub fn outputs(mut self, tokens: &[usize]) -> Self {
@@ -150,6 +160,10 @@ enum CallKind {
 pub struct AgentSession {
     spec: SessionSpec,
     session_id: String,
+    /// Seeds what the conversation says (the session id comes from the spec's seed).
+    content_seed: u64,
+    /// Facts of a subagent are numbered apart from its parent's.
+    fact_base: usize,
     system: Vec<String>,
     tools: Value,
     history: Vec<Value>,
@@ -164,9 +178,26 @@ impl AgentSession {
             Agent::OpenCode => format!("ses_{}", &uuid(spec.seed, 1).replace('-', "")[..26]),
             _ => uuid(spec.seed, 1),
         };
-        let system = system_prompts(spec.agent, spec.seed);
+        let (content_seed, fact_base, system) = match spec.subagent {
+            None => (spec.seed, 0, system_prompts(spec.agent, spec.seed)),
+            Some(n) => {
+                let seed = mix(spec.seed ^ (0x5ab0 + n));
+                (seed, 1_000 * (n as usize + 1), subagent_prompts(spec.agent, seed))
+            }
+        };
         let tools = tool_definitions(spec.agent, spec.seed);
-        Self { spec, session_id, system, tools, history: Vec::new(), calls: Vec::new(), facts: Vec::new(), turn: 0 }
+        Self {
+            spec,
+            session_id,
+            content_seed,
+            fact_base,
+            system,
+            tools,
+            history: Vec::new(),
+            calls: Vec::new(),
+            facts: Vec::new(),
+            turn: 0,
+        }
     }
 
     pub fn spec(&self) -> &SessionSpec {
@@ -212,26 +243,35 @@ impl AgentSession {
     }
 
     fn plant(&mut self, turn: usize, in_tool_output: bool) -> String {
-        let marker = marker(self.facts.len());
+        let marker = marker(self.fact_base + self.facts.len());
         self.facts.push(Fact { marker: marker.clone(), turn, in_tool_output });
         marker
     }
 
     fn open(&mut self) {
         let marker = self.plant(0, false);
-        let task = format!(
-            "Add streaming support to the session exporter and keep the public API unchanged. The release codename is {marker}; mention it in the changelog."
-        );
+        let task = match self.spec.subagent {
+            None => format!(
+                "Add streaming support to the session exporter and keep the public API unchanged. The release codename is {marker}; mention it in the changelog."
+            ),
+            Some(_) => format!(
+                "Find every caller of the session exporter and report each call site with its file and line. Tag the report {marker}."
+            ),
+        };
         let message = match self.spec.agent {
+            // The parent's Task tool hands its subagent the prompt alone.
+            Agent::ClaudeCode if self.spec.subagent.is_some() => {
+                json!({"role": "user", "content": [{"type": "text", "text": task}]})
+            }
             Agent::ClaudeCode => json!({"role": "user", "content": [
-                {"type": "text", "text": format!("<system-reminder>\n{}\n</system-reminder>", prose(self.spec.seed ^ 0x51, 900))},
+                {"type": "text", "text": format!("<system-reminder>\n{}\n</system-reminder>", prose(self.content_seed ^ 0x51, 900))},
                 {"type": "text", "text": task}]}),
             Agent::Codex => {
                 self.history.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n  <cwd>/repo</cwd>\n  <approval_policy>on-request</approval_policy>\n  <sandbox_mode>workspace-write</sandbox_mode>\n  <network_access>restricted</network_access>\n  <shell>bash</shell>\n</environment_context>"}]}));
                 json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": task}]})
             }
             Agent::QwenCode => json!({"role": "user", "content": [
-                {"type": "text", "text": format!("<system-reminder>{}</system-reminder>", prose(self.spec.seed ^ 0x52, 700))},
+                {"type": "text", "text": format!("<system-reminder>{}</system-reminder>", prose(self.content_seed ^ 0x52, 700))},
                 {"type": "text", "text": "Today's date is Tuesday, November 3, 2026. My operating system is: linux"},
                 {"type": "text", "text": task}]}),
             Agent::Plain(Dialect::Responses) => {
@@ -269,7 +309,7 @@ impl AgentSession {
     /// Call `index - 1`: a file read, a shell command, a patch (Codex), or a re-read.
     fn add_call(&mut self, turn: usize) {
         let number = turn - 1;
-        let seed = self.spec.seed.wrapping_mul(1_000_003).wrapping_add(number as u64);
+        let seed = self.content_seed.wrapping_mul(1_000_003).wrapping_add(number as u64);
         let reads: Vec<usize> = (0..self.calls.len()).filter(|&i| self.calls[i].kind == CallKind::Read).collect();
         let every = self.spec.reread_every;
         let id = call_id(self.spec.agent, seed);
@@ -517,6 +557,19 @@ fn system_prompts(agent: Agent, seed: u64) -> Vec<String> {
         Agent::OpenCode => vec![prose(seed ^ 0xc3, 9_600)],
         Agent::QwenCode => vec![prose(seed ^ 0xc4, 27_000)],
         Agent::Plain(_) => vec![prose(seed ^ 0xc5, 1_200)],
+    }
+}
+
+/// A subagent's system prompt: Claude Code's identity line and its agent prompt (the others: the
+/// agent prompt alone), shorter than the main loop's.
+fn subagent_prompts(agent: Agent, seed: u64) -> Vec<String> {
+    let prompt = format!(
+        "You are an agent for Claude Code, Anthropic's official CLI for Claude. Given the user's message, you should use the tools available to complete the task. Do what has been asked; nothing more, nothing less.\n\n{}",
+        prose(seed ^ 0xa9, 3_000)
+    );
+    match agent {
+        Agent::ClaudeCode => vec!["You are Claude Code, Anthropic's official CLI for Claude.".to_string(), prompt],
+        _ => vec![prompt],
     }
 }
 

@@ -40,6 +40,8 @@ pub enum Reply {
     Full { status: StatusCode, headers: Vec<(&'static str, String)>, body: Bytes },
     /// An SSE stream of these events, sent with the fake's pacing.
     Stream { events: Vec<String> },
+    /// This reply after a pause, as a slow upstream answers (other requests are served meanwhile).
+    Later { delay: Duration, reply: Box<Reply> },
     /// Exactly these chunks (no pacing), then `ending`: what a broken upstream sends. A
     /// `content-length` among the headers is sent as given, true or not.
     Chunks { status: StatusCode, headers: Vec<(&'static str, String)>, chunks: Vec<Bytes>, ending: Ending },
@@ -68,6 +70,11 @@ impl Reply {
             headers: vec![("content-type", "application/json".into())],
             body: body.into(),
         }
+    }
+
+    /// The same answer, sent after `delay`.
+    pub fn after(self, delay: Duration) -> Self {
+        if delay.is_zero() { self } else { Reply::Later { delay, reply: Box::new(self) } }
     }
 
     /// The same answer with one more header (a stream keeps its own).
@@ -271,7 +278,11 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Chann
         std::future::pending::<()>().await;
     }
     let responder = state.responder.lock().unwrap().clone();
-    let reply = responder.and_then(|r| r(&received)).unwrap_or_else(|| default_reply(&received));
+    let mut reply = responder.and_then(|r| r(&received)).unwrap_or_else(|| default_reply(&received));
+    while let Reply::Later { delay, reply: later } = reply {
+        tokio::time::sleep(delay).await;
+        reply = *later;
+    }
     match reply {
         Reply::Full { status, headers, body } => {
             let mut response = Response::new(ChannelBody::full(body));
@@ -314,6 +325,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Chann
             response.headers_mut().insert("x-upstream-custom", "yes".parse().expect("header"));
             response
         }
+        Reply::Later { .. } => unreachable!("a delayed reply was waited for above"),
     }
 }
 

@@ -84,7 +84,12 @@ impl ProxyProcess {
 
     /// GETs `path` with a bearer token (the admin API) and reads the whole answer.
     pub async fn get_with_token(&self, path: &str, token: &str) -> Answer {
-        send(request("GET", &self.url(path), &[("authorization", &format!("Bearer {token}"))], "")).await
+        self.call_with_token("GET", path, token).await
+    }
+
+    /// Sends an empty `method` request to `path` with a bearer token (the admin API).
+    pub async fn call_with_token(&self, method: &str, path: &str, token: &str) -> Answer {
+        send(request(method, &self.url(path), &[("authorization", &format!("Bearer {token}"))], "")).await
     }
 
     pub fn logs(&self) -> Vec<String> {

@@ -1,7 +1,8 @@
 //! A fake upstream with a small context window: it counts tokens its own way (bytes / 3, not
 //! compactor's tokenizer), rejects what does not fit with each provider's real error, rejects
-//! broken tool pairs, and answers summary requests deterministically by echoing the marker words
-//! (`WORD-WORD-42`) it finds in what it was asked to summarize.
+//! broken tool pairs, and answers summary requests deterministically (after `summary_delay`) by
+//! echoing the marker words (`WORD-WORD-42`) it finds in what it was asked to summarize. Also the
+//! conversations that overflow it, in Chat Completions and Anthropic Messages.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,10 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::bodies::lines_until;
 use super::fake::{FakeUpstream, Reply};
 
 /// How the fake misbehaves.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub struct WindowSpec {
     /// The window in the fake's own tokens (request bytes / 3).
     pub window: usize,
@@ -23,6 +25,21 @@ pub struct WindowSpec {
     /// Anthropic requests get "input length and `max_tokens` exceed context limit" when the prompt
     /// fits but prompt + max_tokens does not.
     pub count_max_tokens: bool,
+    /// How long a summary request takes (other requests are answered meanwhile).
+    pub summary_delay: Duration,
+}
+
+impl Default for WindowSpec {
+    /// No window to speak of, summaries in 150 ms (long enough for parallel requests to meet).
+    fn default() -> Self {
+        Self {
+            window: 0,
+            in_stream_error: false,
+            summary_fails: false,
+            count_max_tokens: false,
+            summary_delay: Duration::from_millis(150),
+        }
+    }
 }
 
 impl WindowSpec {
@@ -76,19 +93,19 @@ pub fn enforce_window(fake: &FakeUpstream, spec: WindowSpec) -> Summaries {
         if body.get("tools").is_none() && text.contains("context-compaction assistant") {
             seen.calls.fetch_add(1, Ordering::SeqCst);
             seen.inputs.lock().unwrap().push(text.clone());
-            std::thread::sleep(Duration::from_millis(150));
+            let delay = spec.summary_delay;
             if spec.summary_fails {
-                return Some(Reply::json(500, json!({"error": {"message": "summarizer exploded", "type": "server_error"}})));
+                return Some(Reply::json(500, json!({"error": {"message": "summarizer exploded", "type": "server_error"}})).after(delay));
             }
             let summary = format!("Handoff summary {}. Markers: {}", seen.count(), markers(&text).join(" "));
             if responses {
-                return Some(Reply::json(200, json!({"id": "resp_s", "object": "response", "status": "completed", "output": [{"type": "message", "id": "msg_s", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": summary, "annotations": []}]}], "usage": {"input_tokens": 10, "output_tokens": 10}})));
+                return Some(Reply::json(200, json!({"id": "resp_s", "object": "response", "status": "completed", "output": [{"type": "message", "id": "msg_s", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": summary, "annotations": []}]}], "usage": {"input_tokens": 10, "output_tokens": 10}})).after(delay));
             }
             return Some(if anthropic {
                 Reply::json(200, json!({"id": "msg_s", "type": "message", "role": "assistant", "content": [{"type": "text", "text": summary}], "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 10}}))
             } else {
                 Reply::json(200, json!({"id": "chatcmpl-s", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": summary}, "finish_reason": "stop"}]}))
-            });
+            }.after(delay));
         }
         if let Some(error) = super::strict::pairing_error(&path, &body) {
             return Some(Reply::json(400, error));
@@ -134,4 +151,74 @@ pub fn enforce_window(fake: &FakeUpstream, spec: WindowSpec) -> Summaries {
         None
     });
     summaries
+}
+
+/// The two dialects the small-window conversations come in.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Api {
+    Chat,
+    Anthropic,
+}
+
+impl Api {
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Anthropic => "/v1/messages",
+        }
+    }
+}
+
+fn filler(tag: &str, chars: usize) -> String {
+    lines_until(chars, |i| format!("{tag} step {i} checked the module and found nothing unusual. "))
+}
+
+/// The task the small-window conversations open with.
+pub const TASK: &str = "Build the parser. The codename is ZEPHYR-LANTERN-42.";
+
+/// A conversation of `turns` tool turns with markers planted early, ending in a user message.
+pub fn conversation(api: Api, turns: usize, stream: bool) -> Value {
+    conversation_opening(api, TASK, turns, stream)
+}
+
+/// [`conversation`] opening with `task` instead: another conversation of the same shape.
+pub fn conversation_opening(api: Api, task: &str, turns: usize, stream: bool) -> Value {
+    let mut messages: Vec<Value> = Vec::new();
+    if api == Api::Chat {
+        messages.push(json!({"role": "system", "content": "You are a coding agent."}));
+    }
+    messages.push(json!({"role": "user", "content": task}));
+    for t in 0..turns {
+        let id = format!("call_{t}");
+        let output =
+            if t == 0 { format!("QUASAR-MAPLE-7 {}", filler("out0", 1500)) } else { filler(&format!("out{t}"), 1500) };
+        let thought = filler(&format!("plan{t}"), 600);
+        match api {
+            Api::Chat => {
+                messages.push(json!({"role": "assistant", "content": thought, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{\"cmd\":\"make\"}"}}]}));
+                messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+            }
+            Api::Anthropic => {
+                messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": thought}, {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "make"}}]}));
+                messages.push(
+                    json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": output}]}),
+                );
+            }
+        }
+        if t % 4 == 3 {
+            // A user remark between turns (Anthropic: its own turn after the assistant answers).
+            messages.push(json!({"role": "assistant", "content": format!("Turn {t} done.")}));
+            messages.push(json!({"role": "user", "content": format!("Good. Keep going, and mind COBALT-HERON-{t}.")}));
+        }
+    }
+    messages.push(json!({"role": "assistant", "content": "Shall I continue?"}));
+    messages.push(json!({"role": "user", "content": "Yes, continue."}));
+    let mut body = json!({"model": "test-model", "messages": messages, "stream": stream,
+        "tools": [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]});
+    if api == Api::Anthropic {
+        body["max_tokens"] = json!(1000);
+        body["system"] = json!([{"type": "text", "text": "You are a coding agent."}]);
+        body["tools"] = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+    }
+    body
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::window::{Summaries, WindowSpec, markers, window_upstream};
+use crate::common::window::{Api, Summaries, WindowSpec, conversation, markers, window_upstream};
 use crate::common::*;
 use serde_json::{Value, json};
 
@@ -13,67 +13,6 @@ const CONFIG: &str = "[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[tru
 const WINDOW: usize = 4_000;
 /// The model table's word for the test model: a small window, so estimates cross the threshold.
 const SMALL_MODEL: &str = "[models.test-model]\ncontext_window = 4000\nmax_output_tokens = 500\n";
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Api {
-    Chat,
-    Anthropic,
-}
-
-impl Api {
-    fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Anthropic => "/v1/messages",
-        }
-    }
-}
-
-fn filler(tag: &str, chars: usize) -> String {
-    lines_until(chars, |i| format!("{tag} step {i} checked the module and found nothing unusual. "))
-}
-
-/// A conversation of `turns` tool turns with markers planted early, ending in a user message.
-fn conversation(api: Api, turns: usize, stream: bool) -> Value {
-    let mut messages: Vec<Value> = Vec::new();
-    if api == Api::Chat {
-        messages.push(json!({"role": "system", "content": "You are a coding agent."}));
-    }
-    messages.push(json!({"role": "user", "content": "Build the parser. The codename is ZEPHYR-LANTERN-42."}));
-    for t in 0..turns {
-        let id = format!("call_{t}");
-        let output =
-            if t == 0 { format!("QUASAR-MAPLE-7 {}", filler("out0", 1500)) } else { filler(&format!("out{t}"), 1500) };
-        let thought = filler(&format!("plan{t}"), 600);
-        match api {
-            Api::Chat => {
-                messages.push(json!({"role": "assistant", "content": thought, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{\"cmd\":\"make\"}"}}]}));
-                messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
-            }
-            Api::Anthropic => {
-                messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": thought}, {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "make"}}]}));
-                messages.push(
-                    json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": output}]}),
-                );
-            }
-        }
-        if t % 4 == 3 {
-            // A user remark between turns (Anthropic: its own turn after the assistant answers).
-            messages.push(json!({"role": "assistant", "content": format!("Turn {t} done.")}));
-            messages.push(json!({"role": "user", "content": format!("Good. Keep going, and mind COBALT-HERON-{t}.")}));
-        }
-    }
-    messages.push(json!({"role": "assistant", "content": "Shall I continue?"}));
-    messages.push(json!({"role": "user", "content": "Yes, continue."}));
-    let mut body = json!({"model": "test-model", "messages": messages, "stream": stream,
-        "tools": [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]});
-    if api == Api::Anthropic {
-        body["max_tokens"] = json!(1000);
-        body["system"] = json!([{"type": "text", "text": "You are a coding agent."}]);
-        body["tools"] = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
-    }
-    body
-}
 
 /// A fake upstream enforcing `spec` and a compactor with `config` in front of it.
 async fn small_window(spec: WindowSpec, config: &str) -> (FakeUpstream, Summaries, ProxyProcess) {
@@ -294,24 +233,17 @@ async fn the_admin_api_can_ask_for_a_compaction_on_the_next_request() {
     let answer = post(&proxy, Api::Chat, "s", &body).await;
     assert_eq!(summaries.count(), 0);
     let key = answer.header("x-compactor-session").unwrap().to_string();
-    let marked = send(request(
-        "POST",
-        &proxy.url(&format!("/admin/sessions/{key}/compact")),
-        &[("authorization", "Bearer admin")],
-        "",
-    ))
-    .await;
+    let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{key}/compact"), "admin").await;
     assert_eq!(marked.status, 202);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let answer = post(&proxy, Api::Chat, "s", &body).await;
     assert_eq!(summaries.count(), 1);
     assert_eq!(answer.header("x-compactor-compacted"), Some("1"));
-    let state =
-        send(request("GET", &proxy.url(&format!("/admin/sessions/{key}")), &[("authorization", "Bearer admin")], ""))
-            .await
-            .json();
-    assert_eq!(state["state"]["compactions"][0]["trigger"], "admin");
-    assert!(state["state"]["compactions"][0]["summary"].as_str().unwrap().contains("ZEPHYR-LANTERN-42"));
+    let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin").await.json();
+    let record = &state["state"]["conversations"][0]["compactions"][0];
+    assert_eq!(record["trigger"], "admin");
+    assert!(record["summary"].as_str().unwrap().contains("ZEPHYR-LANTERN-42"));
+    assert_eq!(state["state"]["counters"]["compact_requested"], 0, "the request is answered");
 }
 
 #[tokio::test]

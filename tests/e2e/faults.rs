@@ -189,7 +189,7 @@ async fn usage_is_recorded_from_chunked_replies_and_for_h2_clients() {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin-secret").await.json();
-            if state["state"]["usage"]["prompt_tokens"] == expected {
+            if state["state"]["conversations"][0]["usage"]["prompt_tokens"] == expected {
                 break;
             }
             assert!(Instant::now() < deadline, "{name}: no usage recorded: {state}");
@@ -441,8 +441,8 @@ async fn redis_killed_and_restarted_under_load_never_fails_a_request_and_the_bre
     assert!(slowest < Duration::from_millis(200), "a request waited on the skipped store: {slowest:?}");
 }
 
-/// Spoils one stored value of the session whose keys start with the given prefix.
-type Corruption = fn(&mut redis::Connection, &str);
+/// Spoils one stored value: given the session's key prefix and its conversation's.
+type Corruption = fn(&mut redis::Connection, &str, &str);
 
 #[tokio::test]
 async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_afresh() {
@@ -450,20 +450,20 @@ async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_af
     let Some(redis) = RedisServer::start() else { return };
     let (_fake, proxy) = ProxyProcess::with_fake(&format!("{PRUNE}{}", redis.config())).await;
     let corruptions: [(&str, Corruption); 4] = [
-        ("usage of the wrong type", |c, prefix| {
-            let _: () = redis::cmd("DEL").arg(format!("{prefix}:usage")).query(c).unwrap();
-            let _: () = redis::cmd("HSET").arg(format!("{prefix}:usage")).arg("a").arg("b").query(c).unwrap();
+        ("a conversation of the wrong type", |c, _, conversation| {
+            let _: () = redis::cmd("DEL").arg(conversation).query(c).unwrap();
+            let _: () = redis::cmd("SET").arg(conversation).arg("not a hash").query(c).unwrap();
         }),
-        ("a counter that is not a number", |c, prefix| {
+        ("a counter that is not a number", |c, session, _| {
             let _: () =
-                redis::cmd("HSET").arg(format!("{prefix}:counters")).arg("requests").arg("many").query(c).unwrap();
+                redis::cmd("HSET").arg(format!("{session}:session")).arg("requests").arg("many").query(c).unwrap();
         }),
-        ("usage that is not JSON", |c, prefix| {
-            let _: () = redis::cmd("SET").arg(format!("{prefix}:usage")).arg("{not json").query(c).unwrap();
+        ("usage that is not JSON", |c, _, conversation| {
+            let _: () = redis::cmd("HSET").arg(conversation).arg("usage").arg("{not json").query(c).unwrap();
         }),
-        ("a compaction record of another schema version", |c, prefix| {
+        ("a compaction record of another schema version", |c, _, conversation| {
             let record = r#"{"v":99,"something":"else"}"#;
-            let _: () = redis::cmd("RPUSH").arg(format!("{prefix}:compactions")).arg(record).query(c).unwrap();
+            let _: () = redis::cmd("RPUSH").arg(format!("{conversation}:compactions")).arg(record).query(c).unwrap();
         }),
     ];
     let mut connection = redis.connection();
@@ -472,29 +472,29 @@ async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_af
         let first = send(session_request(&proxy, &session)).await;
         let key = first.header("x-compactor-session").unwrap().to_string();
         let prefix = format!("{}:{{{key}}}", redis.prefix);
-        let stored = async || redis.keys().iter().any(|k| k == &format!("{prefix}:pruned"));
-        assert!(eventually(stored).await, "{name}: state stored first");
-        corrupt(&mut connection, &prefix);
+        let pruned_key = || redis.keys().into_iter().find(|k| k.starts_with(&prefix) && k.ends_with(":pruned"));
+        assert!(eventually(async || pruned_key().is_some()).await, "{name}: state stored first");
+        let conversation = pruned_key().unwrap().trim_end_matches(":pruned").to_string();
+        corrupt(&mut connection, &prefix, &conversation);
 
         let answer = send(session_request(&proxy, &session)).await;
         assert_eq!(answer.status, 200, "{name}");
         // Deleted, then written afresh by this request: every value readable again.
         let fresh = async || {
             let mut connection = redis.connection();
-            let usage_type: String = redis::cmd("TYPE").arg(format!("{prefix}:usage")).query(&mut connection).unwrap();
+            let kind: String = redis::cmd("TYPE").arg(&conversation).query(&mut connection).unwrap();
+            let usage: Option<String> = match kind.as_str() {
+                "hash" => redis::cmd("HGET").arg(&conversation).arg("usage").query(&mut connection).unwrap(),
+                _ => None,
+            };
             let requests: Option<String> =
-                redis::cmd("HGET").arg(format!("{prefix}:counters")).arg("requests").query(&mut connection).unwrap();
+                redis::cmd("HGET").arg(format!("{prefix}:session")).arg("requests").query(&mut connection).unwrap();
             let records: Vec<String> = redis::cmd("LRANGE")
-                .arg(format!("{prefix}:compactions"))
+                .arg(format!("{conversation}:compactions"))
                 .arg(0)
                 .arg(-1)
                 .query(&mut connection)
                 .unwrap();
-            let usage: Option<String> = if usage_type == "string" {
-                redis::cmd("GET").arg(format!("{prefix}:usage")).query(&mut connection).unwrap()
-            } else {
-                None
-            };
             usage.is_some_and(|u| u.starts_with("{\"v\":1")) && requests.as_deref() == Some("1") && records.is_empty()
         };
         assert!(

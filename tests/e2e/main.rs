@@ -7,6 +7,7 @@ mod common;
 
 mod agent_compaction;
 mod compaction;
+mod conversations;
 mod faults;
 mod fidelity;
 mod hostile_input;

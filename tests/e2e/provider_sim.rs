@@ -622,5 +622,5 @@ async fn driving_through_compactor_waits_until_each_turn_is_recorded() {
     assert_eq!(state.status, 200, "{}", state.text());
     assert_eq!(state.json()["state"]["counters"]["requests"], 5);
     // The streamed usage reached compactor: what it stored is the provider's count.
-    assert_eq!(state.json()["state"]["usage"]["prompt_tokens"], run.answered(4).unwrap().tokens);
+    assert_eq!(state.json()["state"]["conversations"][0]["usage"]["prompt_tokens"], run.answered(4).unwrap().tokens);
 }

@@ -163,14 +163,14 @@ async fn usage_from_response_completed_feeds_the_session() {
             send(request("GET", &proxy.url(&format!("/admin/sessions/{key}")), &[("authorization", "Bearer t")], ""))
                 .await
                 .json();
-        if state["state"]["usage"]["prompt_tokens"] == 12 {
+        if state["state"]["conversations"][0]["usage"]["prompt_tokens"] == 12 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(state["state"]["usage"]["prompt_tokens"], 12, "{state}");
-    assert_eq!(state["state"]["usage"]["cached_tokens"], 4);
-    assert_eq!(state["state"]["usage"]["output_tokens"], 2);
+    assert_eq!(state["state"]["conversations"][0]["usage"]["prompt_tokens"], 12, "{state}");
+    assert_eq!(state["state"]["conversations"][0]["usage"]["cached_tokens"], 4);
+    assert_eq!(state["state"]["conversations"][0]["usage"]["output_tokens"], 2);
 }
 
 fn fixture(name: &str) -> Vec<u8> {

@@ -77,12 +77,13 @@ async fn a_session_remembers_what_was_pruned_and_tenants_never_share_it() {
 
 #[tokio::test]
 async fn the_admin_api_shows_and_forgets_a_session_and_never_reaches_upstream() {
-    with_each_store(async |store, _| {
+    with_each_store(async |store, redis| {
         let (fake, proxy) = ProxyProcess::with_fake(&format!("{WINDOWS}{store}")).await;
         let mut streamed = history(3);
         streamed["stream"] = json!(true);
         let answer = post(&proxy, "key-a", "s1", &streamed).await;
         let session = answer.header("x-compactor-session").unwrap().to_string();
+        let conversation = answer.header("x-compactor-conversation").unwrap().to_string();
         let admin = |method: &str, token: &str| {
             request(method, &proxy.url(&format!("/admin/sessions/{session}")), &[("authorization", token)], "")
         };
@@ -94,18 +95,28 @@ async fn the_admin_api_shows_and_forgets_a_session_and_never_reaches_upstream() 
         assert!(
             eventually(async || {
                 state = send(admin("GET", "Bearer admin-secret")).await.json();
-                state["state"]["usage"]["prompt_tokens"] == 12
+                state["state"]["conversations"][0]["usage"]["prompt_tokens"] == 12
             })
             .await,
             "{state}"
         );
-        assert_eq!(state["state"]["pruned"], json!(["call_0", "call_1"]));
-        assert_eq!(state["state"]["usage"]["output_tokens"], 2, "usage read from the stream's final chunk");
+        let only = &state["state"]["conversations"][0];
+        assert_eq!(state["state"]["conversations"].as_array().unwrap().len(), 1);
+        assert_eq!(only["id"], conversation.as_str());
+        assert_eq!(only["pruned"], json!(["call_0", "call_1"]));
+        assert_eq!(only["pruned_count"], 2);
+        assert_eq!((only["requests"].as_u64(), only["messages"].as_u64()), (Some(1), Some(7)));
+        assert!(only["last_used_unix_ms"].as_u64().unwrap() > 1_600_000_000_000, "{only}");
+        assert_eq!(only["usage"]["output_tokens"], 2, "usage read from the stream's final chunk");
+        assert_eq!(state["state"]["counters"]["requests"], 1);
         assert!(state["state"]["counters"]["tokens_saved"].as_u64().unwrap() > 0);
 
         let forgotten = send(admin("DELETE", "Bearer admin-secret")).await;
         assert_eq!(forgotten.json()["forgotten"], true);
         assert_eq!(send(admin("GET", "Bearer admin-secret")).await.status, 404);
+        if let Some(redis) = redis {
+            assert_eq!(redis.keys(), Vec::<String>::new(), "every key of the session is gone");
+        }
         assert_eq!(fake.received().len(), upstream_requests, "admin requests must not reach the upstream");
     })
     .await;
@@ -204,7 +215,7 @@ async fn redis_going_away_never_stops_the_proxy_and_state_returns_with_it() {
 }
 
 #[tokio::test]
-async fn the_session_lock_has_one_owner_at_a_time() {
+async fn a_conversations_lock_has_one_owner_at_a_time_and_other_conversations_have_their_own() {
     use compactor::config::{Config, StoreKind};
     use compactor::session::Store;
     let Some(redis) = RedisServer::start() else { return };
@@ -214,16 +225,18 @@ async fn the_session_lock_has_one_owner_at_a_time() {
     config.key_prefix = redis.prefix.clone();
     let memory = Store::from_config(&Config::default().session);
     let shared = Store::from_config(&config);
+    let (main, subagent) = ("00000000000000aa", "00000000000000bb");
     for store in [memory, shared] {
         assert!(eventually(async || store.health().await.is_ok()).await);
         let hold = Duration::from_millis(300);
-        assert!(store.try_lock("s", "replica-a", hold).await.unwrap());
-        assert!(!store.try_lock("s", "replica-b", hold).await.unwrap(), "{}", store.kind());
-        assert!(!store.unlock("s", "replica-b").await.unwrap(), "only the owner releases");
-        assert!(store.unlock("s", "replica-a").await.unwrap());
-        assert!(store.try_lock("s", "replica-b", hold).await.unwrap());
+        assert!(store.try_lock("s", main, "replica-a", hold).await.unwrap());
+        assert!(!store.try_lock("s", main, "replica-b", hold).await.unwrap(), "{}", store.kind());
+        assert!(store.try_lock("s", subagent, "replica-b", hold).await.unwrap(), "{}: its own lock", store.kind());
+        assert!(!store.unlock("s", main, "replica-b").await.unwrap(), "only the owner releases");
+        assert!(store.unlock("s", main, "replica-a").await.unwrap());
+        assert!(store.try_lock("s", main, "replica-b", hold).await.unwrap());
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert!(store.try_lock("s", "replica-a", hold).await.unwrap(), "an abandoned lock expires");
+        assert!(store.try_lock("s", main, "replica-a", hold).await.unwrap(), "an abandoned lock expires");
     }
 }
 
@@ -295,7 +308,10 @@ async fn shutdown_waits_until_the_state_of_a_request_in_flight_is_stored() {
     while next_chunk(&mut body, Duration::from_secs(5)).await.is_some() {}
     assert_eq!(proxy.wait_exit(Duration::from_secs(10)), Some(0));
     let keys = redis.keys();
-    assert!(keys.iter().any(|k| k.ends_with(":pruned")) && keys.iter().any(|k| k.ends_with(":usage")), "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with(":pruned")), "{keys:?}");
+    let conversation = keys.iter().find(|k| k.rsplit(':').next().is_some_and(|last| last.len() == 16)).unwrap();
+    let usage: bool = redis::cmd("HEXISTS").arg(conversation).arg("usage").query(&mut redis.connection()).unwrap();
+    assert!(usage, "the usage of the stream that ended during shutdown is stored: {keys:?}");
 }
 
 #[tokio::test]
@@ -323,12 +339,12 @@ async fn usage_is_recorded_from_plain_replies_that_declare_their_length() {
         assert!(
             eventually(async || {
                 state = proxy.get_with_token(&format!("/admin/sessions/{session}"), "admin-secret").await.json();
-                state["state"]["usage"]["prompt_tokens"] == 12
+                state["state"]["conversations"][0]["usage"]["prompt_tokens"] == 12
             })
             .await,
             "{path}: {state}"
         );
-        assert_eq!(state["state"]["usage"]["output_tokens"], 1, "{path}");
+        assert_eq!(state["state"]["conversations"][0]["usage"]["output_tokens"], 1, "{path}");
     }
     let complete = proxy.logs().iter().filter(|l| l.contains("outcome=complete") && l.contains("status=200")).count();
     assert!(complete >= 3, "every request logged as complete: {:?}", proxy.logs());

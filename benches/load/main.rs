@@ -1,0 +1,594 @@
+//! Load benchmark: what compactor costs in front of a fast upstream, next to nginx measured in
+//! the same run, so every figure can be read as a ratio to a reference proxy.
+//!
+//! `scripts/bench-load` (or `cargo bench --bench load`) starts an in-process upstream stub, a
+//! private nginx reverse proxy (see `proxies.rs` for its configuration) and the release compactor
+//! binary, both proxies pointed at the stub, and drives the same load at three targets in turn,
+//! phase by phase: `direct` (the stub itself), `nginx`, `compactor`.
+//!
+//! - Cores: the bench process (generator, pacer and stub) is pinned to one CPU, each proxy to
+//!   another (`taskset`); compactor gets `TOKIO_WORKER_THREADS=1`, nginx one worker. By default
+//!   the bench takes the first CPU it may use and the proxies the last.
+//! - Priority: on a machine shared with builds, the bench and both proxies (which inherit it)
+//!   run at nice -20 when the bench may raise its priority, so a proxy woken by a request runs
+//!   at once instead of after a neighbour's time slice. With scheduler autogroups (Linux's
+//!   default), nice only counts inside a session's group, so `scripts/bench-load` starts the
+//!   bench in a session of its own and the bench gives that session's group the same nice
+//!   (never the caller's: run directly, the bench leaves its group alone). Neighbours then get
+//!   almost no CPU during the closed-loop seconds; `LOAD_NICE=0` is the gentle choice. The
+//!   report says how much CPU other processes still took in each phase.
+//! - Open loop (no coordinated omission): request `i` is due at `start + i / rate`; a pacer
+//!   thread dispatches each request at its due time whatever the earlier ones are doing, and
+//!   latency runs from the *due* time to the last byte (and, for streams, the first byte) of the
+//!   response. One second of warm-up before each measured run is not recorded.
+//! - Closed loop: `LOAD_CONCURRENCY` workers send back to back for half of `LOAD_SECONDS`.
+//! - CPU per request: utime + stime of the proxy's process tree over the measured window
+//!   (per-thread schedstat nanoseconds, or /proc/PID/stat ticks if a thread exited), divided by
+//!   the requests completed in it.
+//! - Start: each proxy's first request is sent the moment it listens, then 99 more one by one.
+//! - Memory: VmRSS and VmHWM of each proxy's process tree, after start, after 100 requests, at
+//!   the end of each phase, and at the end.
+//!
+//! Phases (`LOAD_PHASES`, comma-separated; all by default):
+//! - `small`: the small chat body (or `LOAD_BODY` at `LOAD_PATH`) at `LOAD_RATE`;
+//! - `stream`: the same chat body with `"stream":true`, the stub answering with SSE and pausing
+//!   10 ms after the first event; reports the time to the first byte;
+//! - `closed`: the small body, closed loop, one core per proxy;
+//! - `large`: per conversation of `LOAD_LARGE`, at `LOAD_LARGE_RATE`: the warm next turn of one
+//!   session (the recorded conversation plus one new exchange, the same session id each time),
+//!   then the cold first turn of a new session each time (a new session id and a marker in the
+//!   first user message; the tool outputs stay the same texts, so token counts may be cached:
+//!   the cold figure excludes tokenization, as issue 11's target does).
+//!
+//! Settings (environment, or arguments after `--`, which win):
+//!
+//! | env                 | argument          | default                                        |
+//! |---------------------|-------------------|------------------------------------------------|
+//! | `LOAD_SECONDS`      | `--seconds N`     | 10 (each measured open-loop phase; closed loop half) |
+//! | `LOAD_RATE`         | `--rate N`        | 50 (requests per second, small bodies and streams) |
+//! | `LOAD_LARGE_RATE`   | `--large-rate N`  | 20 (requests per second, 800 KB conversations) |
+//! | `LOAD_LARGE`        | `--large LIST`    | `claude-code,chat` (also `codex`; `all`, `none`) |
+//! | `LOAD_PHASES`       | `--phases LIST`   | `small,stream,closed,large`                    |
+//! | `LOAD_CONCURRENCY`  | `--concurrency N` | 32 (closed-loop workers)                       |
+//! | `LOAD_BODY`         | `--body FILE`     | a ~300-byte chat completions body              |
+//! | `LOAD_PATH`         | `--path P`        | `/v1/chat/completions`                         |
+//! | `LOAD_CONFIG_EXTRA` | `--extra TOML`    | none: TOML merged into compactor's config      |
+//! | `LOAD_NGINX`        | `--nginx PATH`    | `nginx` on the PATH or in /usr/sbin; `off` for none |
+//! | `LOAD_PIN`          | `--pin on/off`    | `on` when the bench may use two CPUs or more   |
+//! | `LOAD_BENCH_CPU`    | `--bench-cpu N`   | the first CPU this process may use             |
+//! | `LOAD_PROXY_CPU`    | `--proxy-cpu N`   | the last CPU this process may use              |
+//! | `LOAD_NICE`         | `--nice N`        | -20 as root, else unchanged: the nice value of the bench and both proxies |
+//!
+//! Inherited `COMPACTOR_*` variables are removed from compactor's environment so runs are
+//! reproducible; configure it through `LOAD_CONFIG_EXTRA`. The bench always sets `listen`, both
+//! upstreams and `log.level` (warnings only, plus the `listening on` line) over whatever it says.
+//!
+//! `cargo test --all-targets` also runs this binary (without `--bench`): it then does nothing.
+
+mod drive;
+mod procfs;
+mod proxies;
+mod report;
+mod scenario;
+mod stub;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::runtime::Runtime;
+
+use drive::Target;
+use procfs::{Machine, Memory, TreeCpu};
+use proxies::Proxy;
+use report::{LoadMemory, Outcome, Phase, PhaseKind, Report, Run, StartProbe, fmt_rate};
+use scenario::{Conversation, LARGE_FIXTURES, LargeFixture, STREAM_PAUSE, Scenario};
+
+/// Open-loop warm-up before each measured run (not recorded).
+const WARMUP: Duration = Duration::from_secs(1);
+/// Requests one by one after a proxy starts.
+const START_REQUESTS: u64 = 100;
+
+const SETTINGS: [(&str, &str); 14] = [
+    ("--seconds", "LOAD_SECONDS"),
+    ("--rate", "LOAD_RATE"),
+    ("--large-rate", "LOAD_LARGE_RATE"),
+    ("--large", "LOAD_LARGE"),
+    ("--phases", "LOAD_PHASES"),
+    ("--concurrency", "LOAD_CONCURRENCY"),
+    ("--body", "LOAD_BODY"),
+    ("--path", "LOAD_PATH"),
+    ("--extra", "LOAD_CONFIG_EXTRA"),
+    ("--nginx", "LOAD_NGINX"),
+    ("--pin", "LOAD_PIN"),
+    ("--bench-cpu", "LOAD_BENCH_CPU"),
+    ("--proxy-cpu", "LOAD_PROXY_CPU"),
+    ("--nice", "LOAD_NICE"),
+];
+
+struct Settings {
+    seconds: f64,
+    rate: f64,
+    large_rate: f64,
+    large: Vec<&'static LargeFixture>,
+    phases: Vec<String>,
+    concurrency: usize,
+    body: Bytes,
+    body_source: String,
+    path: String,
+    extra: String,
+    nginx: Option<PathBuf>,
+    /// (bench CPU, proxy CPU), or no pinning.
+    pins: Option<(usize, usize)>,
+    /// The settings given, to print how to run this again.
+    given: Vec<(&'static str, String)>,
+    /// CPUs this process could use before it pinned itself (what `nproc` says).
+    cpus: usize,
+    /// The nice value to run at, if it is to change.
+    nice: Option<i32>,
+}
+
+/// How the run was set up, for the report.
+struct Setup {
+    load_before: String,
+    /// What happened to the priority of the bench's scheduler group.
+    autogroup: String,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs bench targets without it.
+    if !args.iter().any(|a| a == "--bench") {
+        println!("load bench: skipped (run with cargo bench --bench load)");
+        return;
+    }
+    let settings = match Settings::load(&args) {
+        Ok(Some(settings)) => settings,
+        Ok(None) => {
+            println!("load bench: skipped (filtered out)");
+            return;
+        }
+        Err(message) => {
+            eprintln!("load bench: {message}");
+            std::process::exit(2);
+        }
+    };
+    match run(&settings) {
+        Ok(report) => report.print(),
+        Err(message) => {
+            eprintln!("load bench: {message}");
+            std::process::exit(1);
+        }
+    }
+}
+
+impl Settings {
+    /// `Ok(None)` when a positional filter (as in `cargo bench rewrite`) excludes this bench.
+    fn load(args: &[String]) -> Result<Option<Self>, String> {
+        let mut values: Vec<Option<String>> =
+            SETTINGS.iter().map(|(_, env)| std::env::var(env).ok().filter(|v| !v.trim().is_empty())).collect();
+        let mut filtered_out = false;
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+                _ => (arg.as_str(), None),
+            };
+            if name == "--bench" {
+                continue;
+            }
+            let Some(slot) = SETTINGS.iter().position(|(flag, _)| *flag == name) else {
+                if name.starts_with('-') {
+                    let known: Vec<&str> = SETTINGS.iter().map(|(flag, _)| *flag).collect();
+                    return Err(format!("unknown argument {name:?} (known: {})", known.join(" ")));
+                }
+                filtered_out |= !"load".contains(name);
+                continue;
+            };
+            let value = match inline {
+                Some(value) => value,
+                None => rest.next().cloned().ok_or_else(|| format!("{name} needs a value"))?,
+            };
+            values[slot] = Some(value);
+        }
+        if filtered_out {
+            return Ok(None);
+        }
+        let given: Vec<(&'static str, String)> =
+            SETTINGS.iter().zip(&values).filter_map(|((_, env), v)| Some((*env, v.clone()?))).collect();
+        let value = |env: &str| -> Option<String> {
+            SETTINGS.iter().position(|(_, e)| *e == env).and_then(|i| values[i].clone())
+        };
+        let number = |env: &str, default: f64| -> Result<f64, String> {
+            match value(env) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<f64>() {
+                    Ok(n) if n.is_finite() && n > 0.0 => Ok(n),
+                    _ => Err(format!("{env} must be a positive number, got {v:?}")),
+                },
+            }
+        };
+        let seconds = number("LOAD_SECONDS", 10.0)?;
+        let rate = number("LOAD_RATE", 50.0)?;
+        let large_rate = number("LOAD_LARGE_RATE", 20.0)?;
+        let concurrency = number("LOAD_CONCURRENCY", 32.0)?.round().max(1.0) as usize;
+
+        let large_list = value("LOAD_LARGE").unwrap_or_else(|| scenario::DEFAULT_LARGE.into());
+        let large = match large_list.trim() {
+            "none" => Vec::new(),
+            "all" => LARGE_FIXTURES.iter().collect(),
+            list => list
+                .split(',')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(|key| {
+                    LARGE_FIXTURES.iter().find(|f| f.key == key).ok_or_else(|| {
+                        let known: Vec<&str> = LARGE_FIXTURES.iter().map(|f| f.key).collect();
+                        format!("LOAD_LARGE: unknown conversation {key:?} (known: {}, all, none)", known.join(", "))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let all_phases = ["small", "stream", "closed", "large"];
+        let phases: Vec<String> = match value("LOAD_PHASES") {
+            None => all_phases.iter().map(|p| p.to_string()).collect(),
+            Some(list) => list.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect(),
+        };
+        if let Some(unknown) = phases.iter().find(|p| !all_phases.contains(&p.as_str())) {
+            return Err(format!("LOAD_PHASES: unknown phase {unknown:?} (known: {})", all_phases.join(", ")));
+        }
+
+        let (body, body_source) = match value("LOAD_BODY") {
+            Some(file) => {
+                let bytes = std::fs::read(&file).map_err(|e| format!("cannot read body {file:?}: {e}"))?;
+                (Bytes::from(bytes), file)
+            }
+            None => (Bytes::from_static(scenario::SMALL_BODY.as_bytes()), "the small chat body".into()),
+        };
+        let path = value("LOAD_PATH").unwrap_or_else(|| "/v1/chat/completions".into());
+        if !path.starts_with('/') {
+            return Err(format!("LOAD_PATH must start with '/', got {path:?}"));
+        }
+        let nginx = proxies::find_nginx(value("LOAD_NGINX").as_deref())?;
+        let pins = Self::pins(value("LOAD_PIN"), value("LOAD_BENCH_CPU"), value("LOAD_PROXY_CPU"))?;
+        let nice = match value("LOAD_NICE") {
+            None => procfs::is_root().then_some(-20),
+            Some(v) => match v.trim().parse::<i32>() {
+                Ok(n) if (-20..=19).contains(&n) => Some(n),
+                _ => return Err(format!("LOAD_NICE must be a nice value from -20 to 19, got {v:?}")),
+            },
+        };
+        Ok(Some(Self {
+            seconds,
+            rate,
+            large_rate,
+            large,
+            phases,
+            concurrency,
+            body,
+            body_source,
+            path,
+            extra: value("LOAD_CONFIG_EXTRA").unwrap_or_default(),
+            nginx,
+            pins,
+            given,
+            cpus: procfs::allowed_cpus().len(),
+            nice,
+        }))
+    }
+
+    /// The bench's CPU and the proxies' CPU: two different CPUs this process may use.
+    fn pins(
+        pin: Option<String>,
+        bench: Option<String>,
+        proxy: Option<String>,
+    ) -> Result<Option<(usize, usize)>, String> {
+        match pin.as_deref().map(str::trim) {
+            None | Some("on") => {}
+            Some("off") => return Ok(None),
+            Some(other) => return Err(format!("LOAD_PIN must be on or off, got {other:?}")),
+        }
+        let allowed = procfs::allowed_cpus();
+        let cpu = |env: &str, value: Option<String>, default: Option<usize>| -> Result<Option<usize>, String> {
+            match value {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<usize>() {
+                    Ok(cpu) if allowed.contains(&cpu) => Ok(Some(cpu)),
+                    _ => Err(format!("{env} must be one of the CPUs this process may use ({allowed:?}), got {v:?}")),
+                },
+            }
+        };
+        let bench = cpu("LOAD_BENCH_CPU", bench, allowed.first().copied())?;
+        let proxy = cpu("LOAD_PROXY_CPU", proxy, allowed.last().copied())?;
+        match (bench, proxy) {
+            (Some(bench), Some(proxy)) if bench != proxy => Ok(Some((bench, proxy))),
+            (Some(_), Some(_)) if allowed.len() < 2 => {
+                eprintln!("load bench: only one CPU available: nothing pinned, figures are not comparable");
+                Ok(None)
+            }
+            (Some(cpu), Some(_)) => Err(format!("LOAD_BENCH_CPU and LOAD_PROXY_CPU are both {cpu}")),
+            _ => Ok(None),
+        }
+    }
+
+    fn has(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p == phase)
+    }
+}
+
+/// What the phases share: the generator's runtime and the three targets.
+struct Bench<'a> {
+    settings: &'a Settings,
+    runtime: Runtime,
+    stub: SocketAddr,
+    proxies: Vec<Proxy>,
+    /// Each proxy's largest memory at a phase's end.
+    under_load: Vec<Option<Memory>>,
+}
+
+fn run(settings: &Settings) -> Result<Report, String> {
+    let load_before = procfs::load_average();
+    let mut autogroup = "unchanged".to_string();
+    if let Some(nice) = settings.nice {
+        procfs::renice_self(nice)?;
+        autogroup = procfs::renice_own_autogroup(nice);
+    }
+    let setup = Setup { load_before, autogroup };
+    if let Some((bench_cpu, _)) = settings.pins {
+        procfs::pin_self(bench_cpu)?;
+    }
+    let stub = stub::start()?;
+    // The generator gets one thread, like the stub: both on the bench's CPU.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("load generator runtime: {e}"))?;
+    let proxy_cpu = settings.pins.map(|(_, proxy)| proxy);
+    let small = Arc::new(Scenario::fixed(&settings.path, settings.body.clone(), Duration::ZERO));
+
+    // Start each proxy and send its first requests right away, before any other load.
+    let mut bench = Bench { settings, runtime, stub, proxies: Vec::new(), under_load: Vec::new() };
+    let mut starts = Vec::new();
+    if let Some(nginx) = &settings.nginx {
+        eprintln!("load bench: starting nginx ({})", nginx.display());
+        let proxy = Proxy::nginx(nginx, stub, proxy_cpu)?;
+        starts.push(bench.start_probe(&proxy, &small));
+        bench.proxies.push(proxy);
+    }
+    eprintln!("load bench: starting compactor");
+    let proxy = Proxy::compactor(stub, &settings.extra, proxy_cpu)?;
+    starts.push(bench.start_probe(&proxy, &small));
+    bench.proxies.push(proxy);
+    bench.under_load = vec![None; bench.proxies.len()];
+
+    let mut phases = Vec::new();
+    let small_title = format!("small chat body @{} req/s", fmt_rate(settings.rate));
+    let small_title = if settings.body_source.starts_with("the small") {
+        small_title
+    } else {
+        format!("{} ({})", small_title, settings.body_source)
+    };
+    if settings.has("small") {
+        phases.push(bench.open_phase(PhaseKind::Small, small_title, None, &small, settings.rate));
+    }
+    if settings.has("stream") {
+        let stream = Arc::new(Scenario::fixed(
+            "/v1/chat/completions",
+            Bytes::from_static(scenario::SMALL_STREAM_BODY.as_bytes()),
+            STREAM_PAUSE,
+        ));
+        let title = format!("streamed small chat body @{} req/s", fmt_rate(settings.rate));
+        phases.push(bench.open_phase(PhaseKind::Stream, title, None, &stream, settings.rate));
+    }
+    if settings.has("closed") {
+        phases.push(bench.closed_phase(&small));
+    }
+    if settings.has("large") {
+        for fixture in &settings.large {
+            let conversation = Conversation::load(fixture)?;
+            let rate = fmt_rate(settings.large_rate);
+            let warm = Arc::new(Scenario::next_turn(fixture, &conversation));
+            let title = format!("800 KB {}, warm next turn @{rate} req/s", fixture.label);
+            phases.push(bench.open_phase(PhaseKind::Warm, title, Some(fixture.key), &warm, settings.large_rate));
+            drop(warm);
+            let cold = Arc::new(Scenario::new_session(fixture, &conversation));
+            let title = format!("800 KB {}, cold first turn of a new session @{rate} req/s", fixture.label);
+            phases.push(bench.open_phase(PhaseKind::Cold, title, Some(fixture.key), &cold, settings.large_rate));
+        }
+    }
+
+    let memory = bench
+        .proxies
+        .iter()
+        .zip(&bench.under_load)
+        .map(|(proxy, under_load)| {
+            // VmHWM is kept lazily by the kernel: never report a peak below an RSS we read.
+            let largest_read = under_load.map_or(0, |m| m.rss_kib);
+            let end = Memory::of_tree(proxy.pid).map(|m| Memory { peak_kib: m.peak_kib.max(largest_read), ..m });
+            LoadMemory { target: proxy.name, under_load: *under_load, end }
+        })
+        .collect();
+    let has_nginx = bench.proxies.iter().any(|p| p.name == "nginx");
+    for proxy in &mut bench.proxies {
+        proxy.stop();
+    }
+    let about = about(settings, &setup);
+    Ok(Report { about, phases, starts, memory, has_nginx })
+}
+
+impl Bench<'_> {
+    /// The targets of every phase, in order: the stub itself, then each proxy.
+    fn targets(&self) -> Vec<(&'static str, SocketAddr, Option<&Proxy>)> {
+        std::iter::once(("direct", self.stub, None))
+            .chain(self.proxies.iter().map(|p| (p.name, p.addr, Some(p))))
+            .collect()
+    }
+
+    fn start_probe(&self, proxy: &Proxy, scenario: &Scenario) -> StartProbe {
+        let idle = Memory::of_tree(proxy.pid);
+        let latencies = drive::one_by_one(&self.runtime, &Target::new(proxy.addr), scenario, START_REQUESTS);
+        let after_100 = Memory::of_tree(proxy.pid);
+        let first = latencies.first().cloned().unwrap_or_else(|| Err("no request sent".into()));
+        let mut tail: Vec<Duration> = latencies.iter().skip(90).filter_map(|r| r.as_ref().ok().copied()).collect();
+        tail.sort();
+        let hundredth = tail.get(tail.len() / 2).copied();
+        StartProbe {
+            target: proxy.name,
+            start_to_listening: proxy.start_to_listening,
+            first,
+            hundredth,
+            idle,
+            after_100,
+        }
+    }
+
+    /// Runs `work` against a target and measures the CPU the proxy and the machine used.
+    fn measured(
+        &self,
+        proxy: Option<&Proxy>,
+        work: impl FnOnce() -> Outcome,
+    ) -> (Outcome, Option<(Duration, bool)>, Option<procfs::CpuShare>) {
+        let cpu_before = proxy.map(|p| TreeCpu::now(p.pid));
+        let machine_before = Machine::now();
+        let outcome = work();
+        let cpu_after = proxy.map(|p| TreeCpu::now(p.pid));
+        let machine_after = Machine::now();
+        let (proxy_cpu, proxy_ticks) = match (&cpu_before, &cpu_after) {
+            (Some(before), Some(after)) => (Some(after.since(before)), after.ticks().saturating_sub(before.ticks())),
+            _ => (None, 0),
+        };
+        let share = match (machine_before, machine_after) {
+            (Some(before), Some(after)) => Some(after.share_since(&before, proxy_ticks)),
+            _ => None,
+        };
+        (outcome, proxy_cpu, share)
+    }
+
+    fn after_phase(&mut self) {
+        for (proxy, under_load) in self.proxies.iter().zip(self.under_load.iter_mut()) {
+            if let Some(now) = Memory::of_tree(proxy.pid) {
+                *under_load = Some(under_load.map_or(now, |m| m.max(now)));
+            }
+        }
+    }
+
+    fn open_phase(
+        &mut self,
+        kind: PhaseKind,
+        title: String,
+        fixture: Option<&'static str>,
+        scenario: &Arc<Scenario>,
+        rate: f64,
+    ) -> Phase {
+        let total = (rate * self.settings.seconds).round().max(1.0) as u64;
+        let warmup = (rate * WARMUP.as_secs_f64()).round().max(1.0) as u64;
+        let mut runs = Vec::new();
+        for (name, addr, proxy) in self.targets() {
+            eprintln!(
+                "load bench: {title}: {name}: {total} requests in {:.1} s (+{:.0} s warm-up), {} B bodies",
+                self.settings.seconds,
+                WARMUP.as_secs_f64(),
+                scenario.body_len()
+            );
+            let target = Target::new(addr);
+            let tag = format!("{name}-{}", fixture.unwrap_or("small"));
+            let _ = drive::open_loop(&self.runtime, &target, scenario, &tag, rate, warmup);
+            let (outcome, proxy_cpu, share) = self.measured(proxy, || {
+                Outcome::Open(drive::open_loop(&self.runtime, &target, scenario, &tag, rate, total))
+            });
+            runs.push(Run { target: name, outcome, proxy_cpu, share });
+        }
+        self.after_phase();
+        Phase { kind, title, fixture, runs }
+    }
+
+    fn closed_phase(&mut self, scenario: &Arc<Scenario>) -> Phase {
+        let duration = Duration::from_secs_f64(self.settings.seconds / 2.0);
+        let workers = self.settings.concurrency;
+        let title = format!("one core, {workers} connections, closed loop ({:.1} s)", duration.as_secs_f64());
+        let mut runs = Vec::new();
+        for (name, addr, proxy) in self.targets() {
+            eprintln!("load bench: {title}: {name}");
+            let target = Target::new(addr);
+            let (outcome, proxy_cpu, share) = self.measured(proxy, || {
+                Outcome::Closed(drive::closed_loop(&self.runtime, &target, scenario, name, workers, duration))
+            });
+            runs.push(Run { target: name, outcome, proxy_cpu, share });
+        }
+        self.after_phase();
+        Phase { kind: PhaseKind::Closed, title, fixture: None, runs }
+    }
+}
+
+/// The lines that say what ran where: commit, machine, pinning, versions, the command.
+fn about(settings: &Settings, setup: &Setup) -> Vec<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").arg("-C").arg(root).args(args).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cpus = settings.cpus;
+    let pinning = match settings.pins {
+        Some((bench, proxy)) => format!(
+            "load generator and stub on CPU {bench}; each proxy on CPU {proxy} (compactor with TOKIO_WORKER_THREADS=1, nginx with one worker)"
+        ),
+        None => "nothing pinned".into(),
+    };
+    let nice = procfs::own_nice().map_or("unknown".into(), |n| n.to_string());
+    let nginx = match &settings.nginx {
+        Some(path) => format!("{} ({})", proxies::nginx_version(path), path.display()),
+        None => "not run".into(),
+    };
+    let given: Vec<String> =
+        settings.given.iter().map(|(env, value)| format!("{env}={}", shell_quote(value))).collect();
+    let command = match std::env::var("LOAD_INVOKED_AS") {
+        Ok(script) => script,
+        Err(_) => "cargo bench --bench load".into(),
+    };
+    let command = if given.is_empty() { command } else { format!("{} {command}", given.join(" ")) };
+    vec![
+        format!(
+            "compactor load bench, commit {commit}{}, {date}",
+            if dirty { " (with uncommitted changes)" } else { "" }
+        ),
+        format!(
+            "machine: {cpus} CPUs (nproc), {}, Linux {}; load average {} before, {} after",
+            procfs::cpu_model(),
+            procfs::kernel(),
+            setup.load_before,
+            procfs::load_average()
+        ),
+        format!("pinning: {pinning}"),
+        format!("priority: nice {nice} (bench and proxies), {}", setup.autogroup),
+        format!("reference: {nginx}"),
+        format!("command: {command}"),
+        format!(
+            "open loop: {} s measured per target and phase after {} s warm-up, latency from the scheduled send; closed loop {} s",
+            settings.seconds,
+            WARMUP.as_secs_f64(),
+            settings.seconds / 2.0
+        ),
+    ]
+}
+
+/// Quotes a value for a POSIX shell when it needs it.
+fn shell_quote(value: &str) -> String {
+    if value.chars().all(|c| c.is_ascii_alphanumeric() || "-_./,=:".contains(c)) {
+        value.to_string()
+    } else if !value.contains('\'') && !value.contains('\n') {
+        format!("'{value}'")
+    } else {
+        format!("$'{}'", value.replace('\\', "\\\\").replace('\'', "\\'").replace('\n', "\\n"))
+    }
+}
