@@ -3,13 +3,16 @@
 every dialect for `dialects`, the providers' error bodies for `overflow` (with the status byte
 the target reads first), and SSE streams with usage for `sse_usage`."""
 import json
+import os
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 SEEDS = ROOT / "fuzz" / "seeds"
 STATUSES = [400, 413, 422, 429, 500, 200]
-MAX_SEED = 200_000  # bytes: the long recorded conversations would slow every mutation down
+# Bytes: the long recorded conversations would slow every mutation down (CI's unoptimized build
+# takes a smaller bound).
+MAX_SEED = int(os.environ.get("FUZZ_MAX_SEED", "200000"))
 
 
 def write(target, name, data):

@@ -66,3 +66,15 @@ pub async fn next_chunk(body: &mut Incoming, within: Duration) -> Option<Bytes> 
         }
     }
 }
+
+/// Asks `check` every 50 ms until it holds (true) or 15 s have passed (false).
+pub async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

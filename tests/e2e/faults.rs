@@ -355,17 +355,6 @@ fn session_request(proxy: &ProxyProcess, session: &str) -> http::Request<http_bo
 
 const PRUNE: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n";
 
-async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
 #[tokio::test]
 async fn redis_killed_and_restarted_under_load_never_fails_a_request_and_the_breaker_skips_it_meanwhile() {
     use crate::common::redis_server::RedisServer;

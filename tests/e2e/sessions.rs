@@ -39,17 +39,6 @@ async fn rewound_is_pruned(fake: &FakeUpstream, proxy: &ProxyProcess, key: &str,
     fake.last().json()["messages"][2]["content"] == PLACEHOLDER
 }
 
-async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
 /// Runs `test` against the memory store and, when Redis is available, the Redis store.
 async fn with_each_store(test: impl AsyncFn(&str, Option<&RedisServer>)) {
     test("", None).await;
