@@ -5,7 +5,7 @@
 //!
 //! The request's [`Budget`] travels with its task ([`Budget::scope`]), so the code that does the
 //! work only marks its steps with [`step`]; outside a scope (tests, benchmarks) steps run as plain
-//! calls. Every step is linear in the request's size (`tests/linear_cost.rs`), so a step is short
+//! calls. Every step is linear in the request's size (`tests/timing/doubling.rs`), so a step is short
 //! and the budget is checked often.
 
 use std::future::Future;

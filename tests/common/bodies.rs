@@ -29,3 +29,20 @@ pub fn lines_until(chars: usize, line: impl Fn(usize) -> String) -> String {
     }
     out
 }
+
+/// A chat request whose many tool outputs (distinct text, `bytes` in all) take compactor a long
+/// time to count in a debug build.
+pub fn chat_with_many_outputs(bytes: usize) -> String {
+    let mut messages = vec![serde_json::json!({"role": "user", "content": "Run every test."})];
+    let mut i = 0;
+    let mut size = 0;
+    while size < bytes {
+        let id = format!("call_{i}");
+        let output = tool_output(&format!("suite {i} test"), 3_000);
+        size += output.len();
+        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
+        messages.push(serde_json::json!({"role": "tool", "tool_call_id": id, "content": output}));
+        i += 1;
+    }
+    serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string()
+}

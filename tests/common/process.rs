@@ -162,3 +162,12 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, 
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// User plus system CPU time the process has used so far (Linux `/proc`).
+pub fn cpu_time(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}

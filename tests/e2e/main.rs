@@ -10,7 +10,6 @@ mod compaction;
 mod conversations;
 mod faults;
 mod fidelity;
-mod hostile_input;
 mod operations;
 mod provider_sim;
 mod proxy;

@@ -8,10 +8,9 @@
 //! timed in turn, five rounds, and the fastest run of each size is compared: 4n must cost well
 //! under the 16x a quadratic step would (under 8x). Taking the sizes in turn spreads a busy moment of a
 //! shared machine over all three, and one timing test runs at a time.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
-use std::sync::{LazyLock, Mutex};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -36,9 +35,6 @@ const MAX_RATIO_AT_4N: f64 = 8.0;
 const ROUNDS: usize = 5;
 /// Rounds of each calibration size.
 const CALIBRATION_ROUNDS: usize = 3;
-
-/// Timing tests take the machine one at a time: tests of one binary run in parallel.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// `n` extra fields `"k0":0,"k1":1,…` ready to splice into an object.
 fn many_fields(n: usize) -> String {
@@ -89,7 +85,7 @@ fn fastest_in_turn(step: &Step, bodies: &[Vec<u8>], rounds: usize) -> Vec<Durati
 /// Times every shape at n, 2n and 4n and fails naming each shape whose cost grew faster than
 /// linear (with every shape's figures, for the README).
 fn assert_linear(shapes: Vec<Shape>) {
-    let _machine = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _machine = crate::one_at_a_time();
     let mut report = Vec::new();
     let mut too_slow = Vec::new();
     for shape in shapes {

@@ -41,6 +41,7 @@ fn hostile_bodies() -> Vec<(&'static str, &'static str, String)> {
 
 #[tokio::test]
 async fn objects_with_100000_keys_are_answered_quickly_and_healthz_stays_responsive() {
+    let _machine = crate::one_at_a_time();
     let fake = FakeUpstream::start().await;
     // A fixed answer: the fake upstream shares this test's cores and should not parse 1 MB bodies.
     fake.respond_with(|received| {
