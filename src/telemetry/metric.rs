@@ -123,7 +123,7 @@ pub fn compaction(trigger: &'static str, outcome: &'static str) {
 }
 
 pub fn summary_latency(elapsed: Duration) {
-    histogram!("compactor_summary_call_seconds").record(elapsed.as_secs_f64());
+    let _registered = histogram!("compactor_summary_call_seconds").record(elapsed.as_secs_f64());
 }
 
 pub fn summary_tokens(direction: &'static str, tokens: u64) {
@@ -198,9 +198,9 @@ pub fn present_at_start() {
         counter!("compactor_request_bytes_total", "route" => route).absolute(0);
         counter!("compactor_response_bytes_total", "route" => route).absolute(0);
         counter!("compactor_errors_total", "route" => route, "code" => "upstream_unreachable").absolute(0);
-        histogram!("compactor_overhead_seconds", "route" => route);
-        histogram!("compactor_upstream_ttfb_seconds", "route" => route);
-        histogram!("compactor_upstream_duration_seconds", "route" => route);
+        let _registered = histogram!("compactor_overhead_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_ttfb_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_duration_seconds", "route" => route);
     }
     for route in REWRITABLE_ROUTES {
         for outcome in ["changed", "unchanged", "unparsed", "stateful", "agent_compaction", "over_budget"] {
@@ -227,7 +227,7 @@ pub fn present_at_start() {
             counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).absolute(0);
         }
     }
-    histogram!("compactor_summary_call_seconds");
+    let _registered = histogram!("compactor_summary_call_seconds");
     for direction in ["input", "output"] {
         counter!("compactor_summary_tokens_total", "direction" => direction).absolute(0);
     }
