@@ -8,6 +8,7 @@ mod common;
 mod agent_compaction;
 mod compaction;
 mod conversations;
+mod deploy;
 mod faults;
 mod fidelity;
 mod operations;
