@@ -71,8 +71,7 @@ impl Identifier {
     pub fn identify(&self, headers: &HeaderMap, parsed: Option<&ParsedRequest>) -> SessionKey {
         let tenant = self.tenant(headers);
         let (source, id) = self.session_id(headers, parsed);
-        let session = xxh3_128(format!("{}\0{id}", source.as_str()).as_bytes());
-        SessionKey { key: format!("{tenant}.{session:032x}"), source }
+        SessionKey { key: format!("{tenant}.{}", session_hash(source, &id)), source }
     }
 
     /// Keyed hash of the credential: the same key always maps to the same tenant, and nothing
@@ -108,6 +107,22 @@ impl Identifier {
         }
         (SessionSource::Fingerprint, Cow::Owned(fingerprint(parsed)))
     }
+}
+
+/// The session part of a key: a hash of where the id came from and the id, the same in every
+/// tenant. The admin API finds an agent's sessions from it, so no store keeps the raw id.
+pub fn session_hash(source: SessionSource, id: &str) -> String {
+    format!("{:032x}", xxh3_128(format!("{}\0{id}", source.as_str()).as_bytes()))
+}
+
+/// The session hashes an id an agent shows (Claude Code's or Codex's session id) may have: as a
+/// session header, a `prompt_cache_key`, or the session in `metadata.user_id`.
+pub fn agent_session_hashes(id: &str) -> Vec<(SessionSource, String)> {
+    let id = id.trim();
+    [SessionSource::Header, SessionSource::PromptCacheKey, SessionSource::MetadataUserId]
+        .into_iter()
+        .map(|source| (source, session_hash(source, id)))
+        .collect()
 }
 
 /// Claude Code's `metadata.user_id`: legacy `user_<hash>_account_<uuid>_session_<uuid>`, or a JSON
