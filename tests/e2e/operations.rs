@@ -128,12 +128,19 @@ async fn the_healthcheck_subcommand_reports_a_live_proxy() {
 async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
     const TOKEN: &str = "admin-tok-7f3a9c";
     const TENANT: &str = "tenant-sec-51b2e8";
-    let env = [("COMPACTOR_ADMIN__TOKEN", TOKEN), ("COMPACTOR_SESSION__TENANT_SECRET", TENANT)];
+    const REDIS_PASSWORD: &str = "redis-pw-0c4d1e";
+    let redis_url = format!("redis://app:{REDIS_PASSWORD}@127.0.0.1:6379");
+    let env = [
+        ("COMPACTOR_ADMIN__TOKEN", TOKEN),
+        ("COMPACTOR_SESSION__TENANT_SECRET", TENANT),
+        ("COMPACTOR_SESSION__REDIS_URL", redis_url.as_str()),
+    ];
     let (code, out, err) = run_binary(&["--check-config"], &env);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("token = \"[redacted]\""), "{out}");
     assert!(out.contains("tenant_secret = \"[redacted]\""), "{out}");
-    for secret in [TOKEN, TENANT] {
+    assert!(out.contains("redis_url = \"redis://app:[redacted]@127.0.0.1:6379\""), "{out}");
+    for secret in [TOKEN, TENANT, REDIS_PASSWORD] {
         assert!(!out.contains(secret) && !err.contains(secret), "{secret} printed by --check-config");
     }
 
@@ -151,7 +158,7 @@ async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
     proxy.wait_for_log("route=chat_completions").await;
     let logs = proxy.logs().join("\n");
     assert!(logs.contains("[redacted]"), "the configuration was logged");
-    for secret in [TOKEN, TENANT] {
+    for secret in [TOKEN, TENANT, REDIS_PASSWORD] {
         assert!(!logs.contains(secret), "{secret} leaked into the logs");
     }
 }
