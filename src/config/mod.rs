@@ -1,6 +1,7 @@
 //! Configuration: built-in defaults < TOML file < `COMPACTOR_` environment, read into one immutable
 //! [`Config`] after every key has been checked.
 
+mod env;
 mod load;
 mod reader;
 mod secret;
