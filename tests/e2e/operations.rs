@@ -65,10 +65,36 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
 }
 
 #[tokio::test]
+async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_tokenizer() {
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    // Asked the moment compactor listens: starting (tables still loading) or already ready.
+    let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    let status = early.json()["status"].as_str().unwrap_or_default().to_string();
+    assert!(
+        (early.status == 503 && status == "starting") || (early.status == 200 && status == "ready"),
+        "{} {status}",
+        early.status
+    );
+    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200, "alive while starting");
+    // A request that arrives now waits for the tables (off the async workers) and is counted.
+    let answer =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false)))
+            .await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.header("x-compactor-tokens-before").is_some_and(|t| t.parse::<u32>().unwrap() > 0));
+    // Counting needed the tables, so they are loaded now and readiness says so.
+    let ready = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["status"], "ready");
+    proxy.wait_for_log("tokenizer tables loaded").await;
+}
+
+#[tokio::test]
 async fn health_readiness_and_metrics_are_answered_locally() {
     let (fake, proxy) = ProxyProcess::with_fake("").await;
     assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
-    assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.status, 200);
+    // Ready once the tokenizer tables are loaded, a moment after listening.
+    assert!(eventually(async || send(request("GET", &proxy.url("/readyz"), &[], "")).await.status == 200).await);
     send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
     send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true))).await;
     let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
