@@ -66,7 +66,8 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
 
 #[tokio::test]
 async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_tokenizer() {
-    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    let fake = FakeUpstream::start().await;
+    let proxy = ProxyProcess::start_listening(&format!("[upstream]\nopenai = \"{}\"\n", fake.url()), &[]);
     // Asked the moment compactor listens: starting (tables still loading) or already ready.
     let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
     let status = early.json()["status"].as_str().unwrap_or_default().to_string();
