@@ -125,7 +125,7 @@ impl Config {
                 }),
                 redis_url: r.parse("session.redis_url", d.session.redis_url, |s: String| {
                     if s.split(',').all(|url| redis::parse_redis_url(url.trim()).is_some()) {
-                        Ok(s)
+                        Ok(RedisUrls::new(s))
                     } else {
                         Err("not a redis:// URL (or a comma-separated list of them for a cluster)".to_string())
                     }

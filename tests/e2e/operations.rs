@@ -65,10 +65,37 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
 }
 
 #[tokio::test]
+async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_tokenizer() {
+    let fake = FakeUpstream::start().await;
+    let proxy = ProxyProcess::start_listening(&format!("[upstream]\nopenai = \"{}\"\n", fake.url()), &[]);
+    // Asked the moment compactor listens: starting (tables still loading) or already ready.
+    let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    let status = early.json()["status"].as_str().unwrap_or_default().to_string();
+    assert!(
+        (early.status == 503 && status == "starting") || (early.status == 200 && status == "ready"),
+        "{} {status}",
+        early.status
+    );
+    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200, "alive while starting");
+    // A request that arrives now waits for the tables (off the async workers) and is counted.
+    let answer =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false)))
+            .await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.header("x-compactor-tokens-before").is_some_and(|t| t.parse::<u32>().unwrap() > 0));
+    // Counting needed the tables, so they are loaded now and readiness says so.
+    let ready = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["status"], "ready");
+    proxy.wait_for_log("tokenizer tables loaded").await;
+}
+
+#[tokio::test]
 async fn health_readiness_and_metrics_are_answered_locally() {
     let (fake, proxy) = ProxyProcess::with_fake("").await;
     assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
-    assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.status, 200);
+    // Ready once the tokenizer tables are loaded, a moment after listening.
+    assert!(eventually(async || send(request("GET", &proxy.url("/readyz"), &[], "")).await.status == 200).await);
     send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
     send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true))).await;
     let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
@@ -128,12 +155,19 @@ async fn the_healthcheck_subcommand_reports_a_live_proxy() {
 async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
     const TOKEN: &str = "admin-tok-7f3a9c";
     const TENANT: &str = "tenant-sec-51b2e8";
-    let env = [("COMPACTOR_ADMIN__TOKEN", TOKEN), ("COMPACTOR_SESSION__TENANT_SECRET", TENANT)];
+    const REDIS_PASSWORD: &str = "redis-pw-0c4d1e";
+    let redis_url = format!("redis://app:{REDIS_PASSWORD}@127.0.0.1:6379");
+    let env = [
+        ("COMPACTOR_ADMIN__TOKEN", TOKEN),
+        ("COMPACTOR_SESSION__TENANT_SECRET", TENANT),
+        ("COMPACTOR_SESSION__REDIS_URL", redis_url.as_str()),
+    ];
     let (code, out, err) = run_binary(&["--check-config"], &env);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("token = \"[redacted]\""), "{out}");
     assert!(out.contains("tenant_secret = \"[redacted]\""), "{out}");
-    for secret in [TOKEN, TENANT] {
+    assert!(out.contains("redis_url = \"redis://app:[redacted]@127.0.0.1:6379\""), "{out}");
+    for secret in [TOKEN, TENANT, REDIS_PASSWORD] {
         assert!(!out.contains(secret) && !err.contains(secret), "{secret} printed by --check-config");
     }
 
@@ -151,7 +185,7 @@ async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
     proxy.wait_for_log("route=chat_completions").await;
     let logs = proxy.logs().join("\n");
     assert!(logs.contains("[redacted]"), "the configuration was logged");
-    for secret in [TOKEN, TENANT] {
+    for secret in [TOKEN, TENANT, REDIS_PASSWORD] {
         assert!(!logs.contains(secret), "{secret} leaked into the logs");
     }
 }
