@@ -52,6 +52,7 @@ impl Finish {
             return;
         }
         self.log.ended_at = Some(Instant::now());
+        self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
         self.log.emit();
         if let Some((ctx, sender)) = self.state.take() {
             // Refused only when the runtime is shutting down and the finisher is gone with it.

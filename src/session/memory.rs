@@ -91,7 +91,7 @@ impl MemoryStore {
             .into_iter()
             .map(|(id, kept)| ConversationView::new(id.clone(), kept.last_used_unix_ms, kept.state.clone()))
             .collect();
-        SessionView { session: session.state.clone(), conversations }
+        SessionView::new(session.state.clone(), conversations)
     }
 
     pub fn forget(&self, key: &str) -> bool {

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::metric;
 use metrics::{counter, histogram};
 
 /// How a response ended.
@@ -55,6 +56,8 @@ pub struct RequestLog {
     pub conversation: Option<String>,
     /// Estimated tokens before and after rewriting, and outputs pruned.
     pub tokens: Option<(u32, u32, usize)>,
+    /// Prompt tokens the upstream reported reading from and writing to its cache.
+    pub cache: Option<(u64, u64)>,
     /// When the response ended (body done, or the client gone).
     pub ended_at: Option<Instant>,
 }
@@ -78,6 +81,7 @@ impl RequestLog {
             session: None,
             conversation: None,
             tokens: None,
+            cache: None,
             ended_at: None,
         }
     }
@@ -88,6 +92,7 @@ impl RequestLog {
         let upstream_latency = self.forwarded_at.map(|at| ended_at.saturating_duration_since(at));
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
         let (tokens_before, tokens_after, pruned) = self.tokens.unwrap_or_default();
+        let (cache_read, cache_write) = self.cache.unwrap_or_default();
         tracing::info!(
             request_id = %self.request_id,
             method = %self.method,
@@ -105,6 +110,8 @@ impl RequestLog {
             tokens_before,
             tokens_after,
             pruned,
+            cache_read,
+            cache_write,
             "request"
         );
         self.record_metrics(upstream_latency);
@@ -121,6 +128,9 @@ impl RequestLog {
         }
         if let Some(latency) = upstream_latency {
             histogram!("compactor_upstream_duration_seconds", "route" => route).record(latency.as_secs_f64());
+        }
+        if let Some((read, write)) = self.cache {
+            metric::cache_usage(route, read, write);
         }
         if let Some(code) = self.error {
             counter!("compactor_errors_total", "route" => route, "code" => code).increment(1);
