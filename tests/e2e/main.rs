@@ -11,6 +11,7 @@ mod conversations;
 mod faults;
 mod fidelity;
 mod operations;
+mod prompt_cache;
 mod provider_sim;
 mod proxy;
 mod responses;

@@ -212,4 +212,3 @@ fn every_client_cache_control_marker_survives_pruning_and_truncation() {
     assert_eq!(sent["messages"][4]["content"][0]["content"], PLACEHOLDER);
     assert_eq!(sent["messages"][4]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
 }
-
