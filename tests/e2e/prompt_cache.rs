@@ -99,3 +99,31 @@ async fn cache_reads_and_writes_are_read_from_json_and_sse_replies_of_every_dial
         }
     }
 }
+
+#[tokio::test]
+async fn old_outputs_are_pruned_in_batches_that_clear_minimum_tokens_never_a_little_each_turn() {
+    use crate::common::agents::{Agent, AgentSession, SessionSpec, drive};
+    use crate::common::provider::{ANTHROPIC, bill_by_prefix};
+
+    const PLACEHOLDER: &str = "[Old tool result content cleared]";
+    let provider = ProviderSim::start(ProviderSpec { window: 64_000, ..ProviderSpec::default() }).await;
+    let extra =
+        "[models.\"sim-model\"]\ncontext_window = 64000\n[prune]\nprotect_tokens = 8000\nminimum_tokens = 4000\n";
+    let proxy = ProxyProcess::start_with(&provider.compactor_config(extra), &[]);
+    let spec = SessionSpec::new(Agent::Plain(Dialect::Messages), "sim-model").outputs(&[1_500]);
+    let turns = 30;
+    let run = drive(&proxy.url(""), &provider, &mut AgentSession::new(spec), turns).await;
+    assert_eq!(run.stats().client_errors, 0);
+    let answered: Vec<_> = run.records.iter().filter(|r| !r.summary && r.outcome.is_answered()).collect();
+    let placeholders: Vec<usize> =
+        answered.iter().map(|r| String::from_utf8_lossy(&r.body).matches(PLACEHOLDER).count()).collect();
+    let changed: Vec<usize> = (1..placeholders.len()).filter(|&i| placeholders[i] != placeholders[i - 1]).collect();
+    let batches: Vec<usize> = changed.iter().map(|&i| placeholders[i].saturating_sub(placeholders[i - 1])).collect();
+    assert!(!batches.is_empty(), "a 30-turn session of 45k tokens of output is pruned: {placeholders:?}");
+    assert!(batches.iter().all(|&n| n >= 3), "each batch clears at least minimum_tokens: {placeholders:?}");
+    assert!(changed.windows(2).all(|w| w[1] - w[0] >= 3), "never turn after turn: {placeholders:?}");
+    assert!(batches.len() <= turns / 3, "{placeholders:?}");
+    // Every other turn extends the previous request: the only breaks are the batches.
+    let bill = bill_by_prefix(&run.records, &ANTHROPIC);
+    assert_eq!(bill.breaks, batches.len(), "{placeholders:?}");
+}
