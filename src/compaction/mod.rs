@@ -45,6 +45,8 @@ pub use summarizer::{Summarizer, SummaryError};
 /// What compaction needs, built once at start and shared by every request.
 pub struct Compactor {
     settings: CompactionSettings,
+    /// `settings.agent_markers`, compiled once.
+    agent_markers: agent::AgentMarkers,
     rewriter: Rewriter,
     identifier: Identifier,
     store: Store,
@@ -112,6 +114,7 @@ impl Compactor {
     pub fn new(config: &Config, store: Store, upstreams: Arc<Upstreams>) -> Self {
         Self {
             settings: config.compaction.clone(),
+            agent_markers: agent::AgentMarkers::new(&config.compaction.agent_markers),
             rewriter: Rewriter::new(
                 config.rewrite_settings(),
                 TokenCounter::new(config.tokens.cache_entries),
@@ -148,7 +151,7 @@ impl Compactor {
             metric::rewrite_skipped(route, "stateful");
             return Prepared::untouched(body.clone());
         }
-        if agent::is_agent_compaction(&parsed, &self.settings.agent_markers) || asks_for_compaction_item(&parsed) {
+        if agent::is_agent_compaction(&parsed, &self.agent_markers) || asks_for_compaction_item(&parsed) {
             // The agent is summarizing its own history: stay out of its way.
             metric::rewrite_skipped(route, "agent_compaction");
             return Prepared { session: Some(session), ..Prepared::untouched(body.clone()) };

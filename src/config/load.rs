@@ -76,6 +76,11 @@ impl Config {
                     positive_ms,
                 ),
                 max_connections: r.parse("limits.max_connections", d.limits.max_connections, positive),
+                client_body_timeout: r.parse(
+                    "limits.client_body_timeout_ms",
+                    d.limits.client_body_timeout,
+                    positive_ms,
+                ),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),

@@ -158,6 +158,10 @@ pub struct LimitsConfig {
     pub header_read_timeout: Duration,
     /// Client connections served at once; one more is answered 503 and closed.
     pub max_connections: u64,
+    /// The longest a client may pause while sending a request body: a rewritable route answers
+    /// 408, a streamed one breaks off its upstream request.
+    #[serde(rename = "client_body_timeout_ms", serialize_with = "millis")]
+    pub client_body_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -277,6 +281,7 @@ impl Default for Config {
                 rewrite_budget: Duration::from_millis(10_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,
+                client_body_timeout: Duration::from_millis(60_000),
             },
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },

@@ -10,7 +10,7 @@ pub mod truncate;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::conversation::{Conversation, FRAMING_TOKENS, Item, Kind};
+use crate::conversation::{Conversation, FRAMING_TOKENS, Kind};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TokenCounter};
 use crate::work::{self, Stopped};
@@ -106,8 +106,15 @@ impl Rewriter {
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
         // The tables load once, at start; a request never waits for them on an async worker.
         crate::tokens::loaded(model.encoding).await;
-        self.warm_cache(parsed, model.encoding).await?;
-        work::step(|| self.count_items(parsed, model.encoding)).await?;
+        let mut counts = work::step(|| self.look_up(parsed, model.encoding)).await?;
+        if counts.missing_bytes >= self.settings.blocking_tokenize_bytes {
+            self.tokenize_blocking(parsed, model.encoding, &mut counts).await?;
+        }
+        work::step(|| {
+            self.tokenize(parsed, model.encoding, &mut counts);
+            self.assign(parsed, &counts);
+        })
+        .await?;
         Ok(model)
     }
 
@@ -201,63 +208,132 @@ impl Rewriter {
         Rewritten { body: parsed.render(), report }
     }
 
-    /// Tokenizes what the cache has not seen; on a blocking thread when it is a lot, stopping
-    /// between texts when the request's budget runs out or its client leaves.
-    async fn warm_cache(&self, parsed: &ParsedRequest<'_>, encoding: Encoding) -> Result<(), Stopped> {
-        let mut missing: Vec<Arc<str>> = Vec::new();
-        let mut missing_bytes = 0;
-        let mut note = |text: &str| {
-            if !self.counter.is_cached(encoding, text) {
-                missing_bytes += text.len();
-                missing.push(Arc::from(text));
+    /// Fills in every item's tokens and the conversation's fixed cost, on this thread.
+    pub fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
+        let mut counts = self.look_up(parsed, encoding);
+        self.tokenize(parsed, encoding, &mut counts);
+        self.assign(parsed, &counts);
+    }
+
+    /// Every countable text's count from the cache: each text hashed and looked up once.
+    fn look_up(&self, parsed: &ParsedRequest, encoding: Encoding) -> Counts {
+        let mut counts = Counts::default();
+        for (slot, text) in countable_texts(parsed).enumerate() {
+            if text.is_empty() {
+                counts.counts.push(0);
+                continue;
             }
-        };
-        for text in countable_texts(parsed) {
-            note(text);
+            let hash = crate::tokens::text_hash(text);
+            match self.counter.cached(encoding, hash) {
+                Some(count) => counts.counts.push(count),
+                None => {
+                    counts.counts.push(0);
+                    counts.missing.push((slot, hash));
+                    counts.missing_bytes += text.len();
+                }
+            }
         }
-        if missing_bytes < self.settings.blocking_tokenize_bytes {
-            return Ok(());
+        counts
+    }
+
+    /// Tokenizes the texts the cache lacked, on this thread.
+    fn tokenize(&self, parsed: &ParsedRequest, encoding: Encoding, counts: &mut Counts) {
+        if counts.missing.is_empty() {
+            return;
+        }
+        let mut missing = counts.missing.iter().peekable();
+        for (slot, text) in countable_texts(parsed).enumerate() {
+            let Some(&&(wanted, hash)) = missing.peek() else { break };
+            if slot == wanted {
+                counts.counts[slot] = self.counter.count_uncached(encoding, hash, text);
+                missing.next();
+            }
+        }
+        counts.missing.clear();
+        counts.missing_bytes = 0;
+    }
+
+    /// Tokenizes the texts the cache lacked on a blocking thread (a lot of text: the async
+    /// worker stays free), stopping between texts when the request's budget runs out or its
+    /// client leaves.
+    async fn tokenize_blocking(
+        &self,
+        parsed: &ParsedRequest<'_>,
+        encoding: Encoding,
+        counts: &mut Counts,
+    ) -> Result<(), Stopped> {
+        let mut texts: Vec<(usize, u128, Arc<str>)> = Vec::with_capacity(counts.missing.len());
+        let mut missing = counts.missing.iter().peekable();
+        for (slot, text) in countable_texts(parsed).enumerate() {
+            let Some(&&(wanted, hash)) = missing.peek() else { break };
+            if slot == wanted {
+                texts.push((slot, hash, Arc::from(text)));
+                missing.next();
+            }
         }
         let counter = self.counter.clone();
         let budget = work::current();
         let started = std::time::Instant::now();
         let stop = move || budget.as_ref().is_some_and(|b| b.check(Some(started)).is_err());
-        let _ = tokio::task::spawn_blocking(move || counter.warm(encoding, &missing, stop)).await;
+        let counted = tokio::task::spawn_blocking(move || {
+            let mut counted = Vec::with_capacity(texts.len());
+            for (slot, hash, text) in texts {
+                if stop() {
+                    break;
+                }
+                counted.push((slot, counter.count_uncached(encoding, hash, &text)));
+            }
+            counted
+        })
+        .await
+        .unwrap_or_default();
         work::charge(started.elapsed());
+        let done: std::collections::HashSet<usize> = counted.iter().map(|(slot, _)| *slot).collect();
+        for (slot, count) in counted {
+            counts.counts[slot] = count;
+        }
+        counts.missing.retain(|(slot, _)| !done.contains(slot));
+        counts.missing_bytes = 0;
         match work::current() {
             Some(budget) => budget.check(None),
             None => Ok(()),
         }
     }
 
-    /// Fills in every item's tokens and the conversation's fixed cost.
-    pub fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
-        let count = |text: &str| self.counter.count(encoding, text);
+    /// Gives every item its tokens and the conversation its fixed cost from `counts` (in
+    /// [`countable_texts`] order).
+    fn assign(&self, parsed: &mut ParsedRequest, counts: &Counts) {
         let image = self.settings.image_tokens;
+        let mut slots = counts.counts.iter().copied();
+        let mut next = || slots.next().unwrap_or(0);
         for item in &mut parsed.conversation.items {
-            item.tokens = item_tokens(item, image, &count);
+            let (first, second) = (next(), next());
+            item.tokens = FRAMING_TOKENS
+                + match &item.kind {
+                    Kind::ToolResult { attachments, .. } => first + second + attachments * image,
+                    Kind::Attachment => image,
+                    _ => first + second,
+                };
         }
         let mut fixed = FRAMING_TOKENS * parsed.messages.len() as u32 + 3;
-        if let Some(tools) = parsed.tools {
-            fixed += count(tools.get());
+        if parsed.tools.is_some() {
+            fixed += next();
         }
         // System text outside the history is not an item: policies never touch it.
-        for text in &parsed.top_system {
-            fixed += count(text) + FRAMING_TOKENS;
+        for _ in &parsed.top_system {
+            fixed += next() + FRAMING_TOKENS;
         }
         parsed.conversation.fixed_tokens = fixed;
     }
 }
 
-fn item_tokens(item: &Item, image_tokens: u32, count: &dyn Fn(&str) -> u32) -> u32 {
-    FRAMING_TOKENS
-        + match &item.kind {
-            Kind::System { text } | Kind::Text { text, .. } | Kind::Thinking { text } => count(text),
-            Kind::ToolCall { name, arguments, .. } => count(name) + count(arguments),
-            Kind::ToolResult { text, attachments, .. } => count(text) + attachments * image_tokens,
-            Kind::Attachment => image_tokens,
-            Kind::Other { raw } => count(raw),
-        }
+/// The counts of one request's texts, slot by slot in [`countable_texts`] order, and the slots
+/// the cache lacked (with their hashes).
+#[derive(Default)]
+struct Counts {
+    counts: Vec<u32>,
+    missing: Vec<(usize, u128)>,
+    missing_bytes: usize,
 }
 
 /// Every text the counter will be asked about for this request.
