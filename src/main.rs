@@ -81,7 +81,7 @@ fn main() -> ExitCode {
 async fn run(config: Config, config_warnings: Vec<String>) -> anyhow::Result<()> {
     // Only ring is compiled in, but rustls wants the choice made explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    compactor::telemetry::init_logging(&config.log);
+    let traces = compactor::telemetry::init_logging(&config.log, &config.trace);
     for warning in &config_warnings {
         tracing::warn!("{warning}");
     }
@@ -99,6 +99,11 @@ async fn run(config: Config, config_warnings: Vec<String>) -> anyhow::Result<()>
     let config = Arc::new(config);
     let state = Arc::new(AppState::new(config.clone(), Some(metrics))?);
     let listener = server::bind(config.listen).await?;
-    server::serve(listener, state, server::shutdown_signal()).await?;
+    let served = server::serve(listener, state, server::shutdown_signal()).await;
+    if let Some(traces) = traces {
+        // The exporter thread flushes what is queued (bounded by trace.export_timeout_ms).
+        drop(tokio::task::spawn_blocking(move || traces.shutdown()).await);
+    }
+    served?;
     Ok(())
 }

@@ -30,10 +30,11 @@ use crate::overflow::Overflow;
 use crate::rewrite::{CachePricing, History, Reason, RewriteReport, RewriteSettings, Rewriter};
 use crate::route::ApiFamily;
 use crate::session::{ConversationId, Identifier, SessionCtx, SessionKey, Store};
-use crate::telemetry::metric;
+use crate::telemetry::{metric, trace};
 use crate::tokens::TokenCounter;
 use crate::upstream::{RequestHead, Upstreams};
 use crate::work;
+use tracing::Instrument;
 
 pub use compact::CompactError;
 use compact::Compaction;
@@ -144,6 +145,7 @@ impl Compactor {
             }
             Err(stopped) => return over_budget(route, stopped, body),
         };
+        trace::describe_request(parsed.model.as_deref());
         let session = self.identifier.identify(&head.headers, Some(&parsed));
         if is_stateful(&parsed) {
             // The history lives at the provider (previous_response_id, conversation): compactor
@@ -158,11 +160,16 @@ impl Compactor {
         }
         let conversation = ConversationId::of(&parsed);
         let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
+        // The rewrite's span: the derivations and a compaction ahead (with its summary call).
+        let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
         let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record);
         ladder.cache = self.cache_pricing(head.route.family);
         // The parse is handed on to the rewrite rather than repeated.
-        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
+        let derived = self
+            .derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false)
+            .instrument(rewrite.clone())
+            .await;
         let Some((mut sent, mut report)) = derived else {
             if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
                 return over_budget(route, stopped, body.clone());
@@ -177,7 +184,8 @@ impl Compactor {
                 ladder.message_count,
                 &report,
             )
-            && let Some(pressed) = self.derive(&ladder, &ctx, &self.rewriter.settings, true).await
+            && let Some(pressed) =
+                self.derive(&ladder, &ctx, &self.rewriter.settings, true).instrument(rewrite.clone()).await
         {
             // The window needs the room: the held-back batch goes now, whatever the cache.
             (sent, report) = pressed;
@@ -194,7 +202,8 @@ impl Compactor {
                 budget::over_threshold(&self.settings, session, conversation, ladder.message_count, &report, true);
             if requested || over {
                 let trigger = if requested { "admin" } else { "threshold" };
-                if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await {
+                let ahead = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report);
+                if let Some(compacted) = ahead.instrument(rewrite.clone()).await {
                     (sent, report) = compacted;
                 }
             }

@@ -14,8 +14,9 @@ use crate::error::ProxyError;
 use crate::json::json_string;
 use crate::overflow::OverflowDetector;
 use crate::rewrite::truncate::head_and_tail;
-use crate::telemetry::metric;
+use crate::telemetry::{metric, trace};
 use crate::upstream::{RequestHead, Upstreams};
+use tracing::Instrument;
 
 /// Largest summary answer compactor reads.
 const MAX_ANSWER_BYTES: usize = 8 << 20;
@@ -82,6 +83,7 @@ impl Summarizer {
         let count = input.count;
         let mut budget = input.budget;
         let started = Instant::now();
+        let span = trace::summary_span(head.route.family, input.model);
         let mut answer = None;
         for _ in 0..2 {
             let transcript = fitted_transcript(
@@ -93,20 +95,31 @@ impl Summarizer {
                 budget,
                 count,
             );
-            metric::summary_tokens("input", u64::from(count(&transcript)));
+            let input_tokens = count(&transcript);
+            metric::summary_tokens("input", u64::from(input_tokens));
+            span.record("gen_ai.usage.input_tokens", input_tokens);
             let body = self.request_body(input.parsed.dialect, input.model, &transcript, input.max_tokens);
-            match self.call(head, body).await {
+            match self.call(head, body).instrument(span.clone()).await {
                 Ok(body) => {
                     answer = Some(body);
                     break;
                 }
                 Err(SummaryError::Overflow) => budget /= 2,
-                Err(error) => return Err(error),
+                Err(error) => {
+                    span.record("error.type", error.to_string()).record("otel.status_code", "ERROR");
+                    return Err(error);
+                }
             }
         }
         metric::summary_latency(started.elapsed());
-        let summary = answer.and_then(|a| extract(input.parsed.dialect, &a)).ok_or(SummaryError::Unreadable)?;
-        metric::summary_tokens("output", u64::from(count(&summary)));
+        let summary = answer.and_then(|a| extract(input.parsed.dialect, &a));
+        let Some(summary) = summary else {
+            span.record("error.type", SummaryError::Unreadable.to_string()).record("otel.status_code", "ERROR");
+            return Err(SummaryError::Unreadable);
+        };
+        let output_tokens = count(&summary);
+        metric::summary_tokens("output", u64::from(output_tokens));
+        span.record("gen_ai.usage.output_tokens", output_tokens);
         Ok(summary)
     }
 

@@ -96,6 +96,24 @@ impl Config {
                         .map_err(|e| format!("not a log filter ({e}), e.g. \"info\" or \"compactor=debug\""))
                 }),
             },
+            trace: TraceConfig {
+                enabled: r.get("trace.enabled", d.trace.enabled),
+                endpoint: r.parse("trace.endpoint", d.trace.endpoint, |s: String| match s.parse::<http::Uri>() {
+                    Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some() => Ok(s),
+                    _ => Err("not an http:// or https:// URL, e.g. \"http://127.0.0.1:4318/v1/traces\"".to_string()),
+                }),
+                headers: r.parse("trace.headers", d.trace.headers, |s: String| {
+                    crate::telemetry::trace::parse_headers(&s).map(|_| Secret::new(s))
+                }),
+                sample_ratio: r.parse("trace.sample_ratio", d.trace.sample_ratio, |p: f64| {
+                    if (0.0..=1.0).contains(&p) { Ok(p) } else { Err("must be in [0, 1]".into()) }
+                }),
+                service_name: r.parse("trace.service_name", d.trace.service_name, |s: String| {
+                    if s.trim().is_empty() { Err("must not be empty".into()) } else { Ok(s) }
+                }),
+                export_timeout: r.parse("trace.export_timeout_ms", d.trace.export_timeout, positive_ms),
+                queue_size: r.parse("trace.queue_size", d.trace.queue_size, positive_u32),
+            },
             tokens: TokensConfig {
                 cache_entries: r.parse("tokens.cache_entries", d.tokens.cache_entries, positive),
                 image_tokens: r.get("tokens.image_tokens", d.tokens.image_tokens),
@@ -300,11 +318,15 @@ mod tests {
     #[test]
     fn secrets_never_print_in_check_config_or_debug() {
         let config =
-            from_toml("[admin]\ntoken = \"tok-1234-secret\"\n[session]\ntenant_secret = \"tenant-5678-secret\"\n")
+            from_toml("[admin]\ntoken = \"tok-1234-secret\"\n[session]\ntenant_secret = \"tenant-5678-secret\"\n[trace]\nheaders = \"authorization=Bearer otlp-9012-secret\"\n")
                 .unwrap();
         assert_eq!(config.admin.token.expose(), "tok-1234-secret");
+        assert_eq!(config.trace.headers.expose(), "authorization=Bearer otlp-9012-secret");
         for shown in [config.to_toml(), format!("{config:?}"), format!("{config:#?}")] {
-            assert!(!shown.contains("tok-1234") && !shown.contains("tenant-5678"), "{shown}");
+            assert!(
+                !shown.contains("tok-1234") && !shown.contains("tenant-5678") && !shown.contains("otlp-9012"),
+                "{shown}"
+            );
             assert!(shown.contains(REDACTED), "{shown}");
         }
         assert!(config.to_toml().contains("token = \"[redacted]\""));

@@ -44,6 +44,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
+    pub trace: TraceConfig,
     pub tokens: TokensConfig,
     pub prune: PruneConfig,
     pub truncate: TruncateConfig,
@@ -192,6 +193,25 @@ impl LogFilter {
     }
 }
 
+/// `[trace]`: OpenTelemetry traces exported over OTLP/HTTP (protobuf), off by default.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceConfig {
+    pub enabled: bool,
+    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`).
+    pub endpoint: String,
+    /// Headers sent with every export, `name=value,name=value` (an API key, often): never printed.
+    pub headers: Secret,
+    /// Share of the requests that start a trace (a client's sampled `traceparent` is always followed).
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+    /// The longest one export may take before it is dropped.
+    #[serde(rename = "export_timeout_ms", serialize_with = "millis")]
+    pub export_timeout: Duration,
+    /// Spans held for export; when the collector is slow or down, spans beyond it are dropped.
+    pub queue_size: u32,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -285,6 +305,15 @@ impl Default for Config {
             },
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },
+            trace: TraceConfig {
+                enabled: false,
+                endpoint: "http://127.0.0.1:4318/v1/traces".into(),
+                headers: Secret::default(),
+                sample_ratio: 1.0,
+                service_name: "compactor".into(),
+                export_timeout: Duration::from_millis(10_000),
+                queue_size: 2_048,
+            },
             tokens: TokensConfig { cache_entries: 200_000, image_tokens: 1_000, blocking_tokenize_bytes: 65_536 },
             prune: PruneConfig {
                 enabled: true,

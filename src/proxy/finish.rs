@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
+use tracing::{Instrument, Span};
 
 use crate::session::{SessionCtx, Usage};
 use crate::telemetry::request::RequestLog;
@@ -28,11 +29,13 @@ pub struct Finish {
     /// The session's state, and the way to its finisher (none for the in-process store).
     state: Option<(SessionCtx, Option<oneshot::Sender<Commit>>)>,
     sent: bool,
+    /// The request's trace span, ended with the request (after the finisher's write, if any).
+    pub span: Span,
 }
 
 impl Finish {
-    pub fn new(log: RequestLog) -> Self {
-        Self { log, usage: None, state: None, sent: false }
+    pub fn new(log: RequestLog, span: Span) -> Self {
+        Self { log, usage: None, state: None, sent: false, span }
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
@@ -42,7 +45,7 @@ impl Finish {
             return;
         }
         let (sender, receiver) = oneshot::channel();
-        tracker.spawn(commit(receiver));
+        tracker.spawn(commit(receiver).instrument(self.span.clone()));
         self.state = Some((ctx, Some(sender)));
     }
 
@@ -59,6 +62,8 @@ impl Finish {
         self.log.ended_at = Some(Instant::now());
         self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
         self.log.emit();
+        self.record_span();
+        let _entered = self.span.enter();
         match self.state.take() {
             Some((ctx, Some(sender))) => {
                 // Refused only when the runtime is shutting down and the finisher is gone with it.
@@ -71,6 +76,40 @@ impl Finish {
                 ctx.commit_in_place();
             }
             None => {}
+        }
+    }
+}
+
+impl Finish {
+    /// What the request did, on its trace span.
+    fn record_span(&self) {
+        let span = &self.span;
+        if span.is_disabled() {
+            return;
+        }
+        let log = &self.log;
+        span.record("http.response.status_code", log.status);
+        if let Some(error) = log.error {
+            span.record("error.type", error);
+            span.record("otel.status_code", "ERROR");
+        } else if log.status >= 500 {
+            span.record("error.type", log.status.to_string());
+            span.record("otel.status_code", "ERROR");
+        }
+        if let Some(session) = &log.session {
+            span.record("compactor.session", session.as_str());
+        }
+        if let Some(conversation) = &log.conversation {
+            span.record("compactor.conversation", conversation.as_str());
+        }
+        if let Some((before, after, pruned)) = log.tokens {
+            span.record("compactor.tokens_before", before);
+            span.record("compactor.tokens_after", after);
+            span.record("compactor.pruned", pruned as u64);
+        }
+        if let Some(usage) = &self.usage {
+            span.record("gen_ai.usage.input_tokens", usage.prompt_tokens);
+            span.record("gen_ai.usage.output_tokens", usage.output_tokens);
         }
     }
 }

@@ -28,8 +28,10 @@ use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::{ConversationId, Store};
 use crate::telemetry::request::RequestLog;
+use crate::telemetry::trace;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
+use tracing::Instrument;
 
 pub use body::ResponseBody;
 use body::TapBody;
@@ -71,7 +73,19 @@ impl Proxy {
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let route = Route::of(request.method(), request.uri().path(), request.headers());
         let log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
-        let mut finish = Finish::new(log);
+        // The request's span lives as long as its Finish: until the response body has ended.
+        let span = trace::request_span(request.method(), &route, &log.request_id);
+        trace::continue_trace(&span, request.headers());
+        let finish = Finish::new(log, span.clone());
+        self.handle_traced(request, route, finish).instrument(span).await
+    }
+
+    async fn handle_traced(
+        &self,
+        request: Request<Incoming>,
+        route: Route,
+        mut finish: Finish,
+    ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
         if Dialect::of(route.endpoint).is_none() {
             return self.pass_through(RequestHead::new(route, parts), body, finish).await;
@@ -182,9 +196,11 @@ impl Proxy {
             headers.insert("x-compactor-tokens-after", HeaderValue::from(after));
             headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
             headers.insert("x-compactor-retries", HeaderValue::from(forwarded.retries));
+            finish.span.record("compactor.retries", forwarded.retries);
             finish.log.tokens = Some((report.tokens_before, after, report.pruned));
         }
         if let Some(generation) = forwarded.compacted.or(answer.compacted) {
+            finish.span.record("compactor.compaction_generation", generation);
             headers.insert("x-compactor-compacted", HeaderValue::from(generation));
         }
         finish.log.streaming =

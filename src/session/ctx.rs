@@ -19,7 +19,8 @@ use super::state::{
 };
 use super::store::Store;
 use crate::error::Chain;
-use crate::telemetry::{RateLimited, metric};
+use crate::telemetry::{RateLimited, metric, trace};
+use tracing::Instrument;
 
 /// Store warnings are limited process-wide: a store that is down fails every request alike.
 static STORE_WARNINGS: LazyLock<RateLimited> = LazyLock::new(|| RateLimited::new(Duration::from_secs(10)));
@@ -52,7 +53,12 @@ impl SessionCtx {
             pending: Update::default(),
             message_count: 0,
         };
-        match ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).await {
+        let span = trace::stage("compactor.session.load", ctx.key.as_str());
+        let loaded = ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).instrument(span.clone()).await;
+        if loaded.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        match loaded {
             Ok((session, conversation)) => (ctx.session, ctx.conversation) = (session, conversation),
             Err(error) => ctx.report(&error, "load"),
         }
@@ -201,14 +207,24 @@ impl SessionCtx {
     /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
     /// written, for any other store.
     pub fn commit_in_place(self) -> bool {
-        self.pending.is_empty()
-            || self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), &self.pending)
+        if self.pending.is_empty() {
+            return true;
+        }
+        let span = trace::stage("compactor.store.write", self.key.as_str());
+        span.record("compactor.operation", "commit");
+        let _entered = span.enter();
+        self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), &self.pending)
     }
 
     async fn write(&self, update: &Update, operation: &'static str) -> bool {
-        match self.store.update(self.key.as_str(), self.conversation_id.as_str(), update).await {
+        let span = trace::stage("compactor.store.write", self.key.as_str());
+        span.record("compactor.operation", operation);
+        let written =
+            self.store.update(self.key.as_str(), self.conversation_id.as_str(), update).instrument(span.clone()).await;
+        match written {
             Ok(()) => true,
             Err(error) => {
+                span.record("otel.status_code", "ERROR");
                 self.report(&error, operation);
                 false
             }

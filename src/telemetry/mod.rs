@@ -3,26 +3,53 @@
 
 pub mod metric;
 pub mod request;
+pub mod trace;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 
-use crate::config::{LogConfig, LogFormat};
+use crate::config::{LogConfig, LogFormat, TraceConfig};
 
 /// Installs the global tracing subscriber. Logs go to stdout; they never carry headers or bodies.
-pub fn init_logging(config: &LogConfig) {
-    let filter = config.level.env_filter();
+/// With `[trace]` on, compactor's spans (target [`trace::TARGET`]) also go to the OTLP exporter;
+/// they never show in the logs. Returns the exporter's pipeline, to flush at shutdown.
+pub fn init_logging(config: &LogConfig, trace_config: &TraceConfig) -> Option<trace::Tracing> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let not_spans = filter_fn(|meta| meta.target() != trace::TARGET);
+    let filter = config.level.env_filter().and(not_spans);
     // Colour only on a terminal: piped logs are read by machines.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi);
-    let result = match config.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_target(false).with_ansi(ansi);
+    let fmt = match config.format {
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).with_filter(filter).boxed(),
+    };
+    let (otel, pipeline) = match trace::pipeline(trace_config) {
+        Ok(Some((tracer, pipeline))) => {
+            let spans = Targets::new().with_target(trace::TARGET, tracing::Level::TRACE);
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_location(false)
+                .with_threads(false)
+                .with_tracked_inactivity(false)
+                .with_target(false);
+            (Some(layer.with_filter(spans)), Some(pipeline))
+        }
+        Ok(None) => (None, None),
+        Err(error) => {
+            eprintln!("compactor: traces are off, the exporter could not start: {error}");
+            (None, None)
+        }
     };
     // A second init (tests, embedding) keeps the first subscriber.
-    drop(result);
+    drop(tracing_subscriber::registry().with(fmt).with(otel).try_init());
+    pipeline
 }
 
 /// Installs the global Prometheus recorder and describes every metric compactor emits.

@@ -12,6 +12,9 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
+use tracing::Instrument;
+
+use crate::telemetry::trace;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -179,14 +182,24 @@ impl Upstreams {
     pub async fn send(
         &self,
         family: ApiFamily,
-        request: Request<UpstreamBody>,
+        mut request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let upstream = || self.base(family).to_string();
-        match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
+        let span = trace::upstream_span(family, self.base(family).authority());
+        trace::inject(&span, request.headers_mut());
+        let sent = tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).instrument(span.clone());
+        let result = match sent.await {
             Err(_) => Err(ProxyError::UpstreamTimeout { upstream: upstream(), timeout: self.first_byte_timeout }),
             Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream: upstream(), source: Box::new(error) }),
             Ok(Ok(response)) => Ok(response),
+        };
+        if !span.is_disabled() {
+            match &result {
+                Ok(response) => span.record("http.response.status_code", response.status().as_u16()),
+                Err(error) => span.record("error.type", error.code()).record("otel.status_code", "ERROR"),
+            };
         }
+        result
     }
 
     /// A complete call with the client's head and another body, asking for an uncompressed JSON

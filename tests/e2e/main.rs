@@ -20,3 +20,4 @@ mod responses;
 mod rewrite_proxy;
 mod sdk_e2e;
 mod sessions;
+mod traces;
