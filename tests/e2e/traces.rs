@@ -248,3 +248,63 @@ async fn a_dead_or_hanging_collector_fails_no_request() {
         assert_eq!(fake.received().len(), 40);
     }
 }
+
+/// The summary call's span: a GenAI client span named `chat MODEL`.
+fn is_summary(span: &Span) -> bool {
+    span.name.starts_with("chat ") && attributes(span).get("gen_ai.operation.name").is_some_and(|o| o == "chat")
+}
+
+#[tokio::test]
+async fn an_overflow_recovery_shows_each_attempt_and_the_summary_call() {
+    use crate::common::window::{Api, WindowSpec, conversation, window_upstream};
+    let (endpoint, collected) = collector().await;
+    let (fake, summaries) = window_upstream(WindowSpec::window(4_000)).await;
+    let config = format!(
+        "[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\n[trace]\nenabled = true\nendpoint = \"{endpoint}\"\n"
+    );
+    let proxy = ProxyProcess::start(&fake, &config);
+    let headers = [("authorization", "Bearer k"), ("x-session-id", "traced-overflow")];
+    let answer = proxy.post(Api::Chat.path(), &headers, &conversation(Api::Chat, 12, false)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(summaries.count(), 1);
+    assert_eq!(answer.header("x-compactor-retries"), Some("1"));
+
+    let complete = eventually(async || {
+        let state = collected.lock().unwrap();
+        state.spans.iter().any(|s| s.name == "compactor.request")
+            && state.spans.iter().any(is_summary)
+            && state.spans.iter().filter(|s| s.name == "compactor.upstream").count() >= 3
+    })
+    .await;
+    let state = collected.lock().unwrap();
+    let seen: Vec<&str> = state.spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(complete, "spans exported: {seen:?}");
+    let request = state.spans.iter().find(|s| s.name == "compactor.request").unwrap();
+    let attrs = attributes(request);
+    assert_eq!(attrs["compactor.retries"], "1");
+    assert_eq!(attrs["compactor.compaction_generation"], "1");
+    assert!(request.parent_span_id.is_empty(), "a request without traceparent starts a trace");
+
+    let summary = state.spans.iter().find(|s| is_summary(s)).unwrap();
+    assert_eq!(summary.parent_span_id, request.span_id, "the recovery's summary hangs off the request");
+    let summary_attrs = attributes(summary);
+    assert_eq!(summary_attrs["gen_ai.operation.name"], "chat");
+    assert_eq!(summary_attrs["gen_ai.provider.name"], "openai");
+    assert_eq!(summary.name, format!("chat {}", summary_attrs["gen_ai.request.model"]), "GenAI span name");
+    assert_eq!(summary.kind, SpanKind::Client as i32);
+    assert!(summary_attrs["gen_ai.usage.input_tokens"].parse::<u64>().unwrap() > 0);
+    assert!(summary_attrs["gen_ai.usage.output_tokens"].parse::<u64>().unwrap() > 0);
+
+    let upstream: Vec<&Span> = state.spans.iter().filter(|s| s.name == "compactor.upstream").collect();
+    let attempts: Vec<&&Span> = upstream.iter().filter(|s| s.parent_span_id == request.span_id).collect();
+    assert_eq!(attempts.len(), 2, "the overflowing attempt and the retry");
+    let statuses: Vec<String> = attempts.iter().map(|s| attributes(s)["http.response.status_code"].clone()).collect();
+    assert!(statuses.contains(&"200".to_string()) && statuses.iter().any(|s| s != "200"), "{statuses:?}");
+    assert!(upstream.iter().any(|s| s.parent_span_id == summary.span_id), "the summary's own upstream call");
+    // Every upstream call carried a traceparent of this trace.
+    let trace = hex(&request.trace_id);
+    for received in fake.received() {
+        let parent = received.headers.get("traceparent").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(parent.contains(&trace), "{parent}");
+    }
+}
