@@ -172,3 +172,66 @@ pub fn store_breaker(open: bool) {
 pub fn store_corrupt() {
     counter!("compactor_session_store_corrupt_total").increment(1);
 }
+
+/// Every route label ([`crate::route::Route::label`]).
+const ROUTES: [&str; 8] = [
+    "chat_completions",
+    "messages",
+    "responses",
+    "embeddings",
+    "models",
+    "anthropic_models",
+    "other",
+    "anthropic_other",
+];
+
+/// The routes compactor rewrites.
+const REWRITABLE_ROUTES: [&str; 3] = ["chat_completions", "messages", "responses"];
+
+/// Registers every family with its known label values at zero, so that a scrape of a fresh or idle
+/// replica already shows each family (`# HELP`, `# TYPE` and a sample) and rates start from zero
+/// rather than from a missing series. Statuses and error codes that depend on traffic appear
+/// when they first happen.
+pub fn present_at_start() {
+    for route in ROUTES {
+        counter!("compactor_requests_total", "route" => route, "status" => "200").absolute(0);
+        counter!("compactor_request_bytes_total", "route" => route).absolute(0);
+        counter!("compactor_response_bytes_total", "route" => route).absolute(0);
+        counter!("compactor_errors_total", "route" => route, "code" => "upstream_unreachable").absolute(0);
+        let _registered = histogram!("compactor_overhead_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_ttfb_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_duration_seconds", "route" => route);
+    }
+    for route in REWRITABLE_ROUTES {
+        for outcome in ["changed", "unchanged", "unparsed", "stateful", "agent_compaction", "over_budget"] {
+            counter!("compactor_rewrites_total", "route" => route, "outcome" => outcome).absolute(0);
+        }
+        counter!("compactor_overflows_total", "route" => route).absolute(0);
+        counter!("compactor_retries_total", "route" => route).absolute(0);
+    }
+    for step in ["prune", "truncate", "dedupe"] {
+        counter!("compactor_tokens_saved_total", "step" => step).absolute(0);
+    }
+    for action in ["pruned", "truncated", "deduped", "repaired"] {
+        counter!("compactor_tool_outputs_total", "action" => action).absolute(0);
+    }
+    for operation in ["load", "commit", "publish", "lock", "unlock"] {
+        counter!("compactor_session_store_errors_total", "operation" => operation).absolute(0);
+        counter!("compactor_session_store_skipped_total", "operation" => operation).absolute(0);
+    }
+    gauge!("compactor_session_store_breaker_open").set(0.0);
+    counter!("compactor_session_store_breaker_trips_total").absolute(0);
+    counter!("compactor_session_store_corrupt_total").absolute(0);
+    for trigger in ["overflow", "threshold", "admin"] {
+        for outcome in ["summarized", "pruned", "failed"] {
+            counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).absolute(0);
+        }
+    }
+    let _registered = histogram!("compactor_summary_call_seconds");
+    for direction in ["input", "output"] {
+        counter!("compactor_summary_tokens_total", "direction" => direction).absolute(0);
+    }
+    gauge!("compactor_active_streams").set(0.0);
+    gauge!("compactor_open_connections").set(0.0);
+    counter!("compactor_connections_refused_total").absolute(0);
+}
