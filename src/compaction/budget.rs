@@ -24,14 +24,31 @@ pub fn over_threshold(
     report: &RewriteReport,
     hybrid: bool,
 ) -> bool {
+    let estimate = if hybrid { estimate(conversation, message_count, report) } else { u64::from(report.tokens_after) };
+    estimate > room(session, report, settings.threshold)
+}
+
+/// Window pressure for the rewrite policies: the conversation's hybrid estimate exceeds `share` x
+/// (the session's window - output reserve) (`prune.pressure`). Above it a held-back prune batch
+/// goes whatever it costs the prompt cache. The one place the rewrite asks about the window.
+pub fn window_pressure(
+    share: f64,
+    session: &SessionState,
+    conversation: &ConversationState,
+    message_count: usize,
+    report: &RewriteReport,
+) -> bool {
+    estimate(conversation, message_count, report) > room(session, report, share)
+}
+
+/// `share` x (the session's window - output reserve).
+fn room(session: &SessionState, report: &RewriteReport, share: f64) -> u64 {
     let window = match session.counters.learned_window {
         0 => u64::from(report.model.context_window),
         learned => learned,
     };
     let reserve = report.max_tokens.unwrap_or(u64::from(report.model.max_output_tokens)).min(window / 2);
-    let budget = (window.saturating_sub(reserve) as f64 * settings.threshold) as u64;
-    let estimate = if hybrid { estimate(conversation, message_count, report) } else { u64::from(report.tokens_after) };
-    estimate > budget
+    (window.saturating_sub(reserve) as f64 * share) as u64
 }
 
 /// Hybrid estimate: the last prompt size the upstream reported plus an estimate of only what was

@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::overflow::Overflow;
+use crate::rewrite::CachePricing;
 use crate::session::state::CompactionRecord;
 
 /// Tokens left free between prompt and output when `max_tokens` is lowered.
@@ -30,6 +31,8 @@ pub struct Ladder {
     pub(super) message_count: usize,
     /// The compaction applied to the body being sent.
     pub(super) record: Option<CompactionRecord>,
+    /// The prompt-cache prices of the upstream the request goes to.
+    pub(super) cache: CachePricing,
     rung: Rung,
     lowered_max_tokens: bool,
     retries: u32,
@@ -47,6 +50,7 @@ impl Ladder {
             client_body,
             message_count,
             record,
+            cache: CachePricing::NONE,
             rung: Rung::PruneHard,
             lowered_max_tokens: false,
             retries: 0,

@@ -27,7 +27,8 @@ use crate::config::Config;
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
 use crate::overflow::Overflow;
-use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
+use crate::rewrite::{CachePricing, History, Reason, RewriteReport, RewriteSettings, Rewriter};
+use crate::route::ApiFamily;
 use crate::session::{ConversationId, Identifier, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::tokens::TokenCounter;
@@ -92,6 +93,12 @@ fn over_budget(route: &'static str, stopped: work::Stopped, body: Bytes) -> Prep
     Prepared::untouched(body)
 }
 
+/// A body rebuilt around a new summary: the provider's cached prefix ends at the summary.
+fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteReport) {
+    report.prefix_break = Some(Reason::Summary);
+    (body, report)
+}
+
 /// A Responses request whose history is stored upstream.
 fn is_stateful(parsed: &ParsedRequest) -> bool {
     ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v.get() != "null"))
@@ -153,14 +160,28 @@ impl Compactor {
         let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
         let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
         let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record);
+        ladder.cache = self.cache_pricing(head.route.family);
         // The parse is handed on to the rewrite rather than repeated.
-        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed)).await;
+        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
         let Some((mut sent, mut report)) = derived else {
             if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
                 return over_budget(route, stopped, body.clone());
             }
             return Prepared::untouched(body.clone());
         };
+        if report.held_tokens > 0
+            && budget::window_pressure(
+                self.rewriter.settings.prune.pressure,
+                ctx.session(),
+                ctx.conversation(),
+                ladder.message_count,
+                &report,
+            )
+            && let Some(pressed) = self.derive(&ladder, &ctx, &self.rewriter.settings, true).await
+        {
+            // The window needs the room: the held-back batch goes now, whatever the cache.
+            (sent, report) = pressed;
+        }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
         if self.settings.auto
             && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
@@ -180,6 +201,9 @@ impl Compactor {
         }
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
         metric::rewrite_done(route, &report, sent != body);
+        if let Some(reason) = report.prefix_break {
+            metric::prefix_break(reason.label());
+        }
         Prepared {
             body: sent,
             session: Some(ctx.key().clone()),
@@ -229,9 +253,12 @@ impl Compactor {
         while let Some(rung) = ladder.next_rung() {
             match rung {
                 Rung::PruneHard => {
-                    if let Some((body, report)) = self.derive(ladder, ctx, &self.hard_settings()).await
+                    if let Some((body, report)) = self.derive(ladder, ctx, &self.hard_settings(), true).await
                         && body != *sent
                     {
+                        if let Some(reason) = report.prefix_break {
+                            metric::prefix_break(reason.label());
+                        }
                         return Some((body, report));
                     }
                 }
@@ -240,8 +267,9 @@ impl Compactor {
                     match self.compaction().run(head, ladder, ctx, harder, "overflow").await {
                         Ok(record) => {
                             ladder.record = Some(record);
-                            if let Some(derived) = self.derive(ladder, ctx, &self.hard_settings()).await {
-                                return Some(derived);
+                            if let Some(derived) = self.derive(ladder, ctx, &self.hard_settings(), true).await {
+                                metric::prefix_break(Reason::Summary.label());
+                                return Some(summarized(derived));
                             }
                         }
                         Err(error) => {
@@ -272,7 +300,7 @@ impl Compactor {
     ) -> Option<(Bytes, RewriteReport)> {
         let mut best = None;
         if trigger == "threshold"
-            && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings()).await
+            && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings(), true).await
         {
             let (session, conversation) = (ctx.session(), ctx.conversation());
             if !budget::over_threshold(&self.settings, session, conversation, ladder.message_count, &hard, false) {
@@ -284,7 +312,8 @@ impl Compactor {
         match self.compaction().run(head, ladder, ctx, false, trigger).await {
             Ok(record) => {
                 ladder.record = Some(record);
-                self.derive(ladder, ctx, &self.rewriter.settings).await.or(best)
+                // Everything after the summary is new to the provider: prune as under pressure.
+                self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized).or(best)
             }
             // A conversation with nothing to summarize (a title request, a young subagent)
             // leaves the admin API's request for the next one that has.
@@ -302,6 +331,14 @@ impl Compactor {
         }
     }
 
+    /// The prompt-cache prices of the upstream a request of `family` goes to.
+    fn cache_pricing(&self, family: ApiFamily) -> CachePricing {
+        match family {
+            ApiFamily::OpenAi => self.rewriter.settings.openai_cache,
+            ApiFamily::Anthropic => self.rewriter.settings.anthropic_cache,
+        }
+    }
+
     fn hard_settings(&self) -> RewriteSettings {
         budget::hard_settings(&self.rewriter.settings, &self.settings)
     }
@@ -311,14 +348,16 @@ impl Compactor {
     }
 
     /// The body to send for the client's request: the ladder's record re-applied, then the
-    /// rewrite policies with `settings`.
+    /// rewrite policies with `settings`; `pressure`: the window needs room, so old content is
+    /// rewritten whatever it costs the prompt cache.
     async fn derive(
         &self,
         ladder: &Ladder,
         ctx: &SessionCtx,
         settings: &RewriteSettings,
+        pressure: bool,
     ) -> Option<(Bytes, RewriteReport)> {
-        self.derive_from(ladder, ctx, settings, None).await
+        self.derive_from(ladder, ctx, settings, None, pressure).await
     }
 
     /// [`Compactor::derive`] reusing the client's request when the caller already parsed it.
@@ -328,14 +367,26 @@ impl Compactor {
         ctx: &SessionCtx,
         settings: &RewriteSettings,
         client: Option<ParsedRequest<'c>>,
+        pressure: bool,
     ) -> Option<(Bytes, RewriteReport)> {
         let mut client = match client {
             Some(parsed) => parsed,
             None => work::step(|| ParsedRequest::parse(ladder.dialect, &ladder.client_body)).await.ok()??,
         };
-        let pruned = &ctx.conversation().pruned;
+        let conversation = ctx.conversation();
+        // What the provider saw: the previous request's messages, as the client counts them.
+        let seen_by_client = usize::try_from(conversation.messages).unwrap_or(usize::MAX);
+        let history = |seen_messages: usize| History {
+            pruned_before: &conversation.pruned,
+            seen_messages,
+            pricing: ladder.cache,
+            turns: conversation.requests,
+            idle: ctx.idle(),
+            pressure,
+        };
         let Some(record) = &ladder.record else {
-            let mut rewritten = self.rewriter.rewrite_with(&mut client, pruned, settings).await.ok()?;
+            let history = history(seen_by_client);
+            let mut rewritten = self.rewriter.rewrite_with(&mut client, &history, settings).await.ok()?;
             let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| ladder.client_body.clone());
             return Some((body, rewritten.report));
         };
@@ -346,7 +397,10 @@ impl Compactor {
         let rebuild = || plan::rebuild(&client, record, &self.settings.summary_prefix, &count);
         let rebuilt = work::step(rebuild).await.ok()??;
         let mut parsed = work::step(|| ParsedRequest::parse(ladder.dialect, &rebuilt)).await.ok()??;
-        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, pruned, settings).await.ok()?;
+        // The client's newest messages end the rebuilt conversation too.
+        let added = client.messages.len().saturating_sub(seen_by_client);
+        let history = history(parsed.messages.len().saturating_sub(added));
+        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, &history, settings).await.ok()?;
         rewritten.report.tokens_before = tokens_before;
         rewritten.report.message_count = client.messages.len();
         let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());

@@ -57,6 +57,7 @@ impl Finish {
             return;
         }
         self.log.ended_at = Some(Instant::now());
+        self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
         self.log.emit();
         match self.state.take() {
             Some((ctx, Some(sender))) => {

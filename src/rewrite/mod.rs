@@ -2,6 +2,7 @@
 //! and render only what changed.
 
 pub mod dedupe;
+pub mod payback;
 pub mod prune;
 pub mod repair;
 pub mod truncate;
@@ -14,6 +15,7 @@ use crate::dialect::{Dialect, ParsedRequest};
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TokenCounter};
 use crate::work::{self, Stopped};
 
+pub use payback::{CachePricing, History, Reason};
 pub use prune::PruneSettings;
 
 /// The policies' settings, from `[prune]`, `[truncate]`, `[repair]` and `[tokens]`.
@@ -22,6 +24,9 @@ pub struct RewriteSettings {
     pub prune_enabled: bool,
     pub dedupe: bool,
     pub prune: PruneSettings,
+    /// Prompt-cache prices of the `openai` upstream and of the `anthropic` one.
+    pub openai_cache: CachePricing,
+    pub anthropic_cache: CachePricing,
     pub truncate_enabled: bool,
     pub tool_output_max_tokens: u32,
     pub repair_enabled: bool,
@@ -46,6 +51,10 @@ pub struct RewriteReport {
     pub saved_by_prune: u32,
     /// Call ids pruned in this request, to remember for the session.
     pub pruned_call_ids: Vec<String>,
+    /// Tokens a prune batch held back would free (not worth its cache break yet).
+    pub held_tokens: u32,
+    /// Why this request changed content the provider had already seen, when it did.
+    pub prefix_break: Option<Reason>,
     pub model: ModelInfo,
     /// Messages in the request as the client sent it.
     pub message_count: usize,
@@ -74,26 +83,22 @@ impl Rewriter {
         Self { settings, counter, models }
     }
 
-    /// Rewrites a parsed request; `pruned_before` holds the session's earlier pruning decisions.
-    /// Each step counts against the request's budget ([`work`]); a spent budget or a client
-    /// that left stops it.
-    pub async fn rewrite(
-        &self,
-        parsed: &mut ParsedRequest<'_>,
-        pruned_before: &BTreeSet<String>,
-    ) -> Result<Rewritten, Stopped> {
-        self.rewrite_with(parsed, pruned_before, &self.settings).await
+    /// Rewrites a parsed request; `history` holds the session's earlier pruning decisions and
+    /// what the provider's cache holds. Each step counts against the request's budget
+    /// ([`work`]); a spent budget or a client that left stops it.
+    pub async fn rewrite(&self, parsed: &mut ParsedRequest<'_>, history: &History<'_>) -> Result<Rewritten, Stopped> {
+        self.rewrite_with(parsed, history, &self.settings).await
     }
 
     /// Like [`Rewriter::rewrite`] with other settings (the overflow ladder prunes harder).
     pub async fn rewrite_with(
         &self,
         parsed: &mut ParsedRequest<'_>,
-        pruned_before: &BTreeSet<String>,
+        history: &History<'_>,
         settings: &RewriteSettings,
     ) -> Result<Rewritten, Stopped> {
         let model = self.count(parsed).await?;
-        work::step(|| self.apply(parsed, model, pruned_before, settings)).await
+        work::step(|| self.apply(parsed, model, history, settings)).await
     }
 
     /// Counts every item's tokens (tokenizing what the cache lacks on a blocking thread).
@@ -113,18 +118,23 @@ impl Rewriter {
         Ok(model)
     }
 
-    /// Parses and rewrites in one go, on the calling thread (tests, benchmarks). `None` when the
-    /// body is not `dialect`.
     /// Scales a raw count by the model's vendor factor.
     pub fn scaled(tokens: u32, model: ModelInfo) -> u32 {
         scale(tokens, model.token_factor)
     }
 
+    /// Parses and rewrites in one go, on the calling thread (tests, benchmarks), as for a provider
+    /// without a cache ([`History::eager`]). `None` when the body is not `dialect`.
     pub fn rewrite_body(&self, dialect: Dialect, body: &[u8], pruned_before: &BTreeSet<String>) -> Option<Rewritten> {
+        self.rewrite_body_in(dialect, body, &History::eager(pruned_before))
+    }
+
+    /// [`Rewriter::rewrite_body`] knowing the conversation's history upstream.
+    pub fn rewrite_body_in(&self, dialect: Dialect, body: &[u8], history: &History) -> Option<Rewritten> {
         let mut parsed = ParsedRequest::parse(dialect, body)?;
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
         self.count_items(&mut parsed, model.encoding);
-        Some(self.apply(&mut parsed, model, pruned_before, &self.settings))
+        Some(self.apply(&mut parsed, model, history, &self.settings))
     }
 
     /// Runs the policies on a counted request.
@@ -132,7 +142,7 @@ impl Rewriter {
         &self,
         parsed: &mut ParsedRequest,
         model: ModelInfo,
-        pruned_before: &BTreeSet<String>,
+        history: &History,
         settings: &RewriteSettings,
     ) -> Rewritten {
         let encoding = model.encoding;
@@ -162,14 +172,17 @@ impl Rewriter {
             step(conversation, &mut report.saved_by_truncate);
         }
         if settings.prune_enabled {
+            // Prune first: dedupe then never points at a pruned copy.
+            let pruned = prune::apply(conversation, &settings.prune, history, &count);
+            report.pruned = pruned.count;
+            report.pruned_call_ids = pruned.call_ids;
+            report.held_tokens = scale(pruned.held_tokens, model.token_factor);
+            report.prefix_break = pruned.prefix_break;
+            step(conversation, &mut report.saved_by_prune);
             if settings.dedupe {
                 report.deduped = dedupe::apply(conversation);
                 step(conversation, &mut report.saved_by_dedupe);
             }
-            let pruned = prune::apply(conversation, &settings.prune, pruned_before, &count);
-            report.pruned = pruned.count;
-            report.pruned_call_ids = pruned.call_ids;
-            step(conversation, &mut report.saved_by_prune);
         }
         if settings.repair_enabled {
             // And last, so nothing any policy did can leave a call unpaired.

@@ -86,6 +86,7 @@ impl SessionCtx {
         let change = &mut self.pending.conversation;
         change.pruned.extend(pruned.iter().filter(|id| !self.conversation.pruned.contains(*id)).cloned());
         change.request_messages = Some(message_count as u64);
+        change.request_at_unix_ms = Some(super::unix_ms());
         self.message_count = message_count as u64;
     }
 
@@ -98,10 +99,18 @@ impl SessionCtx {
         }
     }
 
-    /// The usage the upstream reported for this request.
+    /// How long ago the conversation's previous request arrived; `None` for its first.
+    pub fn idle(&self) -> Option<Duration> {
+        let last = self.conversation.last_request_unix_ms;
+        (last > 0).then(|| Duration::from_millis(super::unix_ms().saturating_sub(last)))
+    }
+
+    /// The usage the upstream reported for this request (its cache reads and writes also add
+    /// to the session's counters).
     pub fn set_usage(&mut self, mut usage: Usage) {
         usage.message_count = self.message_count;
         self.pending.conversation.usage = Some(usage);
+        self.pending.session.usage = Some(usage);
     }
 
     /// Takes the conversation's compaction lock for `owner`: `Some(false)` when another owner

@@ -95,7 +95,7 @@ impl MemoryStore {
                 ConversationView::new(id.clone(), kept.last_used_unix_ms, ConversationState::clone(&kept.state))
             })
             .collect();
-        SessionView { session: session.state.clone(), conversations }
+        SessionView::new(session.state.clone(), conversations)
     }
 
     pub fn forget(&self, key: &str) -> bool {

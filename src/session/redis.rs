@@ -122,6 +122,9 @@ fn session_state(hash: &Hash) -> SessionState {
             tokens_saved: number(hash, "tokens_saved"),
             compact_requested: number(hash, "compact_requested"),
             learned_window: number(hash, "learned_window"),
+            prompt_tokens: number(hash, "prompt_tokens"),
+            cache_read_tokens: number(hash, "cache_read_tokens"),
+            cache_write_tokens: number(hash, "cache_write_tokens"),
         },
     }
 }
@@ -144,6 +147,7 @@ fn conversation_state(hash: &Hash, pruned: Vec<String>, compactions: &[String]) 
         breaker: Breaker { failures: number(hash, "breaker_failures"), at_messages: number(hash, "breaker_at") },
         requests: number(hash, "requests"),
         messages: number(hash, "messages"),
+        last_request_unix_ms: number(hash, "last_request_ms"),
     }
 }
 
@@ -273,6 +277,9 @@ impl RedisStore {
             pipeline.hincr(&hash, "requests", 1).ignore();
             pipeline.hset(&hash, "messages", messages).ignore();
         }
+        if let Some(at) = change.request_at_unix_ms {
+            pipeline.hset(&hash, "last_request_ms", at).ignore();
+        }
         if let Some(record) = &change.compaction {
             pipeline.rpush(&compactions, Versioned::json(record)?).ignore();
             // The newest records are the ones that can still match; keep a bounded lineage.
@@ -316,6 +323,16 @@ impl RedisStore {
         if let Some(window) = update.learned_window {
             pipeline.hset(&key, "learned_window", window).ignore();
         }
+        if let Some(usage) = update.usage {
+            let counters = [
+                ("prompt_tokens", usage.prompt_tokens),
+                ("cache_read_tokens", usage.cached_tokens),
+                ("cache_write_tokens", usage.cache_write_tokens),
+            ];
+            for (field, tokens) in counters.into_iter().filter(|(_, tokens)| *tokens > 0) {
+                pipeline.hincr(&key, field, tokens).ignore();
+            }
+        }
         pipeline.expire(&key, self.ttl_secs).ignore();
     }
 
@@ -345,7 +362,7 @@ impl RedisStore {
             })
             .filter(|view| !view.state.is_empty())
             .collect();
-        Ok(SessionView { session: session_state(&session_hash), conversations })
+        Ok(SessionView::new(session_state(&session_hash), conversations))
     }
 
     /// Forgets a session with all its conversations, in one step; true when something existed.
@@ -440,8 +457,19 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 7] =
-    ["requests", "tokens_saved", "compact_requested", "learned_window", "breaker_failures", "breaker_at", "messages"];
+const NUMBER_FIELDS: [&str; 11] = [
+    "requests",
+    "tokens_saved",
+    "compact_requested",
+    "learned_window",
+    "breaker_failures",
+    "breaker_at",
+    "messages",
+    "last_request_ms",
+    "prompt_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+];
 
 /// Whether every value read is one compactor wrote: numbers where it keeps numbers, usage and
 /// records of the current schema. Anything else is corrupt or another version's, and the caller

@@ -74,6 +74,18 @@ fn describe_rewrite() {
         "compactor_session_store_corrupt_total",
         "Unreadable session values (wrong type, bad JSON, other schema version) deleted."
     );
+    describe_counter!(
+        "compactor_prefix_breaks_total",
+        "Requests whose rewrite changed content the provider had already cached, by reason (pressure, cold_cache, pays_back, no_cache, summary)."
+    );
+    describe_counter!(
+        "compactor_cache_read_tokens_total",
+        "Prompt tokens upstreams reported reading from their prompt cache, by route."
+    );
+    describe_counter!(
+        "compactor_cache_write_tokens_total",
+        "Prompt tokens upstreams reported writing to their prompt cache, by route (Anthropic's cache_creation_input_tokens)."
+    );
     describe_counter!("compactor_overflows_total", "Context-overflow errors seen from upstreams, by route.");
     describe_counter!("compactor_retries_total", "Retries after an overflow, by route.");
     describe_counter!(
@@ -103,6 +115,21 @@ pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) 
         if n > 0 {
             counter!("compactor_tool_outputs_total", "action" => action).increment(n as u64);
         }
+    }
+}
+
+/// A request that changed content the provider had already cached, and why.
+pub fn prefix_break(reason: &'static str) {
+    counter!("compactor_prefix_breaks_total", "reason" => reason).increment(1);
+}
+
+/// The prompt-cache tokens an upstream reported for one request.
+pub fn cache_usage(route: &'static str, read: u64, write: u64) {
+    if read > 0 {
+        counter!("compactor_cache_read_tokens_total", "route" => route).increment(read);
+    }
+    if write > 0 {
+        counter!("compactor_cache_write_tokens_total", "route" => route).increment(write);
     }
 }
 
@@ -208,6 +235,11 @@ pub fn present_at_start() {
         }
         counter!("compactor_overflows_total", "route" => route).absolute(0);
         counter!("compactor_retries_total", "route" => route).absolute(0);
+        counter!("compactor_cache_read_tokens_total", "route" => route).absolute(0);
+        counter!("compactor_cache_write_tokens_total", "route" => route).absolute(0);
+    }
+    for reason in ["pressure", "cold_cache", "pays_back", "no_cache", "summary"] {
+        counter!("compactor_prefix_breaks_total", "reason" => reason).absolute(0);
     }
     for step in ["prune", "truncate", "dedupe"] {
         counter!("compactor_tokens_saved_total", "step" => step).absolute(0);

@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 
 use metrics::{Counter, Histogram, counter, histogram};
 
+use super::metric;
+
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -57,6 +59,8 @@ pub struct RequestLog {
     pub conversation: Option<String>,
     /// Estimated tokens before and after rewriting, and outputs pruned.
     pub tokens: Option<(u32, u32, usize)>,
+    /// Prompt tokens the upstream reported reading from and writing to its cache.
+    pub cache: Option<(u64, u64)>,
     /// When the response ended (body done, or the client gone).
     pub ended_at: Option<Instant>,
 }
@@ -80,6 +84,7 @@ impl RequestLog {
             session: None,
             conversation: None,
             tokens: None,
+            cache: None,
             ended_at: None,
         }
     }
@@ -90,6 +95,7 @@ impl RequestLog {
         let upstream_latency = self.forwarded_at.map(|at| ended_at.saturating_duration_since(at));
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
         let (tokens_before, tokens_after, pruned) = self.tokens.unwrap_or_default();
+        let (cache_read, cache_write) = self.cache.unwrap_or_default();
         tracing::info!(
             request_id = %self.request_id,
             method = %self.method,
@@ -107,6 +113,8 @@ impl RequestLog {
             tokens_before,
             tokens_after,
             pruned,
+            cache_read,
+            cache_write,
             "request"
         );
         self.record_metrics(upstream_latency);
@@ -130,6 +138,9 @@ impl RequestLog {
         }
         if let Some(latency) = upstream_latency {
             metrics.duration.record(latency.as_secs_f64());
+        }
+        if let Some((read, write)) = self.cache {
+            metric::cache_usage(self.route, read, write);
         }
         if let Some(code) = self.error {
             counter!("compactor_errors_total", "route" => self.route, "code" => code).increment(1);

@@ -12,6 +12,7 @@ mod deploy;
 mod faults;
 mod fidelity;
 mod operations;
+mod prompt_cache;
 mod provider_sim;
 mod proxy;
 mod request_bodies;
