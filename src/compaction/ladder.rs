@@ -2,10 +2,13 @@
 //! comes next. The rungs, cheapest first: lower `max_tokens` (when the prompt alone fits), prune
 //! harder, summarize, summarize harder.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::overflow::Overflow;
+use crate::rewrite::RewriteReport;
 use crate::session::state::CompactionRecord;
 
 /// Tokens left free between prompt and output when `max_tokens` is lowered.
@@ -30,9 +33,48 @@ pub struct Ladder {
     pub(super) message_count: usize,
     /// The compaction applied to the body being sent.
     pub(super) record: Option<CompactionRecord>,
+    /// Lead system messages of the client's conversation.
+    pub(super) lead: usize,
+    /// The rewrite of the body being sent.
+    pub(super) sent: Option<RewriteReport>,
     rung: Rung,
     lowered_max_tokens: bool,
     retries: u32,
+    /// What this request's recovery did, for its log line.
+    pub(super) trace: Recovery,
+}
+
+/// One request's overflow recovery, as its log line tells it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recovery {
+    /// The overflow seen first: the provider family and whether the error named the window.
+    pub overflow: Option<String>,
+    /// Each rung tried, in order, with its outcome (`prune_hard:retry`, `summarize:failed`, ...).
+    pub rungs: Vec<String>,
+    /// Tool outputs the rungs replaced with the placeholder (in the body that went out last).
+    pub pruned: usize,
+    /// Time spent in summary calls.
+    pub summary: Duration,
+    /// compactor's estimate of the body that went out last, after a retry.
+    pub tokens_after: Option<u32>,
+}
+
+impl Recovery {
+    /// The rungs as one log field.
+    pub fn rungs(&self) -> String {
+        self.rungs.join(",")
+    }
+}
+
+impl Rung {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Rung::PruneHard => "prune_hard",
+            Rung::Summarize => "summarize",
+            Rung::SummarizeHarder => "summarize_harder",
+            Rung::Exhausted => "exhausted",
+        }
+    }
 }
 
 impl Ladder {
@@ -47,10 +89,24 @@ impl Ladder {
             client_body,
             message_count,
             record,
+            lead: 0,
+            sent: None,
             rung: Rung::PruneHard,
             lowered_max_tokens: false,
             retries: 0,
+            trace: Recovery::default(),
         }
+    }
+
+    /// What this request's recovery did.
+    pub fn recovery(&self) -> &Recovery {
+        &self.trace
+    }
+
+    /// Notes one rung's outcome for the log line and the metrics.
+    pub(super) fn note(&mut self, rung: &'static str, outcome: &'static str) {
+        crate::telemetry::metric::recovery_rung(rung, outcome);
+        self.trace.rungs.push(format!("{rung}:{outcome}"));
     }
 
     /// Retries so far.

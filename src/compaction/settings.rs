@@ -22,6 +22,8 @@ pub struct CompactionSettings {
     pub instruction: String,
     pub emergency_protect_tokens: u32,
     pub min_output_tokens: u32,
+    /// The most the window budget keeps free for an answer, whatever `max_tokens` asks.
+    pub output_reserve_tokens: u32,
     pub transcript_output_tokens: u32,
     /// How long a summary call may take.
     #[serde(rename = "summary_timeout_ms", serialize_with = "crate::config::millis")]
@@ -70,6 +72,7 @@ impl Default for CompactionSettings {
             instruction: DEFAULT_INSTRUCTION.into(),
             emergency_protect_tokens: 4_000,
             min_output_tokens: 1_024,
+            output_reserve_tokens: 4_096,
             transcript_output_tokens: 2_000,
             summary_timeout: Duration::from_millis(300_000),
             lock_wait: Duration::from_millis(120_000),

@@ -187,6 +187,7 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         instruction: r.parse("compaction.instruction", d.instruction, non_empty),
         emergency_protect_tokens: r.get("compaction.emergency_protect_tokens", d.emergency_protect_tokens),
         min_output_tokens: r.parse("compaction.min_output_tokens", d.min_output_tokens, positive_u32),
+        output_reserve_tokens: r.parse("compaction.output_reserve_tokens", d.output_reserve_tokens, positive_u32),
         transcript_output_tokens: r.parse(
             "compaction.transcript_output_tokens",
             d.transcript_output_tokens,

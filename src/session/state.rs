@@ -56,9 +56,35 @@ pub struct Counters {
     /// summarize.
     #[serde(default)]
     pub compact_requested: u64,
-    /// The real context window an overflow error named for this session's model.
+    /// What the session learned of its model's window and tokenizer.
+    #[serde(flatten)]
+    pub learned: Learned,
+}
+
+/// What compactor learned of one (upstream, model) from its answers: bounds on the real window
+/// and how the provider's tokenizer counts against compactor's estimate. Kept per session and, so
+/// a new session starts with it, per (upstream, model). Sizes are in the provider's tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Learned {
+    /// Which (upstream, model) these values describe (a hash; 0: none yet).
     #[serde(default)]
-    pub learned_window: u64,
+    pub model_tag: u64,
+    /// The window an overflow error named (0: none).
+    #[serde(default, rename = "learned_window")]
+    pub window: u64,
+    /// The smallest request that overflowed without the error naming the window: the window is
+    /// below it (0: none).
+    #[serde(default)]
+    pub window_below: u64,
+    /// The largest prompt plus output the provider answered: the window is at least this.
+    #[serde(default)]
+    pub window_at_least: u64,
+    /// Provider tokens per 1,000 tokens of compactor's estimate, smoothed (0: not measured).
+    #[serde(default)]
+    pub calibration_milli: u64,
+    /// The largest answer (output tokens) the provider generated for the session.
+    #[serde(default)]
+    pub output_peak: u64,
 }
 
 /// What is kept for a session as a whole.
@@ -104,7 +130,8 @@ pub struct SessionUpdate {
     pub count_request: bool,
     pub tokens_saved: u64,
     pub compact_requested: Option<bool>,
-    pub learned_window: Option<u64>,
+    /// Replaces what the session learned of its model.
+    pub learned: Option<Learned>,
 }
 
 /// What one request changes of its conversation.
@@ -140,8 +167,8 @@ impl SessionState {
         if let Some(requested) = update.compact_requested {
             self.counters.compact_requested = u64::from(requested);
         }
-        if let Some(window) = update.learned_window {
-            self.counters.learned_window = window;
+        if let Some(learned) = update.learned {
+            self.counters.learned = learned;
         }
         if update.count_request {
             self.counters.requests += 1;
