@@ -79,6 +79,12 @@ impl Pressure {
         (self.window.saturating_sub(self.reserve) as f64 * FIT_MARGIN) as u64
     }
 
+    /// The most a prompt may take before compactor estimates the provider will refuse it: the
+    /// window with a margin (an answer that does not fit is the lower-`max_tokens` rung's job).
+    pub fn hard_limit(&self) -> u64 {
+        (self.window as f64 * FIT_MARGIN) as u64
+    }
+
     /// The size above which a conversation is compacted ahead of time: threshold x (window - reserve).
     pub fn budget(&self) -> u64 {
         (self.window.saturating_sub(self.reserve) as f64 * self.threshold) as u64
@@ -136,7 +142,11 @@ pub fn kept_sizes(settings: &CompactionSettings, pressure: &Pressure, fixed: u64
 
 /// The last prompt size the upstream reported and compactor's estimate of only what was added
 /// since; `None` when there is no usable report.
-fn reported_and_added(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> Option<(u64, u64)> {
+fn reported_and_added(
+    conversation: &ConversationState,
+    message_count: usize,
+    report: &RewriteReport,
+) -> Option<(u64, u64)> {
     let usage = conversation.usage?;
     let since = usage.message_count as usize;
     if usage.prompt_tokens == 0 || since == 0 || since > message_count {

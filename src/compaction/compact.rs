@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use super::budget::Pressure;
 use super::ladder::Ladder;
 use super::lock::{self, CompactionLock, Waited};
 use super::settings::CompactionSettings;
-use super::budget::Pressure;
 use super::summarizer::{Summarizer, SummaryError, SummaryInput};
 use super::{budget, plan};
 use crate::dialect::ParsedRequest;
@@ -69,6 +69,7 @@ struct Cut<'b> {
     user_budget: u32,
     /// The harder rung: a quarter of the tail kept, user messages capped.
     harder: bool,
+    sizing: Sizing,
 }
 
 impl Compaction<'_> {
@@ -103,7 +104,7 @@ impl Compaction<'_> {
             },
         };
         let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
-        let result = self.summarize(head, ladder, ctx, &cut, trigger, generation, &sizing).await;
+        let result = self.summarize(head, ladder, ctx, &cut, trigger, generation).await;
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
             Ok(Compacted { record, .. }) => {
@@ -130,7 +131,7 @@ impl Compaction<'_> {
         let cut = plan::choose_cut(&parsed, keep, after.max(parsed.lead()).saturating_sub(1).max(after))
             .ok_or(CompactError::NothingToSummarize)?;
         let from = after.max(parsed.lead());
-        Ok(Cut { parsed, model, from, cut, user_budget, harder })
+        Ok(Cut { parsed, model, from, cut, user_budget, harder, sizing: *sizing })
     }
 
     /// The new record: the summary of what comes before the cut, the user's own messages kept
@@ -143,10 +144,9 @@ impl Compaction<'_> {
         cut: &Cut<'_>,
         trigger: &'static str,
         generation: u32,
-        sizing: &Sizing,
     ) -> Result<Compacted, CompactError> {
         let settings = self.settings;
-        let Cut { parsed, model, from, cut, user_budget, harder } = cut;
+        let Cut { parsed, model, from, cut, user_budget, harder, sizing } = cut;
         let (model, cut, harder) = (*model, *cut, *harder);
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let previous = ladder.record.as_ref();

@@ -37,8 +37,8 @@ use crate::work;
 pub use budget::Pressure;
 pub use compact::CompactError;
 use compact::{Compacted, Compaction, Sizing};
-pub use ladder::{Ladder, Recovery};
 use ladder::Rung;
+pub use ladder::{Ladder, Recovery};
 pub use settings::CompactionSettings;
 pub use summarizer::{Summarizer, SummaryError};
 
@@ -152,7 +152,7 @@ impl Compactor {
         ctx.use_model(ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))).await;
         let lead = parsed.lead();
         let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
-        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record);
+        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
         ladder.lead = lead;
         // The parse is handed on to the rewrite rather than repeated.
         let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed)).await;
@@ -185,7 +185,8 @@ impl Compactor {
                         budget = pressure.budget(),
                         "compaction ahead of time skipped: it could not bring the prompt under the budget"
                     );
-                } else if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await {
+                } else if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await
+                {
                     (sent, report) = compacted;
                 }
             }
@@ -197,7 +198,8 @@ impl Compactor {
         // What the headers and the log say is in the provider's tokens, as calibrated.
         let pressure = self.pressure(&ctx, &report);
         let calibrated = |tokens: u32| u32::try_from(pressure.calibrated(u64::from(tokens))).unwrap_or(u32::MAX);
-        (report.tokens_before, report.tokens_after) = (calibrated(report.tokens_before), calibrated(report.tokens_after));
+        (report.tokens_before, report.tokens_after) =
+            (calibrated(report.tokens_before), calibrated(report.tokens_after));
         Prepared {
             body: sent,
             session: Some(ctx.key().clone()),
@@ -330,7 +332,7 @@ impl Compactor {
     /// Whether `report`'s body fits the window as the session now knows it.
     fn fits(&self, ctx: &SessionCtx, report: &RewriteReport) -> bool {
         let pressure = self.pressure(ctx, report);
-        pressure.calibrated(u64::from(report.tokens_after)) <= pressure.limit()
+        pressure.calibrated(u64::from(report.tokens_after)) <= pressure.hard_limit()
     }
 
     /// The next rung that yields a new body that fits: a rung whose body compactor already
@@ -409,6 +411,7 @@ impl Compactor {
         let mut best = None;
         if trigger == "threshold"
             && self.rewriter.settings.prune_enabled
+            && self.settings.prunes_before_summarizing()
             && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings()).await
         {
             let pressure = self.pressure(ctx, &hard);

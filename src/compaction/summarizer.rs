@@ -106,10 +106,23 @@ impl Summarizer {
     pub async fn summarize(&self, head: &RequestHead, input: SummaryInput<'_>) -> Result<Summary, SummaryError> {
         let count = input.count;
         let started = Instant::now();
-        let per_output = self.transcript_output_tokens.min(input.budget / 4).max(64);
-        let entries = work::step(|| transcript_entries(input.parsed, input.from, input.cut, per_output, count))
-            .await
-            .map_err(|_| SummaryError::Stopped)?;
+        // Tool outputs are cut harder (head and tail) before the transcript is split in pieces.
+        let widest = self.transcript_output_tokens.min(input.budget / 4).max(64);
+        let carried = input.previous.map_or(0, count) + 16;
+        let mut entries = Vec::new();
+        for per_output in [widest, widest / 4, 64] {
+            let fits = |entries: &[String]| entries.iter().map(|e| count(e) + 2).sum::<u32>() + carried <= input.budget;
+            let attempt = || {
+                let entries = transcript_entries(input.parsed, input.from, input.cut, per_output.max(64), count);
+                let fit = fits(&entries);
+                (entries, fit)
+            };
+            let (attempt, fit) = work::step(attempt).await.map_err(|_| SummaryError::Stopped)?;
+            entries = attempt;
+            if fit {
+                break;
+            }
+        }
         let mut entries: VecDeque<String> = entries.into();
         let mut summary = input.previous.map(str::to_string);
         let mut budget = input.budget;
@@ -119,7 +132,8 @@ impl Summarizer {
             let carried = summary.as_deref().map_or(0, count) + 16;
             let room = budget.saturating_sub(carried).max(MIN_PIECE_TOKENS);
             let taken = entries.clone();
-            let piece = work::step(|| next_piece(&mut entries, room, count)).await.map_err(|_| SummaryError::Stopped)?;
+            let piece =
+                work::step(|| next_piece(&mut entries, room, count)).await.map_err(|_| SummaryError::Stopped)?;
             let transcript = render(summary.as_deref(), &piece);
             metric::summary_tokens("input", u64::from(count(&transcript)));
             let body = self.request_body(input.parsed.dialect, input.model, &transcript, input.max_tokens);
@@ -285,26 +299,45 @@ pub fn next_piece(entries: &mut VecDeque<String>, room: u32, count: &dyn Fn(&str
             continue;
         }
         if piece.is_empty() {
-            // One entry larger than the room: its first part now, the rest in the next piece.
+            // One entry larger than the room: cut in parts of about the room, in order; the first
+            // goes now, the others stay first in line.
             let Some(entry) = entries.pop_front() else { break };
-            let share = f64::from(room.max(1)) / f64::from(tokens.max(1));
-            let mut at = ((entry.len() as f64) * share * 0.9) as usize;
-            while at > 0 && !entry.is_char_boundary(at) {
-                at -= 1;
+            let mut parts = split_text(&entry, room, tokens);
+            let first = parts.remove(0);
+            for part in parts.into_iter().rev() {
+                entries.push_front(part);
             }
-            let at = entry[..at].rfind('\n').filter(|&n| n > at / 2).unwrap_or(at).max(1);
-            let mut at = at.min(entry.len());
-            while at < entry.len() && !entry.is_char_boundary(at) {
-                at += 1;
-            }
-            piece.push_str(&entry[..at]);
-            if at < entry.len() {
-                entries.push_front(format!("(continued) {}", &entry[at..]));
-            }
+            piece = first;
         }
         break;
     }
     piece
+}
+
+/// `text` (`tokens` long) in parts of about `room` tokens, cut at line ends where there is one
+/// in the second half of a part, else at a character boundary. Linear in the text.
+fn split_text(text: &str, room: u32, tokens: u32) -> Vec<String> {
+    let share = f64::from(room.max(1)) / f64::from(tokens.max(1));
+    let step = ((text.len() as f64 * share * 0.9) as usize).max(1);
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + step).min(text.len());
+        while end < text.len() && !text.is_char_boundary(end) {
+            end += 1;
+        }
+        if end < text.len()
+            && let Some(newline) = text[start..end].rfind('\n').filter(|&n| n > step / 2)
+        {
+            end = start + newline + 1;
+        }
+        parts.push(text[start..end].to_string());
+        start = end;
+    }
+    if parts.is_empty() {
+        parts.push(String::new());
+    }
+    parts
 }
 
 /// The summary text of the summarizer's answer.

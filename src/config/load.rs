@@ -11,6 +11,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::value::Dict;
 
 use super::*;
+use crate::compaction::ladder::Rung;
 use crate::overflow::OverflowDetector;
 use crate::tokens::{Encoding, ModelInfo, ModelTable};
 
@@ -196,6 +197,19 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         summary_timeout: r.parse("compaction.summary_timeout_ms", d.summary_timeout, positive_ms),
         lock_wait: r.parse("compaction.lock_wait_ms", d.lock_wait, ms),
         max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
+        ladder: r.parse("compaction.ladder", d.ladder, |names: Vec<String>| {
+            let mut rungs = Vec::new();
+            for name in &names {
+                let rung = Rung::parse(name).ok_or_else(|| {
+                    format!("`{name}` is not one of \"summarize\", \"summarize_harder\", \"prune_hard\"")
+                })?;
+                if rungs.contains(&rung) {
+                    return Err(format!("`{name}` is listed twice"));
+                }
+                rungs.push(rung);
+            }
+            Ok(rungs)
+        }),
         agent_markers: r
             .get::<Vec<String>>("compaction.agent_markers", d.agent_markers)
             .into_iter()
