@@ -131,10 +131,11 @@ pub fn compaction_frees_room(pressure: &Pressure, fixed: u64, keep: u64, summary
 }
 
 /// How many recent tokens a compaction keeps verbatim and the budget for the user's own
-/// messages, in compactor's tokens: the configured sizes, shrunk to a quarter of the room above
-/// the fixed part each when the window is small; a quarter of that on the harder rung.
+/// messages, in compactor's tokens: the configured sizes, shrunk to a sixth of the room above the
+/// fixed part each when the window is small (so a compaction leaves room for several turns); a
+/// quarter of that on the harder rung.
 pub fn kept_sizes(settings: &CompactionSettings, pressure: &Pressure, fixed: u64, harder: bool) -> (u32, u32) {
-    let room = pressure.uncalibrated(pressure.budget().saturating_sub(fixed)) / 4;
+    let room = pressure.uncalibrated(pressure.budget().saturating_sub(fixed)) / 6;
     let room = u32::try_from(room).unwrap_or(u32::MAX).max(256);
     let divisor = if harder { 4 } else { 1 };
     (settings.keep_recent_tokens.min(room) / divisor, settings.user_message_max_tokens.min(room) / divisor)
@@ -182,9 +183,9 @@ pub fn summarizer_window(summarizer: ModelInfo, pressure: Option<&Pressure>) -> 
 }
 
 /// The summary's output budget: the configured one, no more than the summarizer's output cap nor a
-/// quarter of its window.
+/// eighth of its window.
 pub fn summary_max_tokens(settings: &CompactionSettings, summarizer: ModelInfo, window: u32) -> u32 {
-    settings.summary_max_tokens.min(summarizer.max_output_tokens).min(window / 4).max(64)
+    settings.summary_max_tokens.min(summarizer.max_output_tokens).min(window / 8).max(64)
 }
 
 /// Tokens the transcript may take in one summary call: the summarizer's window (compactor's raw
@@ -254,7 +255,7 @@ mod tests {
         assert!(!compaction_frees_room(&p, 6_500, 300, 300));
         assert!(compaction_frees_room(&p, 3_000, 1_000, 500));
         let (keep, user) = kept_sizes(&CompactionSettings::default(), &p, 3_000, false);
-        assert_eq!((keep, user), (1_050, 1_050), "a quarter of the room above the fixed part");
+        assert_eq!((keep, user), (700, 700), "a sixth of the room above the fixed part");
     }
 
     #[test]
