@@ -16,6 +16,10 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("could not read the request body")]
     ClientBody(#[source] Cause),
+    #[error("the request body stalled: nothing arrived for {} ms", timeout.as_millis())]
+    ClientBodyTimeout { timeout: std::time::Duration },
+    #[error("the request body's content-encoding `{encoding}` could not be decoded")]
+    BadContentEncoding { encoding: String, source: Cause },
     #[error("the upstream at {upstream} could not be reached")]
     UpstreamUnreachable { upstream: String, source: Cause },
     #[error("the upstream at {upstream} broke off its response")]
@@ -42,6 +46,8 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::BadContentEncoding { .. } => StatusCode::BAD_REQUEST,
             Self::ClientBody(_) | Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => StatusCode::BAD_REQUEST,
             Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -57,6 +63,8 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => "request_too_large",
             Self::ClientBody(_) => "bad_request_body",
+            Self::ClientBodyTimeout { .. } => "request_body_timeout",
+            Self::BadContentEncoding { .. } => "bad_content_encoding",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamCut { .. } => "upstream_cut",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
@@ -80,6 +88,8 @@ impl ProxyError {
             | Self::Overloaded { .. } => true,
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
+            | Self::ClientBodyTimeout { .. }
+            | Self::BadContentEncoding { .. }
             | Self::BadUpstreamUrl(_)
             | Self::BadUpstreamHost(_)
             | Self::Unauthorized

@@ -30,14 +30,17 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
-        Ok(config) => config,
+    let (config, warnings) = match Config::load(cli.config.as_deref()) {
+        Ok(loaded) => loaded,
         Err(error) => {
             eprintln!("compactor: {error}");
             return ExitCode::from(2);
         }
     };
     if cli.check_config {
+        for warning in &warnings {
+            eprintln!("compactor: warning: {warning}");
+        }
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
@@ -59,7 +62,7 @@ fn main() -> ExitCode {
             }
         }),
         None => {
-            let result = runtime.block_on(run(config));
+            let result = runtime.block_on(run(config, warnings));
             // `run` returns by the drain deadline; work still running then (a request's rewrite
             // on a blocking thread, a stuck task) is abandoned, not waited for, as dropping the
             // runtime would.
@@ -75,10 +78,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, config_warnings: Vec<String>) -> anyhow::Result<()> {
     // Only ring is compiled in, but rustls wants the choice made explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     compactor::telemetry::init_logging(&config.log);
+    for warning in &config_warnings {
+        tracing::warn!("{warning}");
+    }
     // Secrets print as "[redacted]": the whole configuration is safe to log.
     tracing::debug!(config = ?config, "effective configuration");
     let metrics = compactor::telemetry::init_metrics()?;

@@ -25,7 +25,8 @@
 //! - CPU per request: utime + stime of the proxy's process tree over the measured window
 //!   (per-thread schedstat nanoseconds, or /proc/PID/stat ticks if a thread exited), divided by
 //!   the requests completed in it.
-//! - Start: each proxy's first request is sent the moment it listens, then 99 more one by one.
+//! - Start: each proxy's first request is sent the moment it is ready (compactor: its `/readyz`
+//!   answers 200; nginx: it listens), then 99 more one by one.
 //! - Memory: VmRSS and VmHWM of each proxy's process tree, after start, after 100 requests, at
 //!   the end of each phase, and at the end.
 //!
@@ -438,6 +439,7 @@ impl Bench<'_> {
         StartProbe {
             target: proxy.name,
             start_to_listening: proxy.start_to_listening,
+            start_to_ready: proxy.start_to_ready,
             first,
             hundredth,
             idle,

@@ -19,6 +19,9 @@ pub struct Proxy {
     pub pid: u32,
     /// From spawning the process to its listening socket.
     pub start_to_listening: Duration,
+    /// From spawning the process to its readiness (compactor: `/readyz` answers 200, once its
+    /// tokenizer tables are loaded; nginx: listening).
+    pub start_to_ready: Duration,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -114,7 +117,18 @@ impl Proxy {
         };
         let pid = child.id();
         let start_to_listening = listening.duration_since(spawned);
-        Ok(Self { name: "compactor", addr, pid, start_to_listening, child, _dir: dir })
+        // A load balancer sends traffic once the readiness probe passes; so does the bench.
+        let deadline = spawned + START_TIMEOUT;
+        while !ready(addr) {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("compactor did not become ready".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start_to_ready = spawned.elapsed();
+        Ok(Self { name: "compactor", addr, pid, start_to_listening, start_to_ready, child, _dir: dir })
     }
 
     /// Starts a private nginx: its own prefix, temp dirs and pid file in a temp dir, in the
@@ -167,7 +181,8 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(1));
         };
         let pid = child.id();
-        Ok(Self { name: "nginx", addr, pid, start_to_listening: listening.duration_since(spawned), child, _dir: dir })
+        let start_to_listening = listening.duration_since(spawned);
+        Ok(Self { name: "nginx", addr, pid, start_to_listening, start_to_ready: start_to_listening, child, _dir: dir })
     }
 
     /// Stops the process tree: SIGTERM to the root (nginx's master then stops its worker), and
@@ -191,6 +206,18 @@ impl Proxy {
             let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
         }
     }
+}
+
+/// Whether compactor's `/readyz` answers 200 (one plain HTTP/1.1 exchange on a new connection).
+fn ready(addr: SocketAddr) -> bool {
+    use std::io::Write;
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"GET /readyz HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
 }
 
 impl Drop for Proxy {

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Format, Toml};
 use figment::value::Dict;
 
+use super::env;
 use super::*;
 use crate::compaction::ladder::Rung;
 use crate::overflow::OverflowDetector;
@@ -27,14 +28,18 @@ pub fn config_path(explicit: Option<&Path>) -> Option<(PathBuf, bool)> {
 }
 
 impl Config {
-    /// Loads defaults < file < environment and validates every key.
-    pub fn load(explicit: Option<&Path>) -> Result<Self, ConfigError> {
+    /// Loads defaults < file < environment and validates every key. Alongside the configuration
+    /// come warnings about `COMPACTOR_` variables that look like misspelt keys (they are ignored,
+    /// as are all variables that name no key); the caller logs them once.
+    pub fn load(explicit: Option<&Path>) -> Result<(Self, Vec<String>), ConfigError> {
         let mut figment = Figment::new();
         if let Some((path, must_exist)) = config_path(explicit) {
             figment = if must_exist { figment.merge(Toml::file_exact(path)) } else { figment.merge(Toml::file(path)) };
         }
-        figment = figment.merge(Env::prefixed("COMPACTOR_").split("__").ignore(&["config"]));
-        Self::from_figment(&figment)
+        let variables = std::env::vars_os().map(|(name, _)| name.to_string_lossy().into_owned());
+        let (environment, warnings) = env::environment(env::KnownKeys::of(&Config::default()), variables);
+        figment = figment.merge(environment);
+        Ok((Self::from_figment(&figment)?, warnings))
     }
 
     /// Validates an already layered figment; used by `load` and by tests.
@@ -68,6 +73,11 @@ impl Config {
                     positive_ms,
                 ),
                 max_connections: r.parse("limits.max_connections", d.limits.max_connections, positive),
+                client_body_timeout: r.parse(
+                    "limits.client_body_timeout_ms",
+                    d.limits.client_body_timeout,
+                    positive_ms,
+                ),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),
@@ -116,7 +126,7 @@ impl Config {
                 }),
                 redis_url: r.parse("session.redis_url", d.session.redis_url, |s: String| {
                     if s.split(',').all(|url| redis::parse_redis_url(url.trim()).is_some()) {
-                        Ok(s)
+                        Ok(RedisUrls::new(s))
                     } else {
                         Err("not a redis:// URL (or a comma-separated list of them for a cluster)".to_string())
                     }

@@ -1,6 +1,7 @@
 //! Configuration: built-in defaults < TOML file < `COMPACTOR_` environment, read into one immutable
 //! [`Config`] after every key has been checked.
 
+mod env;
 mod load;
 mod reader;
 mod secret;
@@ -18,7 +19,7 @@ use crate::tokens::{ModelInfo, ModelTable};
 
 pub use load::config_path;
 pub use reader::Reader;
-pub use secret::{REDACTED, Secret};
+pub use secret::{REDACTED, RedisUrls, Secret};
 
 /// The default file, read when no `--config` or `COMPACTOR_CONFIG` names another.
 pub const DEFAULT_CONFIG_PATH: &str = "config/compactor.toml";
@@ -96,7 +97,7 @@ pub enum StoreKind {
 pub struct SessionConfig {
     pub store: StoreKind,
     pub header: String,
-    pub redis_url: String,
+    pub redis_url: RedisUrls,
     pub redis_cluster: bool,
     pub key_prefix: String,
     #[serde(rename = "ttl_secs", serialize_with = "secs")]
@@ -151,6 +152,10 @@ pub struct LimitsConfig {
     pub header_read_timeout: Duration,
     /// Client connections served at once; one more is answered 503 and closed.
     pub max_connections: u64,
+    /// The longest a client may pause while sending a request body: a rewritable route answers
+    /// 408, a streamed one breaks off its upstream request.
+    #[serde(rename = "client_body_timeout_ms", serialize_with = "millis")]
+    pub client_body_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -268,6 +273,7 @@ impl Default for Config {
                 rewrite_budget: Duration::from_millis(10_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,
+                client_body_timeout: Duration::from_millis(60_000),
             },
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },
@@ -285,7 +291,7 @@ impl Default for Config {
             session: SessionConfig {
                 store: StoreKind::Memory,
                 header: "x-session-id".into(),
-                redis_url: "redis://127.0.0.1:6379".into(),
+                redis_url: RedisUrls::new("redis://127.0.0.1:6379"),
                 redis_cluster: false,
                 key_prefix: "compactor".into(),
                 ttl: Duration::from_secs(7 * 24 * 3600),

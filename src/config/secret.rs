@@ -55,9 +55,63 @@ impl<'de> serde::Deserialize<'de> for Secret {
     }
 }
 
+/// The session store's Redis URL (or comma-separated cluster URLs): a password in it prints as
+/// `[redacted]` in `--check-config`, `Debug` and logs; [`RedisUrls::expose`] gives it to the client.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrls(String);
+
+impl RedisUrls {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    fn shown(&self) -> String {
+        self.0.split(',').map(without_password).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// `scheme://user:password@host/db` → `scheme://user:[redacted]@host/db`; anything else as it is.
+fn without_password(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_string() };
+    let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else { return url.to_string() };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}:{REDACTED}{}", &url[..start + colon], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
+impl fmt::Debug for RedisUrls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.shown())
+    }
+}
+
+impl serde::Serialize for RedisUrls {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.shown())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redis_password_prints_as_redacted_and_the_rest_of_the_url_stays() {
+        let urls = RedisUrls::new("redis://app:s3cr3t@10.0.0.1:6379/2, rediss://:only-pw@h:1,redis://127.0.0.1:6379");
+        let shown = format!("{urls:?}");
+        assert!(!shown.contains("s3cr3t") && !shown.contains("only-pw"), "{shown}");
+        assert_eq!(
+            serde_json::to_string(&urls).unwrap(),
+            "\"redis://app:[redacted]@10.0.0.1:6379/2, rediss://:[redacted]@h:1,redis://127.0.0.1:6379\""
+        );
+        assert!(urls.expose().contains("s3cr3t"));
+    }
 
     #[test]
     fn a_set_secret_prints_as_redacted_everywhere_and_an_unset_one_as_empty() {

@@ -7,6 +7,7 @@ pub mod body;
 mod finish;
 mod forward;
 mod inspect;
+pub mod request_body;
 pub mod usage;
 
 use std::sync::Arc;
@@ -16,12 +17,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
 
 use crate::compaction::{Compactor, Prepared};
 use crate::config::Config;
+use crate::dialect::Dialect;
 use crate::error::{Chain, ProxyError};
 use crate::rewrite::RewriteReport;
 use crate::route::Route;
@@ -35,6 +36,7 @@ use body::TapBody;
 use finish::Finish;
 use forward::Forwarded;
 use inspect::Inspected;
+use request_body::ClientBody;
 use usage::{Framing, UsageTap};
 
 /// What the pipeline needs for every request, built once at start.
@@ -71,11 +73,18 @@ impl Proxy {
         let log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
         let mut finish = Finish::new(log);
         let (parts, body) = request.into_parts();
+        if Dialect::of(route.endpoint).is_none() {
+            return self.pass_through(RequestHead::new(route, parts), body, finish).await;
+        }
 
-        let body = match read_body(&parts.headers, body, self.config.limits.max_body_bytes).await {
-            Ok(body) => body,
-            Err(error) => return fail(error, route, finish),
-        };
+        let limits = &self.config.limits;
+        let body =
+            match request_body::read_whole(&parts.headers, body, limits.max_body_bytes, limits.client_body_timeout)
+                .await
+            {
+                Ok(body) => body,
+                Err(error) => return fail(error, route, finish),
+            };
         finish.log.bytes_in = body.len() as u64;
         let head = RequestHead::new(route, parts);
         // compactor's own work on the request: budgeted, off the async workers when the body is
@@ -107,6 +116,37 @@ impl Proxy {
         };
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
         let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
+        self.respond(forwarded, answer, finish)
+    }
+
+    /// A request compactor never rewrites: its body streams to the upstream as it arrives, with no
+    /// cap of compactor's own, and the response comes back as it is.
+    async fn pass_through(&self, head: RequestHead, body: Incoming, mut finish: Finish) -> Response<ResponseBody> {
+        let route = head.route;
+        let timeout = self.config.limits.client_body_timeout;
+        let body = ClientBody::new(body, timeout);
+        let progress = body.progress();
+        let request = match self.upstreams.build_streamed(&head, body) {
+            Ok(request) => request,
+            Err(error) => return fail(error, route, finish),
+        };
+        let forwarded_at = Instant::now();
+        finish.log.overhead = forwarded_at - finish.log.started;
+        finish.log.forwarded_at = Some(forwarded_at);
+        let sent = self.upstreams.send(route.family, request).await;
+        finish.log.bytes_in = progress.bytes();
+        let response = match sent {
+            Ok(response) => response,
+            // A body that stalled or broke off is the client's failure, not the upstream's.
+            Err(error) => {
+                let error = progress.client_error(timeout).unwrap_or(error);
+                return fail(error, route, finish);
+            }
+        };
+        finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
+        let forwarded =
+            Forwarded { inspected: Inspected::pass(response), retries: 0, compacted: None, tokens_after: None };
+        let answer = Answer { session: None, conversation: None, report: None, compacted: None, tap_usage: false };
         self.respond(forwarded, answer, finish)
     }
 
@@ -193,21 +233,6 @@ fn fail(error: ProxyError, route: Route, mut finish: Finish) -> Response<Respons
     let (mut parts, bytes) = response.into_parts();
     parts.headers.insert("x-compactor-request-id", request_id);
     Response::from_parts(parts, ResponseBody::finished(bytes, finish))
-}
-
-/// Reads the whole request body, refusing more than `limit` bytes (by Content-Length up front).
-async fn read_body(headers: &http::HeaderMap, body: Incoming, limit: u64) -> Result<Bytes, ProxyError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit) {
-        return Err(ProxyError::BodyTooLarge { limit });
-    }
-    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(body, limit_usize).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
-        Err(error) => Err(ProxyError::ClientBody(error)),
-    }
 }
 
 fn header_value(text: &str) -> HeaderValue {

@@ -99,6 +99,8 @@ impl Rewriter {
     /// Counts every item's tokens (tokenizing what the cache lacks on a blocking thread).
     pub async fn count(&self, parsed: &mut ParsedRequest<'_>) -> Result<ModelInfo, Stopped> {
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
+        // The tables load once, at start; a request never waits for them on an async worker.
+        crate::tokens::loaded(model.encoding).await;
         self.warm_cache(parsed, model.encoding).await?;
         work::step(|| self.count_items(parsed, model.encoding)).await?;
         Ok(model)

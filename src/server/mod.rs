@@ -41,13 +41,21 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(config: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, std::io::Error> {
+        // Off the async workers, while the listener starts: readiness waits for it.
+        crate::tokens::preload();
         let store = Store::from_config(&config.session);
         let proxy = Proxy::new(config.clone(), store.clone())?;
         Ok(Self { config, proxy, store, metrics, ready: AtomicBool::new(true) })
     }
 
+    /// False once shutting down.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// False until the tokenizer tables are loaded (see [`crate::tokens::preload`]).
+    pub fn is_started(&self) -> bool {
+        crate::tokens::is_loaded(crate::tokens::DEFAULT_ENCODING)
     }
 }
 

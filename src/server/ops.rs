@@ -32,11 +32,15 @@ pub async fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Respons
     }
 }
 
-/// Ready unless shutting down; a session store that is down makes it degraded, not failing,
-/// because requests are still served without stored state.
+/// Ready once started (the tokenizer tables loaded) and unless shutting down; a session store
+/// that is down makes it degraded, not failing, because requests are still served without
+/// stored state.
 async fn readiness(state: &AppState) -> Response<ResponseBody> {
     if !state.is_ready() {
         return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "shutting_down"}));
+    }
+    if !state.is_started() {
+        return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "starting"}));
     }
     let store = &state.store;
     match store.health().await {

@@ -422,7 +422,7 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let mut config = Config::default().session;
         config.store = StoreKind::Redis;
-        config.redis_url = format!("redis://{closed}");
+        config.redis_url = crate::config::RedisUrls::new(format!("redis://{closed}"));
         let mut ctx = SessionCtx::load(Store::from_config(&config), key("c"), conversation(MAIN)).await;
         ctx.record_request(&[], 0, 1);
         assert!(!ctx.commit().await);

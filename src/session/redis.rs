@@ -164,7 +164,7 @@ impl RedisStore {
             timeout: config.redis_timeout,
         };
         let cell = store.connection.clone();
-        let urls: Vec<String> = config.redis_url.split(',').map(|u| u.trim().to_string()).collect();
+        let urls: Vec<String> = config.redis_url.expose().split(',').map(|u| u.trim().to_string()).collect();
         let cluster = config.redis_cluster;
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);

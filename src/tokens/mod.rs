@@ -4,6 +4,8 @@
 pub mod models;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use tiktoken_rs::CoreBPE;
 use xxhash_rust::xxh3::xxh3_128;
@@ -49,6 +51,59 @@ impl TokenCounter {
             }
             self.count(encoding, text);
         }
+    }
+}
+
+/// Whether each encoding's tables are in memory (index: [`slot`]).
+static LOADED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+
+fn slot(encoding: Encoding) -> usize {
+    match encoding {
+        Encoding::O200kBase => 0,
+        Encoding::Cl100kBase => 1,
+    }
+}
+
+/// The encoding of every model the table does not say otherwise of (today's models, every
+/// other vendor's): loaded at start.
+pub const DEFAULT_ENCODING: Encoding = Encoding::O200kBase;
+
+/// Whether `encoding`'s tables are loaded, so counting with it costs no load.
+pub fn is_loaded(encoding: Encoding) -> bool {
+    LOADED[slot(encoding)].load(Ordering::Acquire)
+}
+
+/// Loads `encoding`'s tables on this thread (100-300 ms: a blocking thread's work). Threads that
+/// ask at the same time wait for the one load.
+pub fn load_blocking(encoding: Encoding) {
+    let _ = bpe(encoding);
+    LOADED[slot(encoding)].store(true, Ordering::Release);
+}
+
+/// Starts loading the default encoding's tables on a thread of their own and returns at once:
+/// called at start, so no request pays for the load and readiness ([`is_loaded`]) can wait for it.
+pub fn preload() {
+    let spawned = std::thread::Builder::new().name("tokenizer-load".into()).spawn(|| {
+        let started = Instant::now();
+        load_blocking(DEFAULT_ENCODING);
+        tracing::info!(ms = started.elapsed().as_millis() as u64, "tokenizer tables loaded");
+    });
+    if let Err(error) = spawned {
+        // The first request that counts loads them instead (off the async workers, see `loaded`).
+        tracing::warn!(%error, "cannot start the tokenizer loading thread");
+    }
+}
+
+/// Waits until `encoding`'s tables are loaded, loading them on a blocking thread when nobody has:
+/// a request that arrives before the load at start is done (or the first one of a model with
+/// another encoding) waits without holding an async worker.
+pub async fn loaded(encoding: Encoding) {
+    if is_loaded(encoding) {
+        return;
+    }
+    // Outside a runtime, or while it shuts down, the count loads them itself.
+    if tokio::runtime::Handle::try_current().is_ok() {
+        let _ = tokio::task::spawn_blocking(move || load_blocking(encoding)).await;
     }
 }
 

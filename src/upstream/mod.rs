@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -17,10 +17,12 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{BaseUrl, Config, UpstreamConfig};
 use crate::error::ProxyError;
+use crate::proxy::request_body::ClientBody;
 use crate::route::{ApiFamily, Route};
 
-/// The request body compactor sends upstream: always complete, since it may have been rewritten.
-pub type UpstreamBody = Full<Bytes>;
+/// The request body compactor sends upstream: complete on rewritable routes (it may have been
+/// rewritten), the client's own body streamed as it arrives on every other route.
+pub type UpstreamBody = Either<Full<Bytes>, ClientBody>;
 
 /// The client's request without its body: what every attempt sends upstream again. compactor may
 /// change the body (and the summary call sends its own), never the method, path or headers.
@@ -82,16 +84,26 @@ impl Upstreams {
     /// The upstream request for a client request: base URL joined with path and query, Host set
     /// for the upstream, hop-by-hop headers dropped, every other header kept in order.
     pub fn build_request(&self, head: &RequestHead, body: Bytes) -> Result<Request<UpstreamBody>, ProxyError> {
+        self.build(head, Either::Left(Full::new(body)))
+    }
+
+    /// The upstream request for a client request whose body streams through as it arrives.
+    pub fn build_streamed(&self, head: &RequestHead, body: ClientBody) -> Result<Request<UpstreamBody>, ProxyError> {
+        self.build(head, Either::Right(body))
+    }
+
+    fn build(&self, head: &RequestHead, body: UpstreamBody) -> Result<Request<UpstreamBody>, ProxyError> {
         let base = self.base(head.route.family);
         let path_and_query = head.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
         let uri: Uri = format!("{}{}", base.as_str(), path_and_query).parse().map_err(ProxyError::BadUpstreamUrl)?;
         let mut headers = head.headers.clone();
         headers::strip_hop_by_hop(&mut headers);
-        // The body may be rewritten; hyper sets the length of what is actually sent.
+        // The body may be rewritten; hyper sets the length of what is actually sent (a streamed
+        // body's own, from the client's framing).
         headers.remove(header::CONTENT_LENGTH);
         let host = HeaderValue::from_str(base.authority()).map_err(ProxyError::BadUpstreamHost)?;
         headers.insert(header::HOST, host);
-        let mut request = Request::new(Full::new(body));
+        let mut request = Request::new(body);
         *request.method_mut() = head.method.clone();
         *request.uri_mut() = uri;
         *request.version_mut() = Version::HTTP_11;

@@ -18,3 +18,4 @@ mod responses;
 mod rewrite_proxy;
 mod sdk_e2e;
 mod sessions;
+mod streaming;

@@ -65,10 +65,36 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
 }
 
 #[tokio::test]
+async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_tokenizer() {
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    // Asked the moment compactor listens: starting (tables still loading) or already ready.
+    let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    let status = early.json()["status"].as_str().unwrap_or_default().to_string();
+    assert!(
+        (early.status == 503 && status == "starting") || (early.status == 200 && status == "ready"),
+        "{} {status}",
+        early.status
+    );
+    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200, "alive while starting");
+    // A request that arrives now waits for the tables (off the async workers) and is counted.
+    let answer =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false)))
+            .await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.header("x-compactor-tokens-before").is_some_and(|t| t.parse::<u32>().unwrap() > 0));
+    // Counting needed the tables, so they are loaded now and readiness says so.
+    let ready = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["status"], "ready");
+    proxy.wait_for_log("tokenizer tables loaded").await;
+}
+
+#[tokio::test]
 async fn health_readiness_and_metrics_are_answered_locally() {
     let (fake, proxy) = ProxyProcess::with_fake("").await;
     assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
-    assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.status, 200);
+    // Ready once the tokenizer tables are loaded, a moment after listening.
+    assert!(eventually(async || send(request("GET", &proxy.url("/readyz"), &[], "")).await.status == 200).await);
     send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false))).await;
     send(request("POST", &proxy.url("/v1/messages"), &[("x-api-key", "k")], messages_body(true))).await;
     let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
@@ -128,12 +154,19 @@ async fn the_healthcheck_subcommand_reports_a_live_proxy() {
 async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
     const TOKEN: &str = "admin-tok-7f3a9c";
     const TENANT: &str = "tenant-sec-51b2e8";
-    let env = [("COMPACTOR_ADMIN__TOKEN", TOKEN), ("COMPACTOR_SESSION__TENANT_SECRET", TENANT)];
+    const REDIS_PASSWORD: &str = "redis-pw-0c4d1e";
+    let redis_url = format!("redis://app:{REDIS_PASSWORD}@127.0.0.1:6379");
+    let env = [
+        ("COMPACTOR_ADMIN__TOKEN", TOKEN),
+        ("COMPACTOR_SESSION__TENANT_SECRET", TENANT),
+        ("COMPACTOR_SESSION__REDIS_URL", redis_url.as_str()),
+    ];
     let (code, out, err) = run_binary(&["--check-config"], &env);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("token = \"[redacted]\""), "{out}");
     assert!(out.contains("tenant_secret = \"[redacted]\""), "{out}");
-    for secret in [TOKEN, TENANT] {
+    assert!(out.contains("redis_url = \"redis://app:[redacted]@127.0.0.1:6379\""), "{out}");
+    for secret in [TOKEN, TENANT, REDIS_PASSWORD] {
         assert!(!out.contains(secret) && !err.contains(secret), "{secret} printed by --check-config");
     }
 
@@ -151,7 +184,59 @@ async fn secrets_set_by_environment_never_appear_in_check_config_or_logs() {
     proxy.wait_for_log("route=chat_completions").await;
     let logs = proxy.logs().join("\n");
     assert!(logs.contains("[redacted]"), "the configuration was logged");
-    for secret in [TOKEN, TENANT] {
+    for secret in [TOKEN, TENANT, REDIS_PASSWORD] {
         assert!(!logs.contains(secret), "{secret} leaked into the logs");
     }
+}
+
+/// The variables Kubernetes injects into every pod of a namespace holding a Service named
+/// `compactor` (port 8787), and those of a Service named `compactor-redis`.
+const SERVICE_LINKS: &[(&str, &str)] = &[
+    ("COMPACTOR_PORT", "tcp://10.96.0.12:8787"),
+    ("COMPACTOR_SERVICE_HOST", "10.96.0.12"),
+    ("COMPACTOR_SERVICE_PORT", "8787"),
+    ("COMPACTOR_SERVICE_PORT_HTTP", "8787"),
+    ("COMPACTOR_PORT_8787_TCP", "tcp://10.96.0.12:8787"),
+    ("COMPACTOR_PORT_8787_TCP_ADDR", "10.96.0.12"),
+    ("COMPACTOR_PORT_8787_TCP_PORT", "8787"),
+    ("COMPACTOR_PORT_8787_TCP_PROTO", "tcp"),
+    ("COMPACTOR_REDIS_SERVICE_HOST", "10.96.0.13"),
+    ("COMPACTOR_REDIS_SERVICE_PORT", "6379"),
+    ("COMPACTOR_REDIS_PORT", "tcp://10.96.0.13:6379"),
+    ("COMPACTOR_REDIS_PORT_6379_TCP", "tcp://10.96.0.13:6379"),
+    ("COMPACTOR_REDIS_PORT_6379_TCP_ADDR", "10.96.0.13"),
+    ("COMPACTOR_REDIS_PORT_6379_TCP_PORT", "6379"),
+    ("COMPACTOR_REDIS_PORT_6379_TCP_PROTO", "tcp"),
+];
+
+#[tokio::test]
+async fn it_starts_beside_a_kubernetes_service_named_compactor_and_still_reads_its_own_variables() {
+    let fake = FakeUpstream::start().await;
+    let mut env = SERVICE_LINKS.to_vec();
+    env.push(("COMPACTOR_LIMITS__MAX_BODY_BYTES", "50"));
+    env.push(("COMPACTOR_LIMITS_REWRITE_BUDGET_MS", "5"));
+    let proxy =
+        ProxyProcess::start_with(&format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n", fake.url()), &env);
+    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
+    // The known key set by the environment applies: a chat body over 50 bytes is refused.
+    let refused = send(request("POST", &proxy.url("/v1/chat/completions"), &[], chat_body(false))).await;
+    assert_eq!(refused.status, 413, "{}", refused.text());
+
+    let warning = proxy.wait_for_log("COMPACTOR_LIMITS_REWRITE_BUDGET_MS").await;
+    assert!(warning.contains("COMPACTOR_LIMITS__REWRITE_BUDGET_MS"), "the meant variable is named: {warning}");
+    let logs = proxy.logs();
+    assert_eq!(logs.iter().filter(|l| l.contains("not a configuration key")).count(), 1, "{logs:?}");
+    assert!(logs.iter().all(|l| !l.contains("COMPACTOR_PORT") && !l.contains("SERVICE_HOST")), "{logs:?}");
+}
+
+#[test]
+fn check_config_ignores_service_links_and_warns_about_a_misspelt_key_on_stderr() {
+    let mut env = SERVICE_LINKS.to_vec();
+    env.push(("COMPACTOR_UPSTREAM__OPENIA", "http://typo:1"));
+    let (code, out, err) = run_binary(&["--check-config"], &env);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("openai = \"https://api.openai.com\""), "{out}");
+    assert!(!out.contains("10.96.0.12"), "{out}");
+    assert!(err.contains("COMPACTOR_UPSTREAM__OPENIA") && err.contains("COMPACTOR_UPSTREAM__OPENAI"), "{err}");
+    assert!(!err.contains("http://typo:1"), "values are never echoed: {err}");
 }

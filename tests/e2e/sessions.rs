@@ -210,7 +210,7 @@ async fn a_conversations_lock_has_one_owner_at_a_time_and_other_conversations_ha
     let Some(redis) = RedisServer::start() else { return };
     let mut config = Config::default().session;
     config.store = StoreKind::Redis;
-    config.redis_url = redis.url.clone();
+    config.redis_url = compactor::config::RedisUrls::new(redis.url.clone());
     config.key_prefix = redis.prefix.clone();
     let memory = Store::from_config(&Config::default().session);
     let shared = Store::from_config(&config);

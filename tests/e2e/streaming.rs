@@ -1,0 +1,227 @@
+//! Request bodies compactor does not rewrite stream to the upstream as they arrive, whatever their
+//! size; rewritable routes read theirs whole, bounded in size and in how long a client may stall.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::*;
+
+/// What an upload upstream saw of one request body: its length, hash, and whether it ended whole.
+#[derive(Debug, Clone)]
+struct Upload {
+    path: String,
+    bytes: u64,
+    hash: String,
+    complete: bool,
+}
+
+/// An upstream that hashes each request body as it arrives (never holding it) and answers with
+/// what it saw.
+struct UploadUpstream {
+    addr: SocketAddr,
+    uploads: Arc<Mutex<Vec<Upload>>>,
+}
+
+impl UploadUpstream {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let uploads = Arc::new(Mutex::new(Vec::new()));
+        let seen = uploads.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request: http::Request<Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            let path = request.uri().path().to_string();
+                            let mut body = request.into_body();
+                            let mut hasher = blake3::Hasher::new();
+                            let mut bytes = 0u64;
+                            let complete = loop {
+                                match body.frame().await {
+                                    None => break true,
+                                    Some(Err(_)) => break false,
+                                    Some(Ok(frame)) => {
+                                        if let Some(data) = frame.data_ref() {
+                                            bytes += data.len() as u64;
+                                            hasher.update(data);
+                                        }
+                                    }
+                                }
+                            };
+                            let upload = Upload { path, bytes, hash: hasher.finalize().to_hex().to_string(), complete };
+                            let answer = format!(r#"{{"bytes":{},"hash":"{}"}}"#, upload.bytes, upload.hash);
+                            seen.lock().unwrap().push(upload);
+                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(answer))))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, uploads }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn uploads(&self) -> Vec<Upload> {
+        self.uploads.lock().unwrap().clone()
+    }
+}
+
+fn proxy_for(upstream: &UploadUpstream, extra: &str) -> ProxyProcess {
+    ProxyProcess::start_with(
+        &format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{extra}", upstream.url()),
+        &[],
+    )
+}
+
+/// `VmHWM` (peak resident set) and `VmRSS` of a process, in bytes.
+fn memory(pid: i32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// Deterministic, incompressible-looking chunk `n` of an upload.
+fn chunk(n: u64, size: usize) -> Bytes {
+    let mut state = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(size);
+    while out.len() < size {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(size);
+    Bytes::from(out)
+}
+
+#[tokio::test]
+async fn a_100_mb_chunked_upload_streams_through_byte_identical_while_memory_stays_flat() {
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, "");
+    // Warm up: one small upload, so the peak below is the upload's and not the start's.
+    send(request("POST", &proxy.url("/v1/files"), &[], "warm")).await;
+    let (peak_before, _) = memory(proxy.pid());
+
+    const CHUNK: usize = 256 * 1024;
+    const CHUNKS: u64 = 400; // 100 MiB
+    let mut hasher = blake3::Hasher::new();
+    for n in 0..CHUNKS {
+        hasher.update(&chunk(n, CHUNK));
+    }
+    let expected = hasher.finalize().to_hex().to_string();
+    let frames = futures_util::stream::iter((0..CHUNKS).map(|n| Ok::<_, Infallible>(Frame::data(chunk(n, CHUNK)))));
+    let body = StreamBody::new(frames);
+    let upload = http::Request::builder()
+        .method("POST")
+        .uri(proxy.url("/v1/files"))
+        .header("content-type", "application/octet-stream")
+        .header("authorization", "Bearer k")
+        .body(body)
+        .unwrap();
+    let client: Client<_, StreamBody<_>> = Client::builder(TokioExecutor::new()).build_http();
+    let response = tokio::time::timeout(Duration::from_secs(120), client.request(upload)).await.unwrap().unwrap();
+    let answer = collect(response).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    let seen = upstream.uploads().into_iter().find(|u| u.bytes > 1000).unwrap();
+    assert_eq!(seen.path, "/v1/files");
+    assert!(seen.complete);
+    assert_eq!(seen.bytes, CHUNK as u64 * CHUNKS, "three times the 32 MiB limit of rewritable routes passes");
+    assert_eq!(seen.hash, expected, "the body arrives byte-identical");
+    let (peak_after, rss_after) = memory(proxy.pid());
+    let growth = peak_after.saturating_sub(peak_before);
+    assert!(
+        growth < 24 * 1024 * 1024,
+        "compactor's peak RSS grew by {} MiB while 100 MiB passed (peak {} MiB, now {} MiB)",
+        growth / (1024 * 1024),
+        peak_after / (1024 * 1024),
+        rss_after / (1024 * 1024)
+    );
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_streams_on_other_routes_and_is_refused_on_rewritable_ones() {
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, "[limits]\nmax_body_bytes = 1000\n");
+    let body = chunk(7, 300_000);
+    let expected = blake3::hash(&body).to_hex().to_string();
+    let answer = send(request("POST", &proxy.url("/v1/audio/transcriptions"), &[], body.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["hash"], expected.as_str());
+    assert_eq!(answer.json()["bytes"], 300_000);
+
+    let refused = send(request("POST", &proxy.url("/v1/chat/completions"), &[], body)).await;
+    assert_eq!(refused.status, 413);
+    assert_eq!(refused.json()["error"]["code"], "request_too_large");
+}
+
+/// Sends a request head declaring `length` bytes and only `sent` of them.
+async fn partial_request(addr: SocketAddr, path: &str, length: usize, sent: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&vec![b'{'; sent]).await.unwrap();
+    stream
+}
+
+#[tokio::test]
+async fn a_client_that_breaks_off_mid_body_breaks_off_the_upstream_request() {
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, "");
+    let stream = partial_request(proxy.addr, "/v1/files", 10_000_000, 200_000).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(stream);
+    let ended = eventually(async || !upstream.uploads().is_empty()).await;
+    assert!(ended, "the upstream request ended");
+    let seen = &upstream.uploads()[0];
+    assert!(!seen.complete, "the upstream saw the body broken off, not a complete one: {seen:?}");
+    assert!(seen.bytes < 10_000_000);
+}
+
+#[tokio::test]
+async fn a_client_that_stalls_mid_body_gets_408_in_its_dialect() {
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, "[limits]\nclient_body_timeout_ms = 300\n");
+    for (path, anthropic) in [("/v1/chat/completions", false), ("/v1/messages", true)] {
+        let mut stream = partial_request(proxy.addr, path, 1_000, 10).await;
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await.unwrap().unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        if anthropic {
+            assert!(answer.contains(r#""type":"error""#), "{answer}");
+        } else {
+            assert!(answer.contains(r#""code":"request_body_timeout""#), "{answer}");
+        }
+    }
+    // A stall on a streamed route breaks off the upstream request instead.
+    let stream = partial_request(proxy.addr, "/v1/files", 1_000, 10).await;
+    let ended = eventually(async || !upstream.uploads().is_empty()).await;
+    assert!(ended && !upstream.uploads()[0].complete, "{:?}", upstream.uploads());
+    drop(stream);
+}
