@@ -144,8 +144,13 @@ impl Proxy {
             }
         };
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
-        let forwarded =
-            Forwarded { inspected: Inspected::pass(response), retries: 0, compacted: None, tokens_after: None };
+        let forwarded = Forwarded {
+            inspected: Inspected::pass(response),
+            retries: 0,
+            compacted: None,
+            tokens_after: None,
+            recovery: None,
+        };
         let answer = Answer { session: None, conversation: None, report: None, compacted: None, tap_usage: false };
         self.respond(forwarded, answer, finish)
     }
