@@ -103,6 +103,20 @@ pub fn over_threshold(
     prompt_tokens(pressure, conversation, message_count, report, hybrid) > pressure.budget()
 }
 
+/// Window pressure for the rewrite policies: the conversation's calibrated hybrid estimate exceeds
+/// `share` x (the window - output reserve) (`prune.pressure`). Above it a held-back prune batch
+/// goes whatever it costs the prompt cache. The one place the rewrite asks about the window.
+pub fn window_pressure(
+    share: f64,
+    pressure: &Pressure,
+    conversation: &ConversationState,
+    message_count: usize,
+    report: &RewriteReport,
+) -> bool {
+    let room = (pressure.window.saturating_sub(pressure.reserve) as f64 * share) as u64;
+    prompt_tokens(pressure, conversation, message_count, report, true) > room
+}
+
 /// The prompt's size in the provider's tokens: the hybrid estimate (the last reported prompt plus
 /// what was added since, calibrated) or the calibrated full count.
 pub fn prompt_tokens(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::overflow::Overflow;
-use crate::rewrite::RewriteReport;
+use crate::rewrite::{CachePricing, RewriteReport};
 use crate::session::state::CompactionRecord;
 
 /// Tokens left free between prompt and output when `max_tokens` is lowered.
@@ -49,6 +49,8 @@ pub struct Ladder {
     pub(super) lead: usize,
     /// The rewrite of the body being sent.
     pub(super) sent: Option<RewriteReport>,
+    /// The prompt-cache prices of the upstream the request goes to.
+    pub(super) cache: CachePricing,
     order: Vec<Rung>,
     next: usize,
     lowered_max_tokens: bool,
@@ -105,6 +107,7 @@ impl Ladder {
             record,
             lead: 0,
             sent: None,
+            cache: CachePricing::NONE,
             order: order.to_vec(),
             next: 0,
             lowered_max_tokens: false,

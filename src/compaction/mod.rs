@@ -27,7 +27,8 @@ use crate::config::Config;
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
 use crate::overflow::Overflow;
-use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
+use crate::rewrite::{CachePricing, History, Reason, RewriteReport, RewriteSettings, Rewriter};
+use crate::route::ApiFamily;
 use crate::session::{ConversationId, Identifier, ModelKey, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::tokens::TokenCounter;
@@ -45,6 +46,8 @@ pub use summarizer::{Summarizer, SummaryError};
 /// What compaction needs, built once at start and shared by every request.
 pub struct Compactor {
     settings: CompactionSettings,
+    /// `settings.agent_markers`, compiled once.
+    agent_markers: agent::AgentMarkers,
     rewriter: Rewriter,
     identifier: Identifier,
     store: Store,
@@ -91,6 +94,12 @@ fn over_budget(route: &'static str, stopped: work::Stopped, body: Bytes) -> Prep
     Prepared::untouched(body)
 }
 
+/// A body rebuilt around a new summary: the provider's cached prefix ends at the summary.
+fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteReport) {
+    report.prefix_break = Some(Reason::Summary);
+    (body, report)
+}
+
 /// A Responses request whose history is stored upstream.
 fn is_stateful(parsed: &ParsedRequest) -> bool {
     ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v.get() != "null"))
@@ -106,6 +115,7 @@ impl Compactor {
     pub fn new(config: &Config, store: Store, upstreams: Arc<Upstreams>) -> Self {
         Self {
             settings: config.compaction.clone(),
+            agent_markers: agent::AgentMarkers::new(&config.compaction.agent_markers),
             rewriter: Rewriter::new(
                 config.rewrite_settings(),
                 TokenCounter::new(config.tokens.cache_entries),
@@ -142,7 +152,7 @@ impl Compactor {
             metric::rewrite_skipped(route, "stateful");
             return Prepared::untouched(body.clone());
         }
-        if agent::is_agent_compaction(&parsed, &self.settings.agent_markers) || asks_for_compaction_item(&parsed) {
+        if agent::is_agent_compaction(&parsed, &self.agent_markers) || asks_for_compaction_item(&parsed) {
             // The agent is summarizing its own history: stay out of its way.
             metric::rewrite_skipped(route, "agent_compaction");
             return Prepared { session: Some(session), ..Prepared::untouched(body.clone()) };
@@ -154,14 +164,28 @@ impl Compactor {
         let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
         let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
         ladder.lead = lead;
+        ladder.cache = self.cache_pricing(head.route.family);
         // The parse is handed on to the rewrite rather than repeated.
-        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed)).await;
+        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
         let Some((mut sent, mut report)) = derived else {
             if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
                 return over_budget(route, stopped, body.clone());
             }
             return Prepared::untouched(body.clone());
         };
+        if report.held_tokens > 0
+            && budget::window_pressure(
+                self.rewriter.settings.prune.pressure,
+                &self.pressure(&ctx, &report),
+                ctx.conversation(),
+                ladder.message_count,
+                &report,
+            )
+            && let Some(pressed) = self.derive(&ladder, &ctx, &self.rewriter.settings, true).await
+        {
+            // The window needs the room: the held-back batch goes now, whatever the cache.
+            (sent, report) = pressed;
+        }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
         if self.settings.auto
             && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
@@ -194,6 +218,9 @@ impl Compactor {
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
         ctx.note_forwarded(u64::from(report.tokens_after));
         metric::rewrite_done(route, &report, sent != body);
+        if let Some(reason) = report.prefix_break {
+            metric::prefix_break(reason.label());
+        }
         ladder.sent = Some(report.clone());
         // What the headers and the log say is in the provider's tokens, as calibrated.
         let pressure = self.pressure(&ctx, &report);
@@ -349,9 +376,12 @@ impl Compactor {
             let name = rung.name();
             match rung {
                 Rung::PruneHard if !self.rewriter.settings.prune_enabled => ladder.note(name, "skipped"),
-                Rung::PruneHard => match self.derive(ladder, ctx, &self.hard_settings()).await {
+                Rung::PruneHard => match self.derive(ladder, ctx, &self.hard_settings(), true).await {
                     Some((body, report)) if body != *sent && self.fits(ctx, &report) => {
                         ladder.note(name, "retry");
+                        if let Some(reason) = report.prefix_break {
+                            metric::prefix_break(reason.label());
+                        }
                         return Some((body, report));
                     }
                     Some((body, _)) if body != *sent => ladder.note(name, "too_big"),
@@ -367,10 +397,11 @@ impl Compactor {
                         Ok(Compacted { record, summary_time }) => {
                             ladder.trace.summary += summary_time;
                             ladder.record = Some(record);
-                            match self.derive(ladder, ctx, &self.settings_for_rebuild()).await {
+                            match self.derive(ladder, ctx, &self.settings_for_rebuild(), true).await {
                                 Some((body, report)) if self.fits(ctx, &report) => {
                                     ladder.note(name, "retry");
-                                    return Some((body, report));
+                                    metric::prefix_break(Reason::Summary.label());
+                                    return Some(summarized((body, report)));
                                 }
                                 Some(_) => ladder.note(name, "too_big"),
                                 None => ladder.note(name, "nothing"),
@@ -412,7 +443,7 @@ impl Compactor {
         if trigger == "threshold"
             && self.rewriter.settings.prune_enabled
             && self.settings.prunes_before_summarizing()
-            && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings()).await
+            && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings(), true).await
         {
             let pressure = self.pressure(ctx, &hard);
             if !budget::over_threshold(&pressure, ctx.conversation(), ladder.message_count, &hard, false) {
@@ -426,7 +457,9 @@ impl Compactor {
             match self.compaction().run(head, ladder, ctx, harder, trigger, sizing).await {
                 Ok(Compacted { record, .. }) => {
                     ladder.record = Some(record);
-                    let Some(derived) = self.derive(ladder, ctx, &self.rewriter.settings).await else { break };
+                    // Everything after the summary is new to the provider: prune as under pressure.
+                    let derived = self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);
+                    let Some(derived) = derived else { break };
                     // A rebuild already estimated to overflow is not what goes out: summarize
                     // harder (a quarter of the tail kept) once.
                     let fits = self.fits(ctx, &derived.1);
@@ -453,6 +486,14 @@ impl Compactor {
         best
     }
 
+    /// The prompt-cache prices of the upstream a request of `family` goes to.
+    fn cache_pricing(&self, family: ApiFamily) -> CachePricing {
+        match family {
+            ApiFamily::OpenAi => self.rewriter.settings.openai_cache,
+            ApiFamily::Anthropic => self.rewriter.settings.anthropic_cache,
+        }
+    }
+
     fn hard_settings(&self) -> RewriteSettings {
         budget::hard_settings(&self.rewriter.settings, &self.settings)
     }
@@ -462,14 +503,16 @@ impl Compactor {
     }
 
     /// The body to send for the client's request: the ladder's record re-applied, then the
-    /// rewrite policies with `settings`.
+    /// rewrite policies with `settings`; `pressure`: the window needs room, so old content is
+    /// rewritten whatever it costs the prompt cache.
     async fn derive(
         &self,
         ladder: &Ladder,
         ctx: &SessionCtx,
         settings: &RewriteSettings,
+        pressure: bool,
     ) -> Option<(Bytes, RewriteReport)> {
-        self.derive_from(ladder, ctx, settings, None).await
+        self.derive_from(ladder, ctx, settings, None, pressure).await
     }
 
     /// [`Compactor::derive`] reusing the client's request when the caller already parsed it.
@@ -479,14 +522,26 @@ impl Compactor {
         ctx: &SessionCtx,
         settings: &RewriteSettings,
         client: Option<ParsedRequest<'c>>,
+        pressure: bool,
     ) -> Option<(Bytes, RewriteReport)> {
         let mut client = match client {
             Some(parsed) => parsed,
             None => work::step(|| ParsedRequest::parse(ladder.dialect, &ladder.client_body)).await.ok()??,
         };
-        let pruned = &ctx.conversation().pruned;
+        let conversation = ctx.conversation();
+        // What the provider saw: the previous request's messages, as the client counts them.
+        let seen_by_client = usize::try_from(conversation.messages).unwrap_or(usize::MAX);
+        let history = |seen_messages: usize| History {
+            pruned_before: &conversation.pruned,
+            seen_messages,
+            pricing: ladder.cache,
+            turns: conversation.requests,
+            idle: ctx.idle(),
+            pressure,
+        };
         let Some(record) = &ladder.record else {
-            let mut rewritten = self.rewriter.rewrite_with(&mut client, pruned, settings).await.ok()?;
+            let history = history(seen_by_client);
+            let mut rewritten = self.rewriter.rewrite_with(&mut client, &history, settings).await.ok()?;
             let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| ladder.client_body.clone());
             return Some((body, rewritten.report));
         };
@@ -497,7 +552,10 @@ impl Compactor {
         let rebuild = || plan::rebuild(&client, record, &self.settings.summary_prefix, &count);
         let rebuilt = work::step(rebuild).await.ok()??;
         let mut parsed = work::step(|| ParsedRequest::parse(ladder.dialect, &rebuilt)).await.ok()??;
-        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, pruned, settings).await.ok()?;
+        // The client's newest messages end the rebuilt conversation too.
+        let added = client.messages.len().saturating_sub(seen_by_client);
+        let history = history(parsed.messages.len().saturating_sub(added));
+        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, &history, settings).await.ok()?;
         rewritten.report.tokens_before = tokens_before;
         rewritten.report.message_count = client.messages.len();
         let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());

@@ -63,6 +63,10 @@ impl Config {
                 idle_timeout: r.parse("upstream.idle_timeout_ms", d.upstream.idle_timeout, positive_ms),
                 http2: r.get("upstream.http2", d.upstream.http2),
                 native_roots: r.get("upstream.native_roots", d.upstream.native_roots),
+                openai_cache: r
+                    .parse("upstream.openai_cache", d.upstream.openai_cache, |s: String| CachePricing::parse(&s)),
+                anthropic_cache: r
+                    .parse("upstream.anthropic_cache", d.upstream.anthropic_cache, |s: String| CachePricing::parse(&s)),
             },
             limits: LimitsConfig {
                 max_body_bytes: r.parse("limits.max_body_bytes", d.limits.max_body_bytes, positive),
@@ -107,6 +111,9 @@ impl Config {
                 }),
                 protected_tools: r.get("prune.protected_tools", d.prune.protected_tools),
                 dedupe: r.get("prune.dedupe", d.prune.dedupe),
+                pressure: r.parse("prune.pressure", d.prune.pressure, |p: f64| {
+                    if p > 0.0 && p <= 1.0 { Ok(p) } else { Err("must be in (0, 1]".into()) }
+                }),
             },
             truncate: TruncateConfig {
                 enabled: r.get("truncate.enabled", d.truncate.enabled),

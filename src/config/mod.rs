@@ -14,7 +14,7 @@ use http::Uri;
 use serde::Serialize;
 
 use crate::compaction::settings::CompactionSettings;
-use crate::rewrite::{PruneSettings, RewriteSettings};
+use crate::rewrite::{CachePricing, PruneSettings, RewriteSettings};
 use crate::tokens::{ModelInfo, ModelTable};
 
 pub use load::config_path;
@@ -73,6 +73,9 @@ pub struct PruneConfig {
     pub placeholder: String,
     pub protected_tools: Vec<String>,
     pub dedupe: bool,
+    /// Share of the window (less the output reserve) above which a prune batch goes whatever it
+    /// costs the prompt cache.
+    pub pressure: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -137,6 +140,9 @@ pub struct UpstreamConfig {
     pub http2: bool,
     /// Trust the operating system's root certificates in addition to the built-in webpki roots.
     pub native_roots: bool,
+    /// Prompt-cache prices and lifetime of the `openai` upstream, and of the `anthropic` one.
+    pub openai_cache: CachePricing,
+    pub anthropic_cache: CachePricing,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -267,6 +273,8 @@ impl Default for Config {
                 idle_timeout: Duration::from_millis(300_000),
                 http2: false,
                 native_roots: false,
+                openai_cache: CachePricing::OPENAI,
+                anthropic_cache: CachePricing::ANTHROPIC,
             },
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
@@ -285,6 +293,7 @@ impl Default for Config {
                 placeholder: "[Old tool result content cleared]".into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
+                pressure: 0.5,
             },
             truncate: TruncateConfig { enabled: true, tool_output_max_tokens: 10_000 },
             repair: RepairConfig { enabled: true },
@@ -325,7 +334,10 @@ impl Config {
                 minimum_tokens: self.prune.minimum_tokens,
                 placeholder: self.prune.placeholder.clone(),
                 protected_tools: self.prune.protected_tools.clone(),
+                pressure: self.prune.pressure,
             },
+            openai_cache: self.upstream.openai_cache,
+            anthropic_cache: self.upstream.anthropic_cache,
             truncate_enabled: self.truncate.enabled,
             tool_output_max_tokens: self.truncate.tool_output_max_tokens,
             repair_enabled: self.repair.enabled,

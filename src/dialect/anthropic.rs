@@ -291,9 +291,33 @@ fn replace_result_text(block: &RawValue, text: &str) -> Option<String> {
                 rendered.pop();
                 rendered.push_str(&format!(r#","content":{}}}"#, json::json_string(text)));
             }
+            // A client's cache breakpoint inside the replaced content moves up to the block, so
+            // the prefix it marks is still cached.
+            if object.get("cache_control").is_none()
+                && let Some(marker) = object.get("content").and_then(|c| nested_cache_control(c.get()))
+            {
+                rendered.pop();
+                rendered.push_str(&format!(r#","cache_control":{marker}}}"#));
+            }
             Some(rendered)
         }
     }
+}
+
+/// The first `cache_control` marker inside a block's content, as JSON.
+fn nested_cache_control(content: &str) -> Option<String> {
+    if !content.contains("\"cache_control\"") {
+        return None;
+    }
+    fn find(value: &serde_json::Value) -> Option<&serde_json::Value> {
+        match value {
+            serde_json::Value::Object(map) => map.get("cache_control").or_else(|| map.values().find_map(find)),
+            serde_json::Value::Array(items) => items.iter().find_map(find),
+            _ => None,
+        }
+    }
+    let value: serde_json::Value = serde_json::from_str(content).ok()?;
+    find(&value).map(|marker| marker.to_string())
 }
 
 /// A changed message with its kept blocks raw, edited results re-rendered, synthetic results

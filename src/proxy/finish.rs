@@ -2,8 +2,9 @@
 //! dropped half-way, the request's [`Finish`] writes its log line and metrics (at once, so they
 //! are there when the client has the last byte) and hands the session's state to the request's
 //! finisher: a task started when the request took its state, tracked for shutdown, that commits
-//! the state and waits for the write. Nothing is written to the store from `Drop`: a drop only
-//! sends a message.
+//! the state and waits for the write. Nothing is written to a shared store from `Drop`: a drop
+//! only sends a message. The in-process store is the exception: its write is a map update that
+//! neither waits nor fails, so the request applies it in place and starts no finisher.
 
 use std::time::Instant;
 
@@ -24,8 +25,8 @@ pub struct Finish {
     pub log: RequestLog,
     /// The token usage the upstream reported, read by the tap.
     pub usage: Option<Usage>,
-    /// The session's state, and the way to its finisher.
-    state: Option<(SessionCtx, oneshot::Sender<Commit>)>,
+    /// The session's state, and the way to its finisher (none for the in-process store).
+    state: Option<(SessionCtx, Option<oneshot::Sender<Commit>>)>,
     sent: bool,
 }
 
@@ -36,9 +37,13 @@ impl Finish {
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
     pub fn keep(&mut self, tracker: &TaskTracker, ctx: SessionCtx) {
+        if ctx.commits_in_place() {
+            self.state = Some((ctx, None));
+            return;
+        }
         let (sender, receiver) = oneshot::channel();
         tracker.spawn(commit(receiver));
-        self.state = Some((ctx, sender));
+        self.state = Some((ctx, Some(sender)));
     }
 
     /// The session's state, while the request still changes it.
@@ -52,10 +57,20 @@ impl Finish {
             return;
         }
         self.log.ended_at = Some(Instant::now());
+        self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
         self.log.emit();
-        if let Some((ctx, sender)) = self.state.take() {
-            // Refused only when the runtime is shutting down and the finisher is gone with it.
-            drop(sender.send(Commit { ctx, usage: self.usage.take() }));
+        match self.state.take() {
+            Some((ctx, Some(sender))) => {
+                // Refused only when the runtime is shutting down and the finisher is gone with it.
+                drop(sender.send(Commit { ctx, usage: self.usage.take() }));
+            }
+            Some((mut ctx, None)) => {
+                if let Some(usage) = self.usage.take() {
+                    ctx.set_usage(usage);
+                }
+                ctx.commit_in_place();
+            }
+            None => {}
         }
     }
 }

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 
 use super::inspect::{self, Inspected};
+use super::request_body::Encoded;
 use crate::compaction::{Compactor, Ladder, Next, Recovery};
 use crate::error::ProxyError;
 use crate::session::SessionCtx;
@@ -25,19 +26,28 @@ pub(super) struct Forwarded {
 }
 
 /// Sends `body`; on overflow, recovers when the request has a ladder. `identity` asks the
-/// upstream for an uncompressed answer, which the usage tap and the inspection read.
+/// upstream for an uncompressed answer, which the usage tap and the inspection read. `encoded`,
+/// the client's compressed bytes of an unchanged `body`, goes instead on the first attempt.
 pub(super) async fn forward(
     upstreams: &Upstreams,
     compactor: &Compactor,
     head: &RequestHead,
     mut body: Bytes,
+    mut encoded: Option<Encoded>,
     mut recovery: Option<(&mut Ladder, &mut SessionCtx)>,
     identity: bool,
 ) -> Result<Forwarded, ProxyError> {
     let route = head.route.label();
     let mut first_error = None;
     loop {
-        let mut request = upstreams.build_request(head, body.clone())?;
+        let mut request = match encoded.take() {
+            Some(Encoded { original, content_encoding }) => {
+                let mut request = upstreams.build_request(head, original)?;
+                request.headers_mut().insert(header::CONTENT_ENCODING, content_encoding);
+                request
+            }
+            None => upstreams.build_request(head, body.clone())?,
+        };
         if identity {
             request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }

@@ -86,6 +86,12 @@ impl Proxy {
                 Err(error) => return fail(error, route, finish),
             };
         finish.log.bytes_in = body.len() as u64;
+        let (mut parts, body) = (parts, body);
+        let (body, encoded) = match request_body::decode(&mut parts.headers, body, limits.max_body_bytes).await {
+            Ok(decoded) => decoded,
+            Err(error) => return fail(error, route, finish),
+        };
+        let decoded = encoded.as_ref().map(|_| body.clone());
         let head = RequestHead::new(route, parts);
         // compactor's own work on the request: budgeted, off the async workers when the body is
         // large, and stopped when the client leaves (hyper drops this future, and the guard
@@ -95,6 +101,8 @@ impl Proxy {
 
         let prepared = budget.scope(self.compactor.prepare(&head, body)).await;
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
+        // A compressed body compactor did not change goes as the client sent it.
+        let encoded = encoded.filter(|_| decoded.as_ref() == Some(&body));
         if let Some(report) = &report {
             finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
@@ -109,7 +117,7 @@ impl Proxy {
         finish.log.overhead = forwarded_at - finish.log.started;
         finish.log.forwarded_at = Some(forwarded_at);
         let recovery = ladder.as_mut().zip(finish.ctx());
-        let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, recovery, tap_usage);
+        let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage);
         let forwarded = match budget.scope(forwarding).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),

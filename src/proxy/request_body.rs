@@ -139,3 +139,95 @@ pub async fn read_whole(
         Err(error) => Err(ProxyError::ClientBody(error)),
     }
 }
+
+/// A compressed request body as the client sent it, kept so that a body compactor did not change
+/// goes upstream as the original bytes with their `content-encoding`.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    pub original: Bytes,
+    pub content_encoding: http::HeaderValue,
+}
+
+/// The codings compactor decodes (`content-encoding` names them, the last applied last).
+#[derive(Debug, Clone, Copy)]
+enum Coding {
+    Gzip,
+    Deflate,
+    Brotli,
+    Zstd,
+}
+
+impl Coding {
+    fn of(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "gzip" | "x-gzip" => Some(Self::Gzip),
+            "deflate" => Some(Self::Deflate),
+            "br" => Some(Self::Brotli),
+            "zstd" => Some(Self::Zstd),
+            _ => None,
+        }
+    }
+
+    /// Decodes `input`, reading at most `limit + 1` bytes of output so that a small compressed
+    /// body cannot make a large one.
+    fn decode(self, input: &[u8], limit: u64) -> Result<Vec<u8>, std::io::Error> {
+        use std::io::Read;
+        let reader: Box<dyn Read + '_> = match self {
+            Self::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+            // HTTP's "deflate" is the zlib format; some clients send raw deflate, tried second.
+            Self::Deflate if input.first().is_some_and(|b| b & 0x0f == 8) => {
+                Box::new(flate2::read::ZlibDecoder::new(input))
+            }
+            Self::Deflate => Box::new(flate2::read::DeflateDecoder::new(input)),
+            Self::Brotli => Box::new(brotli_decompressor::Decompressor::new(input, 16 * 1024)),
+            Self::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(input)?),
+        };
+        let mut out = Vec::new();
+        reader.take(limit.saturating_add(1)).read_to_end(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// Decodes a compressed request body for rewriting: the decoded body, within `limit` bytes, and
+/// the original with its coding; `content-encoding` is removed from `headers` (what compactor
+/// sends is identity unless it sends the original). A body in a coding compactor does not know is
+/// given back as it came, to be forwarded untouched.
+pub async fn decode(
+    headers: &mut http::HeaderMap,
+    body: Bytes,
+    limit: u64,
+) -> Result<(Bytes, Option<Encoded>), ProxyError> {
+    let Some(value) = headers.get(header::CONTENT_ENCODING).cloned() else { return Ok((body, None)) };
+    let Ok(text) = value.to_str() else { return Ok((body, None)) };
+    let names: Vec<String> = text
+        .split(',')
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.eq_ignore_ascii_case("identity"))
+        .collect();
+    let Some(codings) = names.iter().map(|name| Coding::of(name)).collect::<Option<Vec<Coding>>>() else {
+        return Ok((body, None));
+    };
+    if codings.is_empty() {
+        return Ok((body, None));
+    }
+    let original = body.clone();
+    let decoding = tokio::task::spawn_blocking(move || {
+        let mut data = body.to_vec();
+        for (coding, name) in codings.iter().zip(&names).rev() {
+            data = coding.decode(&data, limit).map_err(|source| ProxyError::BadContentEncoding {
+                encoding: name.clone(),
+                source: Box::new(source),
+            })?;
+            if data.len() as u64 > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+        }
+        Ok(Bytes::from(data))
+    });
+    let decoded = match decoding.await {
+        Ok(result) => result?,
+        Err(join) => return Err(ProxyError::ClientBody(Box::new(join))),
+    };
+    headers.remove(header::CONTENT_ENCODING);
+    Ok((decoded, Some(Encoded { original, content_encoding: value })))
+}

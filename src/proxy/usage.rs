@@ -110,6 +110,9 @@ fn merge(usage: &mut Option<Usage>, event: &Value) {
     {
         current.cached_tokens = cached;
     }
+    if let Some(written) = number(&["cache_creation_input_tokens"]) {
+        current.cache_write_tokens = written;
+    }
     if let Some(output) = number(&["completion_tokens"]).or_else(|| number(&["output_tokens"])) {
         current.output_tokens = output;
     }
@@ -152,6 +155,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!((usage.prompt_tokens, usage.cached_tokens, usage.output_tokens), (100, 90, 42));
+    }
+
+    #[test]
+    fn reads_anthropic_cache_writes_from_a_plain_body_and_from_a_stream() {
+        let plain = feed(
+            Framing::Json,
+            &[r#"{"type":"message","usage":{"input_tokens":5,"cache_creation_input_tokens":1200,"cache_read_input_tokens":3000,"output_tokens":8}}"#],
+        )
+        .unwrap();
+        assert_eq!((plain.prompt_tokens, plain.cached_tokens, plain.cache_write_tokens), (4205, 3000, 1200));
+        let streamed = feed(
+            Framing::EventStream,
+            &[
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,",
+                "\"cache_creation_input_tokens\":500,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n",
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":3}}\n\n",
+            ],
+        )
+        .unwrap();
+        assert_eq!((streamed.prompt_tokens, streamed.cached_tokens, streamed.cache_write_tokens), (507, 0, 500));
     }
 
     #[test]

@@ -1,5 +1,9 @@
-//! Lossless first: when the same tool output appears again later, the older copy becomes a short
-//! pointer to the newer one.
+//! Lossless first: when the same tool output appears again, the newer copy becomes a short
+//! pointer to the older one, which the provider has already cached. Decisions depend only on what
+//! comes before an item (and on what is pruned), so a turn never changes an earlier turn's bytes:
+//! a pointer is made when its copy is new and stays the same on every later turn. A pointer never
+//! points at a pruned (or otherwise replaced) copy: when its target is pruned, the next copy
+//! becomes the one kept whole, inside the same break.
 
 use std::collections::HashMap;
 
@@ -10,32 +14,33 @@ use crate::conversation::{Conversation, Edit, Kind};
 /// Outputs smaller than this are not worth a pointer.
 const MIN_TOKENS: u32 = 64;
 
-/// Replaces older duplicates of tool outputs with pointers; returns how many.
+/// Replaces newer duplicates of tool outputs with pointers to the oldest copy sent whole; returns
+/// how many. Runs after pruning, so pruned copies are never pointed at.
 pub fn apply(conversation: &mut Conversation) -> usize {
-    // The newest call of each output seen so far (walking back from the newest), by content hash.
-    let mut newer_call: HashMap<u128, String> = HashMap::new();
+    // The oldest copy of each output sent whole, by content hash.
+    let mut older_call: HashMap<u128, String> = HashMap::new();
     let mut deduped = 0;
-    for item in conversation.items.iter_mut().rev() {
+    for item in conversation.items.iter_mut() {
         let Kind::ToolResult { call_id, text, attachments: 0 } = &item.kind else { continue };
         if item.edit != Edit::Keep || !item.shortenable || item.tokens < MIN_TOKENS {
             continue;
         }
         let hash = xxh3_128(text.as_bytes());
-        let Some(newer) = newer_call.get(&hash) else {
-            newer_call.insert(hash, call_id.as_deref().unwrap_or("").to_string());
+        let Some(older) = older_call.get(&hash) else {
+            older_call.insert(hash, call_id.as_deref().unwrap_or("").to_string());
             continue;
         };
-        item.edit = Edit::Replace(pointer(newer));
+        item.edit = Edit::Replace(pointer(older));
         deduped += 1;
     }
     deduped
 }
 
-/// The text that stands in for an older duplicate.
-pub fn pointer(newer_call_id: &str) -> String {
-    if newer_call_id.is_empty() {
-        "[Duplicate tool output: identical to a later tool output in this conversation]".to_string()
+/// The text that stands in for a newer duplicate.
+pub fn pointer(older_call_id: &str) -> String {
+    if older_call_id.is_empty() {
+        "[Duplicate tool output: identical to an earlier tool output in this conversation]".to_string()
     } else {
-        format!("[Duplicate tool output: identical to the later result of tool call {newer_call_id}]")
+        format!("[Duplicate tool output: identical to the earlier result of tool call {older_call_id}]")
     }
 }

@@ -2,6 +2,7 @@
 //! and render only what changed.
 
 pub mod dedupe;
+pub mod payback;
 pub mod prune;
 pub mod repair;
 pub mod truncate;
@@ -9,11 +10,12 @@ pub mod truncate;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::conversation::{Conversation, FRAMING_TOKENS, Item, Kind};
+use crate::conversation::{Conversation, FRAMING_TOKENS, Kind};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TokenCounter};
 use crate::work::{self, Stopped};
 
+pub use payback::{CachePricing, History, Reason};
 pub use prune::PruneSettings;
 
 /// The policies' settings, from `[prune]`, `[truncate]`, `[repair]` and `[tokens]`.
@@ -22,6 +24,9 @@ pub struct RewriteSettings {
     pub prune_enabled: bool,
     pub dedupe: bool,
     pub prune: PruneSettings,
+    /// Prompt-cache prices of the `openai` upstream and of the `anthropic` one.
+    pub openai_cache: CachePricing,
+    pub anthropic_cache: CachePricing,
     pub truncate_enabled: bool,
     pub tool_output_max_tokens: u32,
     pub repair_enabled: bool,
@@ -46,6 +51,10 @@ pub struct RewriteReport {
     pub saved_by_prune: u32,
     /// Call ids pruned in this request, to remember for the session.
     pub pruned_call_ids: Vec<String>,
+    /// Tokens a prune batch held back would free (not worth its cache break yet).
+    pub held_tokens: u32,
+    /// Why this request changed content the provider had already seen, when it did.
+    pub prefix_break: Option<Reason>,
     pub model: ModelInfo,
     /// Messages in the request as the client sent it.
     pub message_count: usize,
@@ -74,26 +83,22 @@ impl Rewriter {
         Self { settings, counter, models }
     }
 
-    /// Rewrites a parsed request; `pruned_before` holds the session's earlier pruning decisions.
-    /// Each step counts against the request's budget ([`work`]); a spent budget or a client
-    /// that left stops it.
-    pub async fn rewrite(
-        &self,
-        parsed: &mut ParsedRequest<'_>,
-        pruned_before: &BTreeSet<String>,
-    ) -> Result<Rewritten, Stopped> {
-        self.rewrite_with(parsed, pruned_before, &self.settings).await
+    /// Rewrites a parsed request; `history` holds the session's earlier pruning decisions and
+    /// what the provider's cache holds. Each step counts against the request's budget
+    /// ([`work`]); a spent budget or a client that left stops it.
+    pub async fn rewrite(&self, parsed: &mut ParsedRequest<'_>, history: &History<'_>) -> Result<Rewritten, Stopped> {
+        self.rewrite_with(parsed, history, &self.settings).await
     }
 
     /// Like [`Rewriter::rewrite`] with other settings (the overflow ladder prunes harder).
     pub async fn rewrite_with(
         &self,
         parsed: &mut ParsedRequest<'_>,
-        pruned_before: &BTreeSet<String>,
+        history: &History<'_>,
         settings: &RewriteSettings,
     ) -> Result<Rewritten, Stopped> {
         let model = self.count(parsed).await?;
-        work::step(|| self.apply(parsed, model, pruned_before, settings)).await
+        work::step(|| self.apply(parsed, model, history, settings)).await
     }
 
     /// Counts every item's tokens (tokenizing what the cache lacks on a blocking thread).
@@ -101,23 +106,35 @@ impl Rewriter {
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
         // The tables load once, at start; a request never waits for them on an async worker.
         crate::tokens::loaded(model.encoding).await;
-        self.warm_cache(parsed, model.encoding).await?;
-        work::step(|| self.count_items(parsed, model.encoding)).await?;
+        let mut counts = work::step(|| self.look_up(parsed, model.encoding)).await?;
+        if counts.missing_bytes >= self.settings.blocking_tokenize_bytes {
+            self.tokenize_blocking(parsed, model.encoding, &mut counts).await?;
+        }
+        work::step(|| {
+            self.tokenize(parsed, model.encoding, &mut counts);
+            self.assign(parsed, &counts);
+        })
+        .await?;
         Ok(model)
     }
 
-    /// Parses and rewrites in one go, on the calling thread (tests, benchmarks). `None` when the
-    /// body is not `dialect`.
     /// Scales a raw count by the model's vendor factor.
     pub fn scaled(tokens: u32, model: ModelInfo) -> u32 {
         scale(tokens, model.token_factor)
     }
 
+    /// Parses and rewrites in one go, on the calling thread (tests, benchmarks), as for a provider
+    /// without a cache ([`History::eager`]). `None` when the body is not `dialect`.
     pub fn rewrite_body(&self, dialect: Dialect, body: &[u8], pruned_before: &BTreeSet<String>) -> Option<Rewritten> {
+        self.rewrite_body_in(dialect, body, &History::eager(pruned_before))
+    }
+
+    /// [`Rewriter::rewrite_body`] knowing the conversation's history upstream.
+    pub fn rewrite_body_in(&self, dialect: Dialect, body: &[u8], history: &History) -> Option<Rewritten> {
         let mut parsed = ParsedRequest::parse(dialect, body)?;
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
         self.count_items(&mut parsed, model.encoding);
-        Some(self.apply(&mut parsed, model, pruned_before, &self.settings))
+        Some(self.apply(&mut parsed, model, history, &self.settings))
     }
 
     /// Runs the policies on a counted request.
@@ -125,7 +142,7 @@ impl Rewriter {
         &self,
         parsed: &mut ParsedRequest,
         model: ModelInfo,
-        pruned_before: &BTreeSet<String>,
+        history: &History,
         settings: &RewriteSettings,
     ) -> Rewritten {
         let encoding = model.encoding;
@@ -155,14 +172,17 @@ impl Rewriter {
             step(conversation, &mut report.saved_by_truncate);
         }
         if settings.prune_enabled {
+            // Prune first: dedupe then never points at a pruned copy.
+            let pruned = prune::apply(conversation, &settings.prune, history, &count);
+            report.pruned = pruned.count;
+            report.pruned_call_ids = pruned.call_ids;
+            report.held_tokens = scale(pruned.held_tokens, model.token_factor);
+            report.prefix_break = pruned.prefix_break;
+            step(conversation, &mut report.saved_by_prune);
             if settings.dedupe {
                 report.deduped = dedupe::apply(conversation);
                 step(conversation, &mut report.saved_by_dedupe);
             }
-            let pruned = prune::apply(conversation, &settings.prune, pruned_before, &count);
-            report.pruned = pruned.count;
-            report.pruned_call_ids = pruned.call_ids;
-            step(conversation, &mut report.saved_by_prune);
         }
         if settings.repair_enabled {
             // And last, so nothing any policy did can leave a call unpaired.
@@ -188,63 +208,132 @@ impl Rewriter {
         Rewritten { body: parsed.render(), report }
     }
 
-    /// Tokenizes what the cache has not seen; on a blocking thread when it is a lot, stopping
-    /// between texts when the request's budget runs out or its client leaves.
-    async fn warm_cache(&self, parsed: &ParsedRequest<'_>, encoding: Encoding) -> Result<(), Stopped> {
-        let mut missing: Vec<Arc<str>> = Vec::new();
-        let mut missing_bytes = 0;
-        let mut note = |text: &str| {
-            if !self.counter.is_cached(encoding, text) {
-                missing_bytes += text.len();
-                missing.push(Arc::from(text));
+    /// Fills in every item's tokens and the conversation's fixed cost, on this thread.
+    pub fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
+        let mut counts = self.look_up(parsed, encoding);
+        self.tokenize(parsed, encoding, &mut counts);
+        self.assign(parsed, &counts);
+    }
+
+    /// Every countable text's count from the cache: each text hashed and looked up once.
+    fn look_up(&self, parsed: &ParsedRequest, encoding: Encoding) -> Counts {
+        let mut counts = Counts::default();
+        for (slot, text) in countable_texts(parsed).enumerate() {
+            if text.is_empty() {
+                counts.counts.push(0);
+                continue;
             }
-        };
-        for text in countable_texts(parsed) {
-            note(text);
+            let hash = crate::tokens::text_hash(text);
+            match self.counter.cached(encoding, hash) {
+                Some(count) => counts.counts.push(count),
+                None => {
+                    counts.counts.push(0);
+                    counts.missing.push((slot, hash));
+                    counts.missing_bytes += text.len();
+                }
+            }
         }
-        if missing_bytes < self.settings.blocking_tokenize_bytes {
-            return Ok(());
+        counts
+    }
+
+    /// Tokenizes the texts the cache lacked, on this thread.
+    fn tokenize(&self, parsed: &ParsedRequest, encoding: Encoding, counts: &mut Counts) {
+        if counts.missing.is_empty() {
+            return;
+        }
+        let mut missing = counts.missing.iter().peekable();
+        for (slot, text) in countable_texts(parsed).enumerate() {
+            let Some(&&(wanted, hash)) = missing.peek() else { break };
+            if slot == wanted {
+                counts.counts[slot] = self.counter.count_uncached(encoding, hash, text);
+                missing.next();
+            }
+        }
+        counts.missing.clear();
+        counts.missing_bytes = 0;
+    }
+
+    /// Tokenizes the texts the cache lacked on a blocking thread (a lot of text: the async
+    /// worker stays free), stopping between texts when the request's budget runs out or its
+    /// client leaves.
+    async fn tokenize_blocking(
+        &self,
+        parsed: &ParsedRequest<'_>,
+        encoding: Encoding,
+        counts: &mut Counts,
+    ) -> Result<(), Stopped> {
+        let mut texts: Vec<(usize, u128, Arc<str>)> = Vec::with_capacity(counts.missing.len());
+        let mut missing = counts.missing.iter().peekable();
+        for (slot, text) in countable_texts(parsed).enumerate() {
+            let Some(&&(wanted, hash)) = missing.peek() else { break };
+            if slot == wanted {
+                texts.push((slot, hash, Arc::from(text)));
+                missing.next();
+            }
         }
         let counter = self.counter.clone();
         let budget = work::current();
         let started = std::time::Instant::now();
         let stop = move || budget.as_ref().is_some_and(|b| b.check(Some(started)).is_err());
-        let _ = tokio::task::spawn_blocking(move || counter.warm(encoding, &missing, stop)).await;
+        let counted = tokio::task::spawn_blocking(move || {
+            let mut counted = Vec::with_capacity(texts.len());
+            for (slot, hash, text) in texts {
+                if stop() {
+                    break;
+                }
+                counted.push((slot, counter.count_uncached(encoding, hash, &text)));
+            }
+            counted
+        })
+        .await
+        .unwrap_or_default();
         work::charge(started.elapsed());
+        let done: std::collections::HashSet<usize> = counted.iter().map(|(slot, _)| *slot).collect();
+        for (slot, count) in counted {
+            counts.counts[slot] = count;
+        }
+        counts.missing.retain(|(slot, _)| !done.contains(slot));
+        counts.missing_bytes = 0;
         match work::current() {
             Some(budget) => budget.check(None),
             None => Ok(()),
         }
     }
 
-    /// Fills in every item's tokens and the conversation's fixed cost.
-    pub fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
-        let count = |text: &str| self.counter.count(encoding, text);
+    /// Gives every item its tokens and the conversation its fixed cost from `counts` (in
+    /// [`countable_texts`] order).
+    fn assign(&self, parsed: &mut ParsedRequest, counts: &Counts) {
         let image = self.settings.image_tokens;
+        let mut slots = counts.counts.iter().copied();
+        let mut next = || slots.next().unwrap_or(0);
         for item in &mut parsed.conversation.items {
-            item.tokens = item_tokens(item, image, &count);
+            let (first, second) = (next(), next());
+            item.tokens = FRAMING_TOKENS
+                + match &item.kind {
+                    Kind::ToolResult { attachments, .. } => first + second + attachments * image,
+                    Kind::Attachment => image,
+                    _ => first + second,
+                };
         }
         let mut fixed = FRAMING_TOKENS * parsed.messages.len() as u32 + 3;
-        if let Some(tools) = parsed.tools {
-            fixed += count(tools.get());
+        if parsed.tools.is_some() {
+            fixed += next();
         }
         // System text outside the history is not an item: policies never touch it.
-        for text in &parsed.top_system {
-            fixed += count(text) + FRAMING_TOKENS;
+        for _ in &parsed.top_system {
+            fixed += next() + FRAMING_TOKENS;
         }
         parsed.conversation.fixed_tokens = fixed;
     }
 }
 
-fn item_tokens(item: &Item, image_tokens: u32, count: &dyn Fn(&str) -> u32) -> u32 {
-    FRAMING_TOKENS
-        + match &item.kind {
-            Kind::System { text } | Kind::Text { text, .. } | Kind::Thinking { text } => count(text),
-            Kind::ToolCall { name, arguments, .. } => count(name) + count(arguments),
-            Kind::ToolResult { text, attachments, .. } => count(text) + attachments * image_tokens,
-            Kind::Attachment => image_tokens,
-            Kind::Other { raw } => count(raw),
-        }
+/// The counts of one request's texts, slot by slot in [`countable_texts`] order, and the slots
+/// the cache lacked (with their hashes).
+#[derive(Default)]
+struct Counts {
+    counts: Vec<u32>,
+    missing: Vec<(usize, u128)>,
+    missing_bytes: usize,
 }
 
 /// Every text the counter will be asked about for this request.

@@ -1,9 +1,11 @@
 //! Prunes old tool outputs: the newest `protect_tokens` of tool output stay, older ones are
-//! replaced by a placeholder once enough of them add up. Decisions are remembered per session so
-//! the rewritten prefix stays byte-stable across turns.
+//! replaced by a placeholder once enough of them add up and the batch is worth the prompt cache
+//! it breaks ([`payback`]). Decisions are remembered per session so the rewritten prefix stays
+//! byte-stable across turns.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 
+use super::payback::{self, History, Reason};
 use crate::conversation::{Conversation, Edit, Kind};
 
 /// `[prune]` settings the policy needs.
@@ -13,6 +15,9 @@ pub struct PruneSettings {
     pub minimum_tokens: u32,
     pub placeholder: String,
     pub protected_tools: Vec<String>,
+    /// Share of the window (less the output reserve) above which a batch goes whatever it costs
+    /// the prompt cache (compaction's budget applies it).
+    pub pressure: f64,
 }
 
 /// What pruning did.
@@ -22,15 +27,21 @@ pub struct Pruned {
     pub call_ids: Vec<String>,
     /// Outputs replaced by the placeholder in this request.
     pub count: usize,
+    /// Tokens a batch held back would free (it did not pay yet).
+    pub held_tokens: u32,
+    /// Why a new batch changed what the provider had already seen.
+    pub prefix_break: Option<Reason>,
 }
 
-/// Prunes `conversation`; `previously` holds the call ids pruned in earlier requests.
+/// Prunes `conversation`; `history` holds the call ids pruned in earlier requests and what the
+/// provider's cache holds.
 pub fn apply(
     conversation: &mut Conversation,
     settings: &PruneSettings,
-    previously: &BTreeSet<String>,
+    history: &History,
     count: &dyn Fn(&str) -> u32,
 ) -> Pruned {
+    let previously = history.pruned_before;
     // Call ids of protected tools, looked up once: one scan per result would be O(n^2).
     let protected_ids: HashSet<String> = if settings.protected_tools.is_empty() {
         HashSet::new()
@@ -50,6 +61,8 @@ pub fn apply(
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
     let mut prunable_tokens = 0u32;
+    // The size of every item as it would go with no new batch, for the pay-back rule.
+    let mut sizes = vec![0u32; conversation.items.len()];
     for index in (0..conversation.items.len()).rev() {
         let item = &conversation.items[index];
         let Kind::ToolResult { call_id, text, .. } = &item.kind else { continue };
@@ -70,6 +83,7 @@ pub fn apply(
             Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
             Edit::Remove => continue,
         };
+        sizes[index] = current;
         if current <= not_worth || protected_call(call_id) {
             continue;
         }
@@ -83,10 +97,30 @@ pub fn apply(
             prunable_tokens = prunable_tokens.saturating_add(current);
         }
     }
+    let mut pruned = Pruned::default();
     if prunable_tokens < settings.minimum_tokens {
         prunable.clear();
     }
-    let mut pruned = Pruned::default();
+    // `prunable` runs newest first: its last entry is the batch's first change.
+    if let Some(&first) = prunable.last() {
+        let placeholder = not_worth;
+        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder)).sum();
+        let seen = |index: usize| conversation.items[index].message < history.seen_messages;
+        if seen(first) {
+            let batch: HashSet<usize> = prunable.iter().copied().collect();
+            let after: u64 = (first..conversation.items.len())
+                .filter(|&i| seen(i) && !batch.contains(&i))
+                .map(|i| u64::from(item_size(conversation, i, &sizes, count)))
+                .sum();
+            match payback::decide(history, u64::from(freed), after) {
+                Some(reason) => pruned.prefix_break = Some(reason),
+                None => {
+                    pruned.held_tokens = freed;
+                    prunable.clear();
+                }
+            }
+        }
+    }
     for index in forced.into_iter().chain(prunable) {
         let item = &mut conversation.items[index];
         item.edit = Edit::Replace(settings.placeholder.clone());
@@ -96,4 +130,15 @@ pub fn apply(
         }
     }
     pruned
+}
+
+/// An item's tokens as it would be sent now (`sizes` holds the tool results already sized).
+fn item_size(conversation: &Conversation, index: usize, sizes: &[u32], count: &dyn Fn(&str) -> u32) -> u32 {
+    let item = &conversation.items[index];
+    match &item.edit {
+        _ if sizes[index] > 0 => sizes[index],
+        Edit::Keep => item.tokens,
+        Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
+        Edit::Remove => 0,
+    }
 }

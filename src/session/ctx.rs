@@ -9,7 +9,7 @@
 //! while the conversation's compaction lock is held, because other requests of the same
 //! conversation (on any replica) are waiting for the record before they take the lock themselves.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use super::error::StoreError;
@@ -53,8 +53,8 @@ pub struct SessionCtx {
     store: Store,
     /// What is true of the session as a whole (its model, its counters).
     session: SessionState,
-    /// What was decided for this conversation.
-    conversation: ConversationState,
+    /// What was decided for this conversation (shared with the in-process store until changed).
+    conversation: Arc<ConversationState>,
     /// What this request adds, written by [`SessionCtx::commit`].
     pending: Update,
     /// Messages of the client's request, stored with the usage for the hybrid estimate.
@@ -75,7 +75,7 @@ impl SessionCtx {
             conversation_id,
             store,
             session: SessionState::default(),
-            conversation: ConversationState::default(),
+            conversation: Arc::default(),
             pending: Update::default(),
             message_count: 0,
             model: None,
@@ -115,6 +115,7 @@ impl SessionCtx {
         let change = &mut self.pending.conversation;
         change.pruned.extend(pruned.iter().filter(|id| !self.conversation.pruned.contains(*id)).cloned());
         change.request_messages = Some(message_count as u64);
+        change.request_at_unix_ms = Some(super::unix_ms());
         self.message_count = message_count as u64;
     }
 
@@ -202,12 +203,20 @@ impl SessionCtx {
         });
     }
 
-    /// The usage the upstream reported for this request: also what it says of the model (the
+    /// How long ago the conversation's previous request arrived; `None` for its first.
+    pub fn idle(&self) -> Option<Duration> {
+        let last = self.conversation.last_request_unix_ms;
+        (last > 0).then(|| Duration::from_millis(super::unix_ms().saturating_sub(last)))
+    }
+
+    /// The usage the upstream reported for this request (its cache reads and writes also add
+    /// to the session's counters): also what it says of the model (the
     /// window holds at least prompt + output, the tokenizer counts prompt where compactor
     /// estimated what it forwarded, answers are about this long).
     pub fn set_usage(&mut self, mut usage: Usage) {
         usage.message_count = self.message_count;
         self.pending.conversation.usage = Some(usage);
+        self.pending.session.usage = Some(usage);
         self.measure(usage.prompt_tokens, self.forwarded_estimate);
         let answered = usage.prompt_tokens + usage.output_tokens;
         self.learn(|learned| {
@@ -254,7 +263,7 @@ impl SessionCtx {
     /// Takes a fresher stored state of the conversation in place of the one loaded (after
     /// waiting for another request's compaction); this request's own changes still stand.
     pub fn adopt(&mut self, conversation: ConversationState) {
-        self.conversation = conversation;
+        self.conversation = Arc::new(conversation);
     }
 
     /// Publishes a new compaction record at once (under the compaction lock): it makes the
@@ -286,7 +295,7 @@ impl SessionCtx {
 
     async fn publish(&mut self, update: Update) -> bool {
         self.session.apply(&update.session);
-        self.conversation.apply(&update.conversation);
+        Arc::make_mut(&mut self.conversation).apply(&update.conversation);
         self.write(&update, "publish").await
     }
 
@@ -304,6 +313,19 @@ impl SessionCtx {
             }
         }
         self.write(&self.pending, "commit").await
+    }
+
+    /// Whether [`SessionCtx::commit_in_place`] will do: the store is the in-process one.
+    pub fn commits_in_place(&self) -> bool {
+        self.store.is_in_process()
+    }
+
+    /// [`SessionCtx::commit`] for the in-process store, done at once on this thread (a map update
+    /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
+    /// written, for any other store.
+    pub fn commit_in_place(self) -> bool {
+        self.pending.is_empty()
+            || self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), &self.pending)
     }
 
     async fn write(&self, update: &Update, operation: &'static str) -> bool {

@@ -4,9 +4,12 @@
 //! the session: a hash of the same opening ([`ConversationId`]).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
 
 use http::HeaderMap;
-use xxhash_rust::xxh3::{xxh3_64, xxh3_128};
+use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_128, xxh3_128_with_seed};
 
 use crate::dialect::ParsedRequest;
 use crate::json::RawObject;
@@ -58,45 +61,85 @@ impl SessionKey {
 pub struct Identifier {
     header: String,
     secret: [u8; 32],
+    /// Tenant hashes by a seeded fast hash of the credential (see [`Identifier::tenant_of`]).
+    tenants: Arc<Mutex<HashMap<u128, TenantHash>>>,
+    cache_seed: u64,
 }
 
 impl Identifier {
     pub fn new(header: &str, tenant_secret: &str) -> Self {
         // An empty secret still yields stable keys across replicas; operators should set one.
         let secret = blake3::derive_key("compactor tenant hash v1", tenant_secret.as_bytes());
-        Self { header: header.to_ascii_lowercase(), secret }
+        let seed = blake3::derive_key("compactor tenant cache v1", &secret);
+        let cache_seed = u64::from_le_bytes(seed[..8].try_into().unwrap_or_default());
+        Self { header: header.to_ascii_lowercase(), secret, tenants: Arc::default(), cache_seed }
     }
 
     /// The session of a request.
     pub fn identify(&self, headers: &HeaderMap, parsed: Option<&ParsedRequest>) -> SessionKey {
-        let tenant = self.tenant(headers);
         let (source, id) = self.session_id(headers, parsed);
-        let session = xxh3_128(format!("{}\0{id}", source.as_str()).as_bytes());
-        SessionKey { key: format!("{tenant}.{session:032x}"), source }
+        // The same bytes as hashing `"{source}\0{id}"`, without building that string.
+        let mut hasher = Xxh3::new();
+        hasher.update(source.as_str().as_bytes());
+        hasher.update(b"\0");
+        hasher.update(id.as_bytes());
+        let session = hasher.digest128();
+        let mut key = String::with_capacity(TENANT_LEN + 1 + 32);
+        match self.credential(headers) {
+            None => key.push_str("anonymous"),
+            Some(credential) => key.push_str(&self.tenant_of(credential)),
+        }
+        let _ = write!(key, ".{session:032x}");
+        SessionKey { key, source }
     }
 
     /// Keyed hash of the credential: the same key always maps to the same tenant, and nothing
     /// about the key can be learned from it.
     pub fn tenant(&self, headers: &HeaderMap) -> String {
-        let credential = CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name)).map(|v| {
-            let value = v.as_bytes();
-            value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer ")).unwrap_or(value)
-        });
-        match credential {
+        match self.credential(headers) {
             None => "anonymous".to_string(),
-            Some(credential) => {
-                let hash = blake3::keyed_hash(&self.secret, credential);
-                hash.to_hex()[..24].to_string()
-            }
+            Some(credential) => self.tenant_of(credential).to_string(),
         }
     }
 
-    fn session_id<'p>(&self, headers: &HeaderMap, parsed: Option<&'p ParsedRequest>) -> (SessionSource, Cow<'p, str>) {
+    fn credential<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
+        CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name)).map(|v| {
+            let value = v.as_bytes();
+            value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer ")).unwrap_or(value)
+        })
+    }
+
+    /// The tenant hash of a credential, from the cache when this process has seen it (a client
+    /// sends the same key on every request). The cache is keyed by a seeded 128-bit hash of the
+    /// credential (the seed derived from the tenant secret), never by the credential itself.
+    fn tenant_of(&self, credential: &[u8]) -> TenantHash {
+        let seen = xxh3_128_with_seed(credential, self.cache_seed);
+        if let Ok(cache) = self.tenants.lock()
+            && let Some(tenant) = cache.get(&seen)
+        {
+            return *tenant;
+        }
+        let hash = blake3::keyed_hash(&self.secret, credential);
+        let tenant = TenantHash(hash.to_hex()[..TENANT_LEN].as_bytes().try_into().unwrap_or([b'0'; TENANT_LEN]));
+        if let Ok(mut cache) = self.tenants.lock() {
+            if cache.len() >= MAX_CACHED_TENANTS {
+                cache.clear();
+            }
+            cache.insert(seen, tenant);
+        }
+        tenant
+    }
+
+    fn session_id<'p>(
+        &self,
+        headers: &'p HeaderMap,
+        parsed: Option<&'p ParsedRequest>,
+    ) -> (SessionSource, Cow<'p, str>) {
         let header = std::iter::once(self.header.as_str())
             .chain(AGENT_HEADERS)
             .find_map(|name| headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.trim().is_empty()));
         if let Some(id) = header {
-            return (SessionSource::Header, Cow::Owned(id.trim().to_string()));
+            return (SessionSource::Header, Cow::Borrowed(id.trim()));
         }
         let Some(parsed) = parsed else { return (SessionSource::Fingerprint, Cow::Borrowed("")) };
         if let Some(key) = parsed.top.str("prompt_cache_key").filter(|k| !k.is_empty()) {
@@ -107,6 +150,25 @@ impl Identifier {
             return (SessionSource::MetadataUserId, Cow::Owned(session));
         }
         (SessionSource::Fingerprint, Cow::Owned(fingerprint(parsed)))
+    }
+}
+
+/// Hex digits of a tenant hash.
+const TENANT_LEN: usize = 24;
+
+/// Credentials whose tenant hash is remembered; past this the cache starts again (a proxy in
+/// front of a few agents' keys never gets there).
+const MAX_CACHED_TENANTS: usize = 4096;
+
+/// A tenant hash: 24 lower-case hex digits.
+#[derive(Clone, Copy)]
+struct TenantHash([u8; TENANT_LEN]);
+
+impl std::ops::Deref for TenantHash {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or("000000000000000000000000")
     }
 }
 
@@ -336,6 +398,21 @@ mod tests {
         let (_, other_task) =
             ids(&claude_code("eeeee", MAIN_PROMPT, serde_json::json!([user(&[REMINDER, "Fix the flaky test."])])));
         assert_ne!(parent, other_task);
+    }
+
+    #[test]
+    fn session_keys_are_the_keyed_tenant_hash_and_the_hash_of_source_and_id_as_before() {
+        let id = Identifier::new("x-session-id", "secret");
+        let sent = headers(&[("x-session-id", " abc "), ("authorization", "Bearer sk-1")]);
+        let secret = blake3::derive_key("compactor tenant hash v1", b"secret");
+        let tenant = blake3::keyed_hash(&secret, b"sk-1").to_hex()[..24].to_string();
+        let session = xxh3_128(b"header\0abc");
+        let expected = format!("{tenant}.{session:032x}");
+        assert_eq!(id.identify(&sent, None).key, expected);
+        assert_eq!(id.identify(&sent, None).key, expected, "the cached tenant hash is the same");
+        let other = headers(&[("x-session-id", "abc"), ("authorization", "Bearer sk-2")]);
+        assert_ne!(id.identify(&other, None).key, expected, "another credential, another tenant");
+        assert!(id.identify(&headers(&[("x-session-id", "abc")]), None).key.starts_with("anonymous."));
     }
 
     #[test]

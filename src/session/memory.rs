@@ -30,7 +30,9 @@ struct MemorySession {
 struct Kept {
     use_order: u64,
     last_used_unix_ms: u64,
-    state: ConversationState,
+    /// Shared with the requests that loaded it (no copy per request); an update copies it only
+    /// while one of them still holds it.
+    state: Arc<ConversationState>,
 }
 
 impl MemoryStore {
@@ -44,7 +46,7 @@ impl MemoryStore {
     }
 
     /// The session's state and its conversation's; empty when unknown.
-    pub fn load(&self, key: &str, conversation: &str) -> (SessionState, ConversationState) {
+    pub fn load(&self, key: &str, conversation: &str) -> (SessionState, Arc<ConversationState>) {
         let Some(entry) = self.sessions.get(key) else { return Default::default() };
         let Ok(session) = entry.lock() else { return Default::default() };
         let kept = session.conversations.get(conversation).map(|kept| kept.state.clone());
@@ -61,11 +63,11 @@ impl MemoryStore {
         let kept = session.conversations.entry(conversation.to_string()).or_insert_with(|| Kept {
             use_order,
             last_used_unix_ms: 0,
-            state: ConversationState::default(),
+            state: Arc::default(),
         });
         kept.use_order = use_order;
         kept.last_used_unix_ms = super::unix_ms();
-        kept.state.apply(&update.conversation);
+        Arc::make_mut(&mut kept.state).apply(&update.conversation);
         while session.conversations.len() > self.max_conversations {
             let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
             let Some(oldest) = oldest else { break };
@@ -89,9 +91,11 @@ impl MemoryStore {
         kept.sort_by_key(|(_, kept)| std::cmp::Reverse(kept.use_order));
         let conversations = kept
             .into_iter()
-            .map(|(id, kept)| ConversationView::new(id.clone(), kept.last_used_unix_ms, kept.state.clone()))
+            .map(|(id, kept)| {
+                ConversationView::new(id.clone(), kept.last_used_unix_ms, ConversationState::clone(&kept.state))
+            })
             .collect();
-        SessionView { session: session.state.clone(), conversations }
+        SessionView::new(session.state.clone(), conversations)
     }
 
     pub fn forget(&self, key: &str) -> bool {

@@ -129,6 +129,9 @@ fn session_state(hash: &Hash) -> SessionState {
                 calibration_milli: number(hash, "calibration_milli"),
                 output_peak: number(hash, "output_peak"),
             },
+            prompt_tokens: number(hash, "prompt_tokens"),
+            cache_read_tokens: number(hash, "cache_read_tokens"),
+            cache_write_tokens: number(hash, "cache_write_tokens"),
         },
     }
 }
@@ -151,6 +154,7 @@ fn conversation_state(hash: &Hash, pruned: Vec<String>, compactions: &[String]) 
         breaker: Breaker { failures: number(hash, "breaker_failures"), at_messages: number(hash, "breaker_at") },
         requests: number(hash, "requests"),
         messages: number(hash, "messages"),
+        last_request_unix_ms: number(hash, "last_request_ms"),
     }
 }
 
@@ -280,6 +284,9 @@ impl RedisStore {
             pipeline.hincr(&hash, "requests", 1).ignore();
             pipeline.hset(&hash, "messages", messages).ignore();
         }
+        if let Some(at) = change.request_at_unix_ms {
+            pipeline.hset(&hash, "last_request_ms", at).ignore();
+        }
         if let Some(record) = &change.compaction {
             pipeline.rpush(&compactions, Versioned::json(record)?).ignore();
             // The newest records are the ones that can still match; keep a bounded lineage.
@@ -331,6 +338,16 @@ impl RedisStore {
             ];
             pipeline.hset_multiple(&key, &fields).ignore();
         }
+        if let Some(usage) = update.usage {
+            let counters = [
+                ("prompt_tokens", usage.prompt_tokens),
+                ("cache_read_tokens", usage.cached_tokens),
+                ("cache_write_tokens", usage.cache_write_tokens),
+            ];
+            for (field, tokens) in counters.into_iter().filter(|(_, tokens)| *tokens > 0) {
+                pipeline.hincr(&key, field, tokens).ignore();
+            }
+        }
         pipeline.expire(&key, self.ttl_secs).ignore();
     }
 
@@ -360,7 +377,7 @@ impl RedisStore {
             })
             .filter(|view| !view.state.is_empty())
             .collect();
-        Ok(SessionView { session: session_state(&session_hash), conversations })
+        Ok(SessionView::new(session_state(&session_hash), conversations))
     }
 
     /// Forgets a session with all its conversations, in one step; true when something existed.
@@ -455,7 +472,7 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 12] = [
+const NUMBER_FIELDS: [&str; 16] = [
     "requests",
     "tokens_saved",
     "compact_requested",
@@ -468,6 +485,10 @@ const NUMBER_FIELDS: [&str; 12] = [
     "breaker_failures",
     "breaker_at",
     "messages",
+    "last_request_ms",
+    "prompt_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
 ];
 
 /// Whether every value read is one compactor wrote: numbers where it keeps numbers, usage and

@@ -18,7 +18,11 @@ pub const MAX_RECORDS: usize = 20;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u64,
+    /// Prompt tokens the provider read from its cache.
     pub cached_tokens: u64,
+    /// Prompt tokens the provider wrote to its cache (Anthropic's `cache_creation_input_tokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
     pub output_tokens: u64,
     /// How many messages (items) that request had, for the hybrid estimate.
     pub message_count: u64,
@@ -59,6 +63,14 @@ pub struct Counters {
     /// What the session learned of its model's window and tokenizer.
     #[serde(flatten)]
     pub learned: Learned,
+    /// Prompt tokens the upstream reported for the session's requests, and how many of them it
+    /// read from and wrote to its prompt cache (the admin view's hit ratio).
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
 }
 
 /// What compactor learned of one (upstream, model) from its answers: bounds on the real window
@@ -114,6 +126,10 @@ pub struct ConversationState {
     /// Requests of this conversation, and the messages the newest of them had.
     pub requests: u64,
     pub messages: u64,
+    /// When the newest request of the conversation arrived (Unix ms; 0: never): the provider's
+    /// cache has gone cold once it is older than the cache's lifetime.
+    #[serde(default)]
+    pub last_request_unix_ms: u64,
 }
 
 impl ConversationState {
@@ -132,6 +148,8 @@ pub struct SessionUpdate {
     pub compact_requested: Option<bool>,
     /// Replaces what the session learned of its model.
     pub learned: Option<Learned>,
+    /// The upstream's usage for one request, added to the session's cache counters.
+    pub usage: Option<Usage>,
 }
 
 /// What one request changes of its conversation.
@@ -146,6 +164,8 @@ pub struct ConversationUpdate {
     pub breaker: Option<Breaker>,
     /// Count this as a request of the conversation, with this many messages.
     pub request_messages: Option<u64>,
+    /// When that request arrived (Unix ms).
+    pub request_at_unix_ms: Option<u64>,
 }
 
 /// Everything one write adds: the session part and the conversation part, stored together.
@@ -174,6 +194,11 @@ impl SessionState {
             self.counters.requests += 1;
         }
         self.counters.tokens_saved += update.tokens_saved;
+        if let Some(usage) = update.usage {
+            self.counters.prompt_tokens += usage.prompt_tokens;
+            self.counters.cache_read_tokens += usage.cached_tokens;
+            self.counters.cache_write_tokens += usage.cache_write_tokens;
+        }
     }
 }
 
@@ -192,6 +217,9 @@ impl ConversationState {
         if let Some(messages) = update.request_messages {
             self.requests += 1;
             self.messages = messages;
+        }
+        if let Some(at) = update.request_at_unix_ms {
+            self.last_request_unix_ms = at;
         }
         if let Some(record) = &update.compaction {
             self.compactions.push(record.clone());
@@ -217,10 +245,20 @@ pub struct ConversationView {
 pub struct SessionView {
     #[serde(flatten)]
     pub session: SessionState,
+    /// Share of the session's reported prompt tokens the provider read from its cache (null
+    /// before any usage was reported).
+    pub cache_hit_ratio: Option<f64>,
     pub conversations: Vec<ConversationView>,
 }
 
 impl SessionView {
+    pub fn new(session: SessionState, conversations: Vec<ConversationView>) -> Self {
+        let counters = session.counters;
+        let cache_hit_ratio = (counters.prompt_tokens > 0)
+            .then(|| (counters.cache_read_tokens as f64 / counters.prompt_tokens as f64 * 1000.0).round() / 1000.0);
+        Self { session, cache_hit_ratio, conversations }
+    }
+
     /// True when the store knows nothing of the session.
     pub fn is_empty(&self) -> bool {
         self.session.counters == Counters::default() && self.conversations.iter().all(|c| c.state.is_empty())

@@ -63,10 +63,16 @@ impl Store {
     /// that is not a number) is deleted with the whole session, with a warning and a metric, and
     /// the session starts afresh: left alone it would fail every request of the session and have
     /// its TTL refreshed forever.
-    pub async fn load(&self, key: &str, conversation: &str) -> Result<(SessionState, ConversationState), StoreError> {
+    pub async fn load(
+        &self,
+        key: &str,
+        conversation: &str,
+    ) -> Result<(SessionState, Arc<ConversationState>), StoreError> {
         let loaded = match &self.backend {
             Backend::Memory(store) => Ok(store.load(key, conversation)),
-            Backend::Redis(store) => self.guarded(store.load(key, conversation)).await,
+            Backend::Redis(store) => {
+                self.guarded(store.load(key, conversation)).await.map(|(session, kept)| (session, Arc::new(kept)))
+            }
         };
         match loaded {
             Err(StoreError::Corrupt(reason)) => {
@@ -85,7 +91,7 @@ impl Store {
         match &self.backend {
             Backend::Memory(store) => {
                 let locked = store.locked(key, conversation);
-                Ok((store.load(key, conversation).1, locked))
+                Ok((ConversationState::clone(&store.load(key, conversation).1), locked))
             }
             Backend::Redis(store) => self.guarded(store.poll(key, conversation)).await,
         }
@@ -100,6 +106,23 @@ impl Store {
                 Ok(())
             }
             Backend::Redis(store) => self.guarded(store.update(key, conversation, update)).await,
+        }
+    }
+
+    /// Whether writes go to the in-process store: a map update that neither waits nor fails, so a
+    /// request applies its changes in place ([`Store::update_in_place`]) and needs no finisher.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_))
+    }
+
+    /// [`Store::update`] on the in-process store, at once; false (nothing written) on any other.
+    pub fn update_in_place(&self, key: &str, conversation: &str, update: &Update) -> bool {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.update(key, conversation, update);
+                true
+            }
+            Backend::Redis(_) => false,
         }
     }
 

@@ -81,6 +81,18 @@ fn describe_rewrite() {
         "compactor_session_store_corrupt_total",
         "Unreadable session values (wrong type, bad JSON, other schema version) deleted."
     );
+    describe_counter!(
+        "compactor_prefix_breaks_total",
+        "Requests whose rewrite changed content the provider had already cached, by reason (pressure, cold_cache, pays_back, no_cache, summary)."
+    );
+    describe_counter!(
+        "compactor_cache_read_tokens_total",
+        "Prompt tokens upstreams reported reading from their prompt cache, by route."
+    );
+    describe_counter!(
+        "compactor_cache_write_tokens_total",
+        "Prompt tokens upstreams reported writing to their prompt cache, by route (Anthropic's cache_creation_input_tokens)."
+    );
     describe_counter!("compactor_overflows_total", "Context-overflow errors seen from upstreams, by route.");
     describe_counter!("compactor_retries_total", "Retries after an overflow, by route.");
     describe_counter!(
@@ -110,6 +122,21 @@ pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) 
         if n > 0 {
             counter!("compactor_tool_outputs_total", "action" => action).increment(n as u64);
         }
+    }
+}
+
+/// A request that changed content the provider had already cached, and why.
+pub fn prefix_break(reason: &'static str) {
+    counter!("compactor_prefix_breaks_total", "reason" => reason).increment(1);
+}
+
+/// The prompt-cache tokens an upstream reported for one request.
+pub fn cache_usage(route: &'static str, read: u64, write: u64) {
+    if read > 0 {
+        counter!("compactor_cache_read_tokens_total", "route" => route).increment(read);
+    }
+    if write > 0 {
+        counter!("compactor_cache_write_tokens_total", "route" => route).increment(write);
     }
 }
 
@@ -198,4 +225,72 @@ pub fn store_breaker(open: bool) {
 /// An unreadable session value was deleted.
 pub fn store_corrupt() {
     counter!("compactor_session_store_corrupt_total").increment(1);
+}
+
+/// Every route label ([`crate::route::Route::label`]).
+const ROUTES: [&str; 8] = [
+    "chat_completions",
+    "messages",
+    "responses",
+    "embeddings",
+    "models",
+    "anthropic_models",
+    "other",
+    "anthropic_other",
+];
+
+/// The routes compactor rewrites.
+const REWRITABLE_ROUTES: [&str; 3] = ["chat_completions", "messages", "responses"];
+
+/// Registers every family with its known label values at zero, so that a scrape of a fresh or idle
+/// replica already shows each family (`# HELP`, `# TYPE` and a sample) and rates start from zero
+/// rather than from a missing series. Statuses and error codes that depend on traffic appear
+/// when they first happen.
+pub fn present_at_start() {
+    for route in ROUTES {
+        counter!("compactor_requests_total", "route" => route, "status" => "200").absolute(0);
+        counter!("compactor_request_bytes_total", "route" => route).absolute(0);
+        counter!("compactor_response_bytes_total", "route" => route).absolute(0);
+        counter!("compactor_errors_total", "route" => route, "code" => "upstream_unreachable").absolute(0);
+        let _registered = histogram!("compactor_overhead_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_ttfb_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_duration_seconds", "route" => route);
+    }
+    for route in REWRITABLE_ROUTES {
+        for outcome in ["changed", "unchanged", "unparsed", "stateful", "agent_compaction", "over_budget"] {
+            counter!("compactor_rewrites_total", "route" => route, "outcome" => outcome).absolute(0);
+        }
+        counter!("compactor_overflows_total", "route" => route).absolute(0);
+        counter!("compactor_retries_total", "route" => route).absolute(0);
+        counter!("compactor_cache_read_tokens_total", "route" => route).absolute(0);
+        counter!("compactor_cache_write_tokens_total", "route" => route).absolute(0);
+    }
+    for reason in ["pressure", "cold_cache", "pays_back", "no_cache", "summary"] {
+        counter!("compactor_prefix_breaks_total", "reason" => reason).absolute(0);
+    }
+    for step in ["prune", "truncate", "dedupe"] {
+        counter!("compactor_tokens_saved_total", "step" => step).absolute(0);
+    }
+    for action in ["pruned", "truncated", "deduped", "repaired"] {
+        counter!("compactor_tool_outputs_total", "action" => action).absolute(0);
+    }
+    for operation in ["load", "commit", "publish", "lock", "unlock"] {
+        counter!("compactor_session_store_errors_total", "operation" => operation).absolute(0);
+        counter!("compactor_session_store_skipped_total", "operation" => operation).absolute(0);
+    }
+    gauge!("compactor_session_store_breaker_open").set(0.0);
+    counter!("compactor_session_store_breaker_trips_total").absolute(0);
+    counter!("compactor_session_store_corrupt_total").absolute(0);
+    for trigger in ["overflow", "threshold", "admin"] {
+        for outcome in ["summarized", "pruned", "failed"] {
+            counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).absolute(0);
+        }
+    }
+    let _registered = histogram!("compactor_summary_call_seconds");
+    for direction in ["input", "output"] {
+        counter!("compactor_summary_tokens_total", "direction" => direction).absolute(0);
+    }
+    gauge!("compactor_active_streams").set(0.0);
+    gauge!("compactor_open_connections").set(0.0);
+    counter!("compactor_connections_refused_total").absolute(0);
 }

@@ -29,6 +29,7 @@ pub fn init_logging(config: &LogConfig) {
 pub fn init_metrics() -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new().set_buckets(&metric::SECONDS_BUCKETS)?.install_recorder()?;
     metric::describe();
+    metric::present_at_start();
     Ok(handle)
 }
 

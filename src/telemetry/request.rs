@@ -3,7 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use metrics::{counter, histogram};
+use std::sync::OnceLock;
+
+use metrics::{Counter, Histogram, counter, histogram};
+
+use super::metric;
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +59,8 @@ pub struct RequestLog {
     pub conversation: Option<String>,
     /// Estimated tokens before and after rewriting, and outputs pruned.
     pub tokens: Option<(u32, u32, usize)>,
+    /// Prompt tokens the upstream reported reading from and writing to its cache.
+    pub cache: Option<(u64, u64)>,
     /// When the response ended (body done, or the client gone).
     pub ended_at: Option<Instant>,
     /// Retries after an overflow.
@@ -82,6 +88,7 @@ impl RequestLog {
             session: None,
             conversation: None,
             tokens: None,
+            cache: None,
             ended_at: None,
             retries: 0,
             recovery: None,
@@ -98,6 +105,7 @@ impl RequestLog {
         let overflow = recovery.and_then(|r| r.overflow.as_deref()).unwrap_or("-");
         let rungs = recovery.map(|r| r.rungs()).filter(|r| !r.is_empty()).unwrap_or_else(|| "-".into());
         let summary_ms = recovery.map_or(0, |r| r.summary.as_millis() as u64);
+        let (cache_read, cache_write) = self.cache.unwrap_or_default();
         tracing::info!(
             request_id = %self.request_id,
             method = %self.method,
@@ -119,25 +127,98 @@ impl RequestLog {
             rungs = %rungs,
             retries = self.retries,
             summary_ms,
+            cache_read,
+            cache_write,
             "request"
         );
         self.record_metrics(upstream_latency);
     }
 
     fn record_metrics(&self, upstream_latency: Option<Duration>) {
-        let route = self.route;
-        counter!("compactor_requests_total", "route" => route, "status" => status_label(self.status)).increment(1);
-        counter!("compactor_request_bytes_total", "route" => route).increment(self.bytes_in);
-        counter!("compactor_response_bytes_total", "route" => route).increment(self.bytes_out);
-        histogram!("compactor_overhead_seconds", "route" => route).record(self.overhead.as_secs_f64());
+        let unknown;
+        let metrics = match RouteMetrics::known(self.route) {
+            Some(metrics) => metrics,
+            None => {
+                unknown = RouteMetrics::new(self.route);
+                &unknown
+            }
+        };
+        metrics.requests(self.status).increment(1);
+        metrics.request_bytes.increment(self.bytes_in);
+        metrics.response_bytes.increment(self.bytes_out);
+        metrics.overhead.record(self.overhead.as_secs_f64());
         if let Some(ttfb) = self.upstream_ttfb {
-            histogram!("compactor_upstream_ttfb_seconds", "route" => route).record(ttfb.as_secs_f64());
+            metrics.ttfb.record(ttfb.as_secs_f64());
         }
         if let Some(latency) = upstream_latency {
-            histogram!("compactor_upstream_duration_seconds", "route" => route).record(latency.as_secs_f64());
+            metrics.duration.record(latency.as_secs_f64());
+        }
+        if let Some((read, write)) = self.cache {
+            metric::cache_usage(self.route, read, write);
         }
         if let Some(code) = self.error {
-            counter!("compactor_errors_total", "route" => route, "code" => code).increment(1);
+            counter!("compactor_errors_total", "route" => self.route, "code" => code).increment(1);
+        }
+    }
+}
+
+/// The routes' labels ([`crate::route::Route::label`]); any other label gets its handles looked up
+/// on each record.
+const ROUTES: [&str; 8] = [
+    "chat_completions",
+    "messages",
+    "responses",
+    "embeddings",
+    "anthropic_models",
+    "models",
+    "anthropic_other",
+    "other",
+];
+
+/// Status labels [`status_label`] gives.
+const STATUSES: [&str; 22] = [
+    "200", "201", "204", "304", "400", "401", "403", "404", "408", "413", "422", "429", "500", "502", "503", "504",
+    "529", "1xx", "2xx", "3xx", "4xx", "5xx",
+];
+
+/// One route's metric handles, resolved once (the first request of the route, after the recorder
+/// is installed at start) instead of a registry lookup by name and labels on every record.
+struct RouteMetrics {
+    route: &'static str,
+    requests: [OnceLock<Counter>; STATUSES.len()],
+    request_bytes: Counter,
+    response_bytes: Counter,
+    overhead: Histogram,
+    ttfb: Histogram,
+    duration: Histogram,
+}
+
+static ROUTE_METRICS: [OnceLock<RouteMetrics>; ROUTES.len()] = [const { OnceLock::new() }; ROUTES.len()];
+
+impl RouteMetrics {
+    fn new(route: &'static str) -> Self {
+        Self {
+            route,
+            requests: [const { OnceLock::new() }; STATUSES.len()],
+            request_bytes: counter!("compactor_request_bytes_total", "route" => route),
+            response_bytes: counter!("compactor_response_bytes_total", "route" => route),
+            overhead: histogram!("compactor_overhead_seconds", "route" => route),
+            ttfb: histogram!("compactor_upstream_ttfb_seconds", "route" => route),
+            duration: histogram!("compactor_upstream_duration_seconds", "route" => route),
+        }
+    }
+
+    fn known(route: &str) -> Option<&'static Self> {
+        let at = ROUTES.iter().position(|known| *known == route)?;
+        Some(ROUTE_METRICS[at].get_or_init(|| Self::new(ROUTES[at])))
+    }
+
+    fn requests(&self, status: u16) -> Counter {
+        let label = status_label(status);
+        let new = || counter!("compactor_requests_total", "route" => self.route, "status" => label);
+        match STATUSES.iter().position(|known| *known == label) {
+            Some(at) => self.requests[at].get_or_init(new).clone(),
+            None => new(),
         }
     }
 }

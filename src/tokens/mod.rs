@@ -37,6 +37,19 @@ impl TokenCounter {
         count
     }
 
+    /// The cached count of a text by its hash ([`text_hash`]), for callers that hash once and
+    /// look up once.
+    pub fn cached(&self, encoding: Encoding, hash: u128) -> Option<u32> {
+        self.cache.get(&(encoding, hash))
+    }
+
+    /// Tokenizes `text`, whose hash is `hash`, and caches its count: the miss of [`Self::cached`].
+    pub fn count_uncached(&self, encoding: Encoding, hash: u128, text: &str) -> u32 {
+        let count = tokenize_len(encoding, text);
+        self.cache.insert((encoding, hash), count);
+        count
+    }
+
     /// Whether `text` would be a cache hit (or needs no tokenizing at all).
     pub fn is_cached(&self, encoding: Encoding, text: &str) -> bool {
         text.is_empty() || self.cache.contains_key(&(encoding, xxh3_128(text.as_bytes())))
@@ -105,6 +118,11 @@ pub async fn loaded(encoding: Encoding) {
     if tokio::runtime::Handle::try_current().is_ok() {
         let _ = tokio::task::spawn_blocking(move || load_blocking(encoding)).await;
     }
+}
+
+/// The hash a text's count is cached by.
+pub fn text_hash(text: &str) -> u128 {
+    xxh3_128(text.as_bytes())
 }
 
 fn bpe(encoding: Encoding) -> &'static CoreBPE {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
@@ -40,11 +41,58 @@ impl RequestHead {
     }
 }
 
-/// The process-wide pooled client with both upstream bases.
+/// One upstream, with what every request to it needs worked out once: no request formats and
+/// re-parses its URL or builds its Host header.
+struct Upstream {
+    base: BaseUrl,
+    scheme: Scheme,
+    authority: Authority,
+    /// The base URL's path without its trailing slash (`""`, or `/api`), put before the request's.
+    prefix: String,
+    host: HeaderValue,
+}
+
+impl Upstream {
+    fn new(base: &BaseUrl) -> Result<Self, std::io::Error> {
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        let uri: Uri = base.as_str().parse().map_err(|e| invalid(format!("upstream {base}: {e}")))?;
+        let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+            return Err(invalid(format!("upstream {base}: no scheme or host")));
+        };
+        let host = HeaderValue::from_str(base.authority()).map_err(|e| invalid(format!("upstream {base}: {e}")))?;
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(Self { base: base.clone(), scheme, authority, prefix, host })
+    }
+
+    /// The upstream URI of a request's path and query: the base URL's path joined with them.
+    fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
+        let path_and_query = match path_and_query {
+            Some(path_and_query) if self.prefix.is_empty() => path_and_query.clone(),
+            _ => {
+                let path_and_query = path_and_query.map_or("/", PathAndQuery::as_str);
+                PathAndQuery::try_from(format!("{}{path_and_query}", self.prefix))
+                    .map_err(ProxyError::BadUpstreamUrl)?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path_and_query.clone());
+        match Uri::from_parts(parts) {
+            Ok(uri) => Ok(uri),
+            // Not reached with all three parts set; the text route says what is wrong if it is.
+            Err(_) => {
+                format!("{}{}", self.base.as_str(), path_and_query.as_str()).parse().map_err(ProxyError::BadUpstreamUrl)
+            }
+        }
+    }
+}
+
+/// The process-wide pooled client with both upstreams.
 pub struct Upstreams {
     client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
-    openai: BaseUrl,
-    anthropic: BaseUrl,
+    openai: Upstream,
+    anthropic: Upstream,
     first_byte_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -67,18 +115,22 @@ impl Upstreams {
             .build(connector);
         Ok(Self {
             client,
-            openai: upstream.openai.clone(),
-            anthropic: upstream.anthropic.clone(),
+            openai: Upstream::new(&upstream.openai)?,
+            anthropic: Upstream::new(&upstream.anthropic)?,
             first_byte_timeout: upstream.first_byte_timeout,
             idle_timeout: upstream.idle_timeout,
         })
     }
 
-    pub fn base(&self, family: ApiFamily) -> &BaseUrl {
+    fn upstream(&self, family: ApiFamily) -> &Upstream {
         match family {
             ApiFamily::OpenAi => &self.openai,
             ApiFamily::Anthropic => &self.anthropic,
         }
+    }
+
+    pub fn base(&self, family: ApiFamily) -> &BaseUrl {
+        &self.upstream(family).base
     }
 
     /// The upstream request for a client request: base URL joined with path and query, Host set
@@ -93,16 +145,14 @@ impl Upstreams {
     }
 
     fn build(&self, head: &RequestHead, body: UpstreamBody) -> Result<Request<UpstreamBody>, ProxyError> {
-        let base = self.base(head.route.family);
-        let path_and_query = head.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-        let uri: Uri = format!("{}{}", base.as_str(), path_and_query).parse().map_err(ProxyError::BadUpstreamUrl)?;
+        let upstream = self.upstream(head.route.family);
+        let uri = upstream.uri(head.uri.path_and_query())?;
         let mut headers = head.headers.clone();
         headers::strip_hop_by_hop(&mut headers);
         // The body may be rewritten; hyper sets the length of what is actually sent (a streamed
         // body's own, from the client's framing).
         headers.remove(header::CONTENT_LENGTH);
-        let host = HeaderValue::from_str(base.authority()).map_err(ProxyError::BadUpstreamHost)?;
-        headers.insert(header::HOST, host);
+        headers.insert(header::HOST, upstream.host.clone());
         let mut request = Request::new(body);
         *request.method_mut() = head.method.clone();
         *request.uri_mut() = uri;
@@ -131,10 +181,10 @@ impl Upstreams {
         family: ApiFamily,
         request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let upstream = self.base(family).to_string();
+        let upstream = || self.base(family).to_string();
         match tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout { upstream, timeout: self.first_byte_timeout }),
-            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream, source: Box::new(error) }),
+            Err(_) => Err(ProxyError::UpstreamTimeout { upstream: upstream(), timeout: self.first_byte_timeout }),
+            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream: upstream(), source: Box::new(error) }),
             Ok(Ok(response)) => Ok(response),
         }
     }
@@ -157,5 +207,31 @@ impl Upstreams {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(source) => Err(ProxyError::UpstreamUnreachable { upstream: self.base(family).to_string(), source }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(base: &str, path_and_query: &str) -> String {
+        let upstream = Upstream::new(&BaseUrl::parse(base).unwrap()).unwrap();
+        upstream.uri(Some(&path_and_query.parse().unwrap())).unwrap().to_string()
+    }
+
+    #[test]
+    fn the_upstream_uri_is_the_base_joined_with_the_path_and_query_as_sent() {
+        assert_eq!(
+            joined("http://127.0.0.1:9", "/v1/chat/completions?x=1"),
+            "http://127.0.0.1:9/v1/chat/completions?x=1"
+        );
+        assert_eq!(
+            joined("https://openrouter.ai/api/", "/v1/chat/completions?x=%2F"),
+            "https://openrouter.ai/api/v1/chat/completions?x=%2F"
+        );
+        assert_eq!(joined("https://openrouter.ai/api", "/v1/models"), "https://openrouter.ai/api/v1/models");
+        let upstream = Upstream::new(&BaseUrl::parse("http://h:1/p").unwrap()).unwrap();
+        assert_eq!(upstream.uri(None).unwrap().to_string(), "http://h:1/p/");
+        assert_eq!(upstream.host, "h:1");
     }
 }

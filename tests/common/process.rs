@@ -37,8 +37,36 @@ impl ProxyProcess {
         (Self::start(fake, extra), Self::start(fake, extra))
     }
 
-    /// Starts compactor with exactly this TOML and these environment variables.
+    /// Starts compactor with exactly this TOML and these environment variables, and waits until
+    /// it has started (its tokenizer tables loaded), as a load balancer waits for `/readyz`.
     pub fn start_with(toml: &str, env: &[(&str, &str)]) -> Self {
+        let proxy = Self::start_listening(toml, env);
+        proxy.wait_started();
+        proxy
+    }
+
+    /// Waits until `/readyz` no longer says `starting` (ready, degraded, or shutting down).
+    fn wait_started(&self) {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut answer = String::new();
+            if let Ok(mut stream) = std::net::TcpStream::connect(self.addr) {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let _ = stream.write_all(b"GET /readyz HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n");
+                let _ = stream.read_to_string(&mut answer);
+            }
+            if answer.starts_with("HTTP/1.1") && !answer.contains("\"starting\"") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "compactor did not finish starting: {:?}", self.logs());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts compactor with exactly this TOML and these environment variables, and returns as
+    /// soon as it listens (it may still be starting).
+    pub fn start_listening(toml: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("compactor.toml");
         let toml = format!("listen = \"127.0.0.1:0\"\n{toml}");

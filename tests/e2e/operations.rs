@@ -66,7 +66,8 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
 
 #[tokio::test]
 async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_tokenizer() {
-    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    let fake = FakeUpstream::start().await;
+    let proxy = ProxyProcess::start_listening(&format!("[upstream]\nopenai = \"{}\"\n", fake.url()), &[]);
     // Asked the moment compactor listens: starting (tables still loading) or already ready.
     let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
     let status = early.json()["status"].as_str().unwrap_or_default().to_string();
@@ -239,4 +240,45 @@ fn check_config_ignores_service_links_and_warns_about_a_misspelt_key_on_stderr()
     assert!(!out.contains("10.96.0.12"), "{out}");
     assert!(err.contains("COMPACTOR_UPSTREAM__OPENIA") && err.contains("COMPACTOR_UPSTREAM__OPENAI"), "{err}");
     assert!(!err.contains("http://typo:1"), "values are never echoed: {err}");
+}
+
+/// Every metric family compactor describes, read from its source (`describe_*!("name", ...)`).
+pub fn described_metric_families() -> Vec<String> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/telemetry");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let source = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for part in source.split("describe_").skip(1) {
+            let Some(rest) = ["counter!(", "gauge!(", "histogram!("].iter().find_map(|m| part.strip_prefix(m)) else {
+                continue;
+            };
+            let name = rest.trim_start().trim_start_matches('"').split('"').next().unwrap();
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[tokio::test]
+async fn a_scrape_right_after_start_shows_every_family_with_its_series_at_zero() {
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    let families = described_metric_families();
+    assert!(families.len() >= 20, "{families:?}");
+    for family in &families {
+        assert!(metrics.contains(&format!("# HELP {family} ")), "no HELP for {family}:\n{metrics}");
+        assert!(metrics.contains(&format!("# TYPE {family} ")), "no TYPE for {family}:\n{metrics}");
+        let sample = metrics.lines().any(|line| {
+            !line.starts_with('#')
+                && line.strip_prefix(family.as_str()).is_some_and(|rest| {
+                    rest.starts_with(['{', ' ']) || rest.starts_with("_bucket") || rest.starts_with("_count")
+                })
+        });
+        assert!(sample, "no series for {family}:\n{metrics}");
+    }
+    assert!(metrics.contains(r#"compactor_requests_total{route="chat_completions",status="200"} 0"#), "{metrics}");
+    assert!(metrics.contains(r#"compactor_compactions_total{trigger="overflow",outcome="summarized"} 0"#), "{metrics}");
+    assert!(metrics.contains("compactor_session_store_breaker_open 0"), "{metrics}");
 }

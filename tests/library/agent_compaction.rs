@@ -1,11 +1,11 @@
 //! Every agent's own compaction request (and OpenCode's title request), with the prompt text of the
 //! agent's published package, is recognized by the default markers; no ordinary agent request is.
 
-use compactor::compaction::agent::{DEFAULT_MARKERS, is_agent_compaction};
+use compactor::compaction::agent::{AgentMarkers, DEFAULT_MARKERS, is_agent_compaction};
 use compactor::dialect::{Dialect, ParsedRequest};
 
-fn markers() -> Vec<String> {
-    DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect()
+fn markers() -> AgentMarkers {
+    AgentMarkers::new(&DEFAULT_MARKERS)
 }
 
 /// `(file name, dialect, body)` of every `.json` file in a fixture folder whose dialect `dialect_of`
@@ -83,7 +83,7 @@ fn every_marker_recognizes_a_fixture_on_its_own_unless_its_agent_is_not_on_npm()
         .filter(|marker| {
             !fixtures.iter().any(|(_, dialect, body)| {
                 let parsed = ParsedRequest::parse(*dialect, body).unwrap();
-                is_agent_compaction(&parsed, &[marker.to_string()])
+                is_agent_compaction(&parsed, &AgentMarkers::new(&[marker]))
             })
         })
         .collect();

@@ -175,7 +175,7 @@ fn a_huge_tool_output_keeps_head_and_tail_in_both_dialects() {
 }
 
 #[test]
-fn an_older_copy_of_a_repeated_output_points_to_the_newer_one() {
+fn a_newer_copy_of_a_repeated_output_points_to_the_older_one() {
     let same = tool_output("same file", 120);
     let body = chat_turns(&[
         ("call_0", "read_file", same.clone()),
@@ -184,8 +184,8 @@ fn an_older_copy_of_a_repeated_output_points_to_the_newer_one() {
     ]);
     let (rewritten, after) = rewrite(Dialect::ChatCompletions, &body);
     let texts = tool_texts_chat(&after);
-    assert!(texts[0].contains("call_2"), "{}", texts[0]);
-    assert_eq!(texts[2], same);
+    assert_eq!(texts[0], same, "the copy the provider has cached stays as it was");
+    assert!(texts[2].contains("call_0"), "{}", texts[2]);
     assert_eq!(rewritten.report.deduped, 1);
 }
 

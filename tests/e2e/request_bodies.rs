@@ -1,5 +1,6 @@
-//! Request bodies compactor does not rewrite stream to the upstream as they arrive, whatever their
-//! size; rewritable routes read theirs whole, bounded in size and in how long a client may stall.
+//! Request bodies: those compactor does not rewrite stream to the upstream as they arrive, whatever
+//! their size; rewritable routes read theirs whole, bounded in size and in how long a client may
+//! stall, and decode compressed ones (zstd, gzip, br, deflate) to rewrite them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -224,4 +225,87 @@ async fn a_client_that_stalls_mid_body_gets_408_in_its_dialect() {
     let ended = eventually(async || !upstream.uploads().is_empty()).await;
     assert!(ended && !upstream.uploads()[0].complete, "{:?}", upstream.uploads());
     drop(stream);
+}
+
+fn compress(coding: &str, data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    match coding {
+        "gzip" => {
+            let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder.write_all(data).unwrap();
+            encoder.finish().unwrap()
+        }
+        "deflate" => {
+            let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder.write_all(data).unwrap();
+            encoder.finish().unwrap()
+        }
+        "zstd" => zstd::encode_all(data, 3).unwrap(),
+        "br" => {
+            let mut out = Vec::new();
+            brotli::BrotliCompress(&mut &data[..], &mut out, &brotli::enc::BrotliEncoderParams::default()).unwrap();
+            out
+        }
+        other => panic!("no encoder for {other}"),
+    }
+}
+
+/// A chat request whose one tool output is far over a 40-token truncation limit.
+fn chat_with_long_output() -> String {
+    serde_json::json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "Run the tests."},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": tool_output("suite test", 3_000)},
+    ]})
+    .to_string()
+}
+
+#[tokio::test]
+async fn compressed_bodies_are_decoded_rewritten_and_forwarded_as_identity() {
+    let (fake, proxy) =
+        ProxyProcess::with_fake("[prune]\nenabled = false\n[truncate]\ntool_output_max_tokens = 40\n").await;
+    let plain = chat_with_long_output();
+    for coding in ["zstd", "gzip", "br", "deflate"] {
+        let body = compress(coding, plain.as_bytes());
+        let headers =
+            [("authorization", "Bearer k"), ("content-type", "application/json"), ("content-encoding", coding)];
+        let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &headers, body)).await;
+        assert_eq!(answer.status, 200, "{coding}: {}", answer.text());
+        let sent = fake.last();
+        assert!(sent.headers.get("content-encoding").is_none(), "{coding}: the rewritten body goes as identity");
+        let forwarded = sent.json();
+        let output = forwarded["messages"][2]["content"].as_str().unwrap();
+        assert!(output.len() < plain.len() / 4, "{coding}: the tool output was truncated ({} bytes)", output.len());
+        assert_eq!(forwarded["messages"][0]["content"], "Run the tests.");
+    }
+}
+
+#[tokio::test]
+async fn a_compressed_body_compactor_leaves_alone_goes_as_the_client_sent_it() {
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
+    let body = compress("gzip", chat_body(false).as_bytes());
+    let headers = [("authorization", "Bearer k"), ("content-type", "application/json"), ("content-encoding", "gzip")];
+    let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &headers, body.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let sent = fake.last();
+    assert_eq!(sent.headers.get("content-encoding").unwrap(), "gzip");
+    assert_eq!(sent.body, body, "the original compressed bytes");
+}
+
+#[tokio::test]
+async fn a_compression_bomb_is_refused_with_413_and_a_corrupt_body_with_400() {
+    let (fake, proxy) = ProxyProcess::with_fake("[limits]\nmax_body_bytes = 100000\n").await;
+    // 50 MB of one repeated message, a few kB compressed: far under the limit as sent.
+    let bomb = compress("zstd", &vec![b' '; 50_000_000]);
+    assert!(bomb.len() < 100_000);
+    let headers = [("content-type", "application/json"), ("content-encoding", "zstd")];
+    let refused = send(request("POST", &proxy.url("/v1/messages"), &headers, bomb)).await;
+    assert_eq!(refused.status, 413, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["type"], "request_too_large");
+
+    let headers = [("content-type", "application/json"), ("content-encoding", "gzip")];
+    let corrupt = send(request("POST", &proxy.url("/v1/chat/completions"), &headers, "not gzip at all")).await;
+    assert_eq!(corrupt.status, 400, "{}", corrupt.text());
+    assert_eq!(corrupt.json()["error"]["code"], "bad_content_encoding");
+    assert!(fake.received().is_empty(), "neither reached the upstream");
 }
