@@ -324,6 +324,11 @@ impl SessionCtx {
     /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
     /// written, for any other store.
     pub fn commit_in_place(self) -> bool {
+        if let (Some(learned), Some(model)) = (self.pending.session.learned, &self.model) {
+            // What the session learned of its model is for the model's next sessions too.
+            let update = SessionUpdate { learned: Some(learned), ..SessionUpdate::default() };
+            self.store.update_session_in_place(&model.store_key, &update);
+        }
         self.pending.is_empty()
             || self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), &self.pending)
     }
