@@ -11,6 +11,10 @@
 //!   `breaker_failures`, `breaker_at`); `c:<id>:pruned`: set of pruned call ids;
 //!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock.
 //!
+//! Beside them, `<prefix>:by-session:<session hash>`: the set of session keys (one per tenant)
+//! sharing a session part, for the admin API's lookup by agent session id; written with the
+//! session, with its TTL, so no raw agent id or credential is stored.
+//!
 //! The previous version's keys (`pruned`, `usage`, `counters`, `compactions`, `lock` right under
 //! the hash tag) are never read: state is a cache, they expire with their TTL, and forgetting a
 //! session deletes them too.
@@ -206,6 +210,27 @@ impl RedisStore {
         [format!("{base}:pruned"), format!("{base}:compactions"), base]
     }
 
+    /// The set of session keys sharing a session part: `{prefix}:by-session:<session hash>`.
+    fn index_key(&self, hash: &str) -> String {
+        format!("{}:by-session:{hash}", self.prefix)
+    }
+
+    /// Adds the session to the index of its session part, with the sessions' TTL.
+    fn write_index(&self, pipeline: &mut Pipeline, session: &str) {
+        if let Some(hash) = super::memory::session_part(session) {
+            let index = self.index_key(hash);
+            pipeline.sadd(&index, session).ignore().expire(&index, self.ttl_secs).ignore();
+        }
+    }
+
+    /// The keys indexed under a session part; some may have expired since (the caller checks).
+    pub async fn find(&self, hash: &str) -> Result<Vec<String>, StoreError> {
+        let connection = self.connection()?;
+        let mut command = redis::cmd("SMEMBERS");
+        command.arg(self.index_key(hash));
+        self.bounded(connection.command(&command)).await
+    }
+
     fn lock_key(&self, session: &str, conversation: &str) -> String {
         format!("{}{conversation}:lock", self.conversations_prefix(session))
     }
@@ -265,6 +290,11 @@ impl RedisStore {
         let connection = self.connection()?;
         let mut pipeline = redis::pipe();
         self.write_session(&mut pipeline, session, &update.session);
+        // The index has another slot than the session's keys: a Redis Cluster takes it separately.
+        let cluster = matches!(connection, Connection::Cluster(_));
+        if !cluster {
+            self.write_index(&mut pipeline, session);
+        }
         let change = &update.conversation;
         let [pruned, compactions, hash] = self.conversation_keys(session, conversation);
         if !change.pruned.is_empty() {
@@ -305,7 +335,13 @@ impl RedisStore {
             .arg(self.ttl_secs)
             .arg(self.conversations_prefix(session))
             .ignore();
-        self.bounded(connection.query::<()>(&pipeline)).await
+        self.bounded(connection.query::<()>(&pipeline)).await?;
+        if cluster {
+            let mut index = redis::pipe();
+            self.write_index(&mut index, session);
+            self.bounded(connection.query::<()>(&index)).await?;
+        }
+        Ok(())
     }
 
     /// Changes the session's own values only (the admin API's requests).
@@ -388,6 +424,12 @@ impl RedisStore {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(FORGET_SESSION).arg(keys.len()).arg(&keys).arg(self.conversations_prefix(session));
         let deleted: u64 = self.bounded(connection.command(&cmd)).await?;
+        if let Some(hash) = super::memory::session_part(session) {
+            // Another slot than the session's (the index is shared by its tenants): its own command.
+            let mut unindex = redis::cmd("SREM");
+            unindex.arg(self.index_key(hash)).arg(session);
+            self.bounded(connection.command::<u64>(&unindex)).await?;
+        }
         Ok(deleted > 0)
     }
 

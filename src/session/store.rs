@@ -156,6 +156,16 @@ impl Store {
         }
     }
 
+    /// The keys of the sessions, in every tenant, whose session part is `hash` (the admin API's
+    /// lookup by agent session id). The index is written with the sessions themselves; a key
+    /// whose session has gone since may still be listed.
+    pub async fn find(&self, hash: &str) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.find(hash)),
+            Backend::Redis(store) => self.guarded(store.find(hash)).await,
+        }
+    }
+
     /// Forgets a session and all its conversations; true when it existed.
     pub async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         match &self.backend {
