@@ -87,7 +87,10 @@ impl Proxy {
         mut finish: Finish,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
-        if Dialect::of(route.endpoint).is_none() {
+        // A token-count request is read and rewritten like the request it counts, never changing
+        // the session (see `Compactor::count`).
+        let counted = Dialect::counted(route.endpoint);
+        if Dialect::of(route.endpoint).is_none() && counted.is_none() {
             return self.pass_through(RequestHead::new(route, parts), body, finish).await;
         }
 
@@ -113,7 +116,10 @@ impl Proxy {
         let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
         let _stop_when_gone = budget.stop_on_drop();
 
-        let prepared = budget.scope(self.compactor.prepare(&head, body)).await;
+        let prepared = match counted {
+            Some(dialect) => budget.scope(self.compactor.count(&head, dialect, body)).await,
+            None => budget.scope(self.compactor.prepare(&head, body)).await,
+        };
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         // A compressed body compactor did not change goes as the client sent it.
         let encoded = encoded.filter(|_| decoded.as_ref() == Some(&body));
@@ -125,7 +131,7 @@ impl Proxy {
         if let Some(ctx) = ctx {
             finish.keep(&self.finishers, ctx);
         }
-        let tap_usage = session.is_some();
+        let tap_usage = session.is_some() && counted.is_none();
 
         let forwarded_at = Instant::now();
         finish.log.overhead = forwarded_at - finish.log.started;
@@ -166,8 +172,13 @@ impl Proxy {
             }
         };
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
-        let forwarded =
-            Forwarded { inspected: Inspected::pass(response), retries: 0, compacted: None, tokens_after: None };
+        let forwarded = Forwarded {
+            inspected: Inspected::pass(response),
+            retries: 0,
+            compacted: None,
+            tokens_after: None,
+            recovery: None,
+        };
         let answer = Answer { session: None, conversation: None, report: None, compacted: None, tap_usage: false };
         self.respond(forwarded, answer, finish)
     }
@@ -192,13 +203,17 @@ impl Proxy {
         }
         if let Some(report) = &answer.report {
             let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
+            // Outputs replaced by the placeholder in the body that went out, whichever rung did it.
+            let pruned = forwarded.recovery.as_ref().map_or(report.pruned, |r| r.pruned.max(report.pruned));
             headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
             headers.insert("x-compactor-tokens-after", HeaderValue::from(after));
-            headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
+            headers.insert("x-compactor-pruned", HeaderValue::from(pruned as u64));
             headers.insert("x-compactor-retries", HeaderValue::from(forwarded.retries));
             finish.span.record("compactor.retries", forwarded.retries);
-            finish.log.tokens = Some((report.tokens_before, after, report.pruned));
+            finish.log.tokens = Some((report.tokens_before, after, pruned));
         }
+        finish.log.retries = forwarded.retries;
+        finish.log.recovery = forwarded.recovery;
         if let Some(generation) = forwarded.compacted.or(answer.compacted) {
             finish.span.record("compactor.compaction_generation", generation);
             headers.insert("x-compactor-compacted", HeaderValue::from(generation));

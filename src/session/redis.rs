@@ -30,8 +30,8 @@ use tokio::sync::OnceCell;
 
 use super::error::StoreError;
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, MAX_RECORDS, STATE_VERSION, SessionState,
-    SessionUpdate, SessionView, Update, Usage,
+    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS, STATE_VERSION,
+    SessionState, SessionUpdate, SessionView, Update, Usage,
 };
 use crate::config::SessionConfig;
 
@@ -125,7 +125,14 @@ fn session_state(hash: &Hash) -> SessionState {
             requests: number(hash, "requests"),
             tokens_saved: number(hash, "tokens_saved"),
             compact_requested: number(hash, "compact_requested"),
-            learned_window: number(hash, "learned_window"),
+            learned: Learned {
+                model_tag: number(hash, "model_tag"),
+                window: number(hash, "learned_window"),
+                window_below: number(hash, "window_below"),
+                window_at_least: number(hash, "window_at_least"),
+                calibration_milli: number(hash, "calibration_milli"),
+                output_peak: number(hash, "output_peak"),
+            },
             prompt_tokens: number(hash, "prompt_tokens"),
             cache_read_tokens: number(hash, "cache_read_tokens"),
             cache_write_tokens: number(hash, "cache_write_tokens"),
@@ -356,8 +363,16 @@ impl RedisStore {
         if let Some(requested) = update.compact_requested {
             pipeline.hset(&key, "compact_requested", u64::from(requested)).ignore();
         }
-        if let Some(window) = update.learned_window {
-            pipeline.hset(&key, "learned_window", window).ignore();
+        if let Some(learned) = update.learned {
+            let fields = [
+                ("model_tag", learned.model_tag),
+                ("learned_window", learned.window),
+                ("window_below", learned.window_below),
+                ("window_at_least", learned.window_at_least),
+                ("calibration_milli", learned.calibration_milli),
+                ("output_peak", learned.output_peak),
+            ];
+            pipeline.hset_multiple(&key, &fields).ignore();
         }
         if let Some(usage) = update.usage {
             let counters = [
@@ -499,11 +514,16 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 11] = [
+const NUMBER_FIELDS: [&str; 16] = [
     "requests",
     "tokens_saved",
     "compact_requested",
     "learned_window",
+    "window_below",
+    "window_at_least",
+    "calibration_milli",
+    "output_peak",
+    "model_tag",
     "breaker_failures",
     "breaker_at",
     "messages",

@@ -126,6 +126,17 @@ impl Store {
         }
     }
 
+    /// [`Store::update_session`] for the in-process store, at once; false for any other store.
+    pub fn update_session_in_place(&self, key: &str, update: &SessionUpdate) -> bool {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.update_session(key, update);
+                true
+            }
+            Backend::Redis(_) => false,
+        }
+    }
+
     /// Changes the session's own state only (the admin API).
     pub async fn update_session(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
         match &self.backend {

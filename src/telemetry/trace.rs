@@ -202,6 +202,7 @@ pub fn summary_span(family: ApiFamily, model: &str) -> Span {
         gen_ai.request.model = model,
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
+        compactor.summary_calls = Empty,
         error.type = Empty,
     )
 }

@@ -11,7 +11,8 @@ use crate::common::window::{Api, WindowSpec, conversation, conversation_opening,
 use crate::common::*;
 use serde_json::{Value, json};
 
-const CONFIG: &str = "[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\n";
+/// A summarizer with a large window (`compaction.model`): one summary call per compaction.
+const CONFIG: &str = "[models.big-summarizer]\ncontext_window = 200000\nmax_output_tokens = 8192\n[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\nmodel = \"big-summarizer\"\n";
 const WINDOW: usize = 4_000;
 /// How long the slow summarizer takes to answer.
 const SUMMARY: Duration = Duration::from_secs(2);

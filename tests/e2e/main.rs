@@ -5,9 +5,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adaptive;
 mod agent_compaction;
 mod compaction;
 mod conversations;
+mod count_tokens;
 mod deploy;
 mod faults;
 mod fidelity;
