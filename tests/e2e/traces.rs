@@ -260,7 +260,7 @@ async fn an_overflow_recovery_shows_each_attempt_and_the_summary_call() {
     let (endpoint, collected) = collector().await;
     let (fake, summaries) = window_upstream(WindowSpec::window(4_000)).await;
     let config = format!(
-        "[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\n[trace]\nenabled = true\nendpoint = \"{endpoint}\"\n"
+        "[models.big-summarizer]\ncontext_window = 200000\nmax_output_tokens = 8192\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nmodel = \"big-summarizer\"\n[trace]\nenabled = true\nendpoint = \"{endpoint}\"\n"
     );
     let proxy = ProxyProcess::start(&fake, &config);
     let headers = [("authorization", "Bearer k"), ("x-session-id", "traced-overflow")];
@@ -290,7 +290,9 @@ async fn an_overflow_recovery_shows_each_attempt_and_the_summary_call() {
     let summary_attrs = attributes(summary);
     assert_eq!(summary_attrs["gen_ai.operation.name"], "chat");
     assert_eq!(summary_attrs["gen_ai.provider.name"], "openai");
-    assert_eq!(summary.name, format!("chat {}", summary_attrs["gen_ai.request.model"]), "GenAI span name");
+    assert_eq!(summary.name, "chat big-summarizer", "GenAI span name");
+    assert_eq!(summary_attrs["gen_ai.request.model"], "big-summarizer");
+    assert_eq!(summary_attrs["compactor.summary_calls"], "1");
     assert_eq!(summary.kind, SpanKind::Client as i32);
     assert!(summary_attrs["gen_ai.usage.input_tokens"].parse::<u64>().unwrap() > 0);
     assert!(summary_attrs["gen_ai.usage.output_tokens"].parse::<u64>().unwrap() > 0);
