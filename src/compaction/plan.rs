@@ -152,7 +152,8 @@ pub fn rebuild(
     messages[summary_at] = match parsed.dialect {
         // The stable part (tools, system, summary) ends at a breakpoint when one is free.
         Dialect::AnthropicMessages => {
-            let elsewhere = breakpoints::outside_messages(parsed) + messages.iter().map(|m| breakpoints::count(m)).sum::<usize>();
+            let elsewhere =
+                breakpoints::outside_messages(parsed) + messages.iter().map(|m| breakpoints::count(m)).sum::<usize>();
             breakpoints::summary_message(&summary, elsewhere, messages[summary_at + 1..].iter().map(String::as_str))
         }
         _ => user_message(parsed.dialect, &summary),
