@@ -9,6 +9,16 @@ pub enum ApiFamily {
     Anthropic,
 }
 
+impl ApiFamily {
+    /// The upstream's name, as in `[upstream]`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ApiFamily::OpenAi => "openai",
+            ApiFamily::Anthropic => "anthropic",
+        }
+    }
+}
+
 /// The endpoint, as far as compactor cares: the ones it may rewrite, and everything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {

@@ -1,12 +1,14 @@
-//! The token budget: the window a session works with (the one an overflow error named, else the
-//! model table's), when a conversation's estimate crosses the compaction threshold, the hybrid
-//! estimate, the conversation's circuit breaker, and the sizes the harder rungs use. Pure
-//! arithmetic, no I/O.
+//! The token budget: the window a session works with ([`Pressure`]: the one an overflow error
+//! named, else the tightest bound learned from answers, else the model table's), the calibration
+//! of compactor's estimate to the provider's tokenizer, the output reserve, when a conversation's
+//! estimate crosses the compaction threshold and whether a compaction would free room, the hybrid
+//! estimate, the conversation's circuit breaker, and the sizes the rungs and the summarizer use.
+//! Pure arithmetic, no I/O.
 
 use super::settings::CompactionSettings;
 use crate::overflow::Overflow;
 use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
-use crate::session::{Breaker, ConversationState, SessionState};
+use crate::session::{Breaker, ConversationState, Learned};
 use crate::tokens::ModelInfo;
 
 /// The window an overflow error named, worth remembering for the session's later estimates.
@@ -14,55 +16,160 @@ pub fn window_named(overflow: &Overflow) -> Option<u64> {
     overflow.limit.filter(|limit| *limit > 0)
 }
 
-/// True when the conversation's estimate (hybrid, or the full count) exceeds `threshold` x
-/// (the session's window - output reserve). `message_count`: messages of the client's request.
+/// Margin kept between a prompt and the window: compactor's estimate is an estimate.
+const FIT_MARGIN: f64 = 0.95;
+
+/// The window pressure of one request: the window the session really works with, how the
+/// provider's tokenizer counts against compactor's estimate, and the room its answer needs. All
+/// sizes in the provider's tokens. The one place that knows where a window comes from: the named
+/// window, else the tightest learned bound, else the model table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pressure {
+    /// The window to work with.
+    pub window: u64,
+    /// Provider tokens per token of compactor's estimate (1.0 until measured).
+    pub calibration: f64,
+    /// Tokens kept free for the answer.
+    pub reserve: u64,
+    /// The share of `window - reserve` a prompt may take before compaction ahead of time.
+    pub threshold: f64,
+}
+
+impl Pressure {
+    /// The pressure of a request whose rewrite is `report`, for a session that learned `learned`.
+    /// The output reserve is the smallest of what the request asks for (`max_tokens`, else the
+    /// model's output cap), `output_reserve_tokens`, and what this model really generated for
+    /// the session (its largest answer, with a quarter and 256 tokens to spare); never more than
+    /// half the window.
+    pub fn of(settings: &CompactionSettings, learned: &Learned, report: &RewriteReport) -> Self {
+        let table = u64::from(report.model.context_window);
+        let window = if learned.window > 0 {
+            learned.window
+        } else {
+            let mut window = table;
+            if learned.window_below > 0 {
+                window = window.min(learned.window_below);
+            }
+            window.max(learned.window_at_least.min(table))
+        };
+        let calibration = match learned.calibration_milli {
+            0 => 1.0,
+            milli => milli as f64 / 1_000.0,
+        };
+        let requested = report.max_tokens.unwrap_or(u64::from(report.model.max_output_tokens));
+        let mut reserve = requested.min(u64::from(settings.output_reserve_tokens));
+        if learned.output_peak > 0 {
+            reserve = reserve.min(learned.output_peak + learned.output_peak / 4 + 256);
+        }
+        Self { window, calibration, reserve: reserve.min(window / 2), threshold: settings.threshold }
+    }
+
+    /// compactor's estimate (vendor factor applied) in the provider's tokens.
+    pub fn calibrated(&self, estimate: u64) -> u64 {
+        (estimate as f64 * self.calibration).ceil() as u64
+    }
+
+    /// Provider tokens as compactor's estimate.
+    pub fn uncalibrated(&self, tokens: u64) -> u64 {
+        (tokens as f64 / self.calibration) as u64
+    }
+
+    /// The most a prompt may take and still fit, with a margin: (window - reserve) x 0.95.
+    pub fn limit(&self) -> u64 {
+        (self.window.saturating_sub(self.reserve) as f64 * FIT_MARGIN) as u64
+    }
+
+    /// The most a prompt may take before compactor estimates the provider will refuse it: the
+    /// window with a margin (an answer that does not fit is the lower-`max_tokens` rung's job).
+    pub fn hard_limit(&self) -> u64 {
+        (self.window as f64 * FIT_MARGIN) as u64
+    }
+
+    /// The size above which a conversation is compacted ahead of time: threshold x (window - reserve).
+    pub fn budget(&self) -> u64 {
+        (self.window.saturating_sub(self.reserve) as f64 * self.threshold) as u64
+    }
+}
+
+/// True when the conversation's estimate (hybrid, or the full count), calibrated, exceeds the
+/// pressure's budget. `message_count`: messages of the client's request.
 pub fn over_threshold(
-    settings: &CompactionSettings,
-    session: &SessionState,
+    pressure: &Pressure,
     conversation: &ConversationState,
     message_count: usize,
     report: &RewriteReport,
     hybrid: bool,
 ) -> bool {
-    let estimate = if hybrid { estimate(conversation, message_count, report) } else { u64::from(report.tokens_after) };
-    estimate > room(session, report, settings.threshold)
+    prompt_tokens(pressure, conversation, message_count, report, hybrid) > pressure.budget()
 }
 
-/// Window pressure for the rewrite policies: the conversation's hybrid estimate exceeds `share` x
-/// (the session's window - output reserve) (`prune.pressure`). Above it a held-back prune batch
+/// Window pressure for the rewrite policies: the conversation's calibrated hybrid estimate exceeds
+/// `share` x (the window - output reserve) (`prune.pressure`). Above it a held-back prune batch
 /// goes whatever it costs the prompt cache. The one place the rewrite asks about the window.
 pub fn window_pressure(
     share: f64,
-    session: &SessionState,
+    pressure: &Pressure,
     conversation: &ConversationState,
     message_count: usize,
     report: &RewriteReport,
 ) -> bool {
-    estimate(conversation, message_count, report) > room(session, report, share)
+    let room = (pressure.window.saturating_sub(pressure.reserve) as f64 * share) as u64;
+    prompt_tokens(pressure, conversation, message_count, report, true) > room
 }
 
-/// `share` x (the session's window - output reserve).
-fn room(session: &SessionState, report: &RewriteReport, share: f64) -> u64 {
-    let window = match session.counters.learned_window {
-        0 => u64::from(report.model.context_window),
-        learned => learned,
-    };
-    let reserve = report.max_tokens.unwrap_or(u64::from(report.model.max_output_tokens)).min(window / 2);
-    (window.saturating_sub(reserve) as f64 * share) as u64
+/// The prompt's size in the provider's tokens: the hybrid estimate (the last reported prompt plus
+/// what was added since, calibrated) or the calibrated full count.
+pub fn prompt_tokens(
+    pressure: &Pressure,
+    conversation: &ConversationState,
+    message_count: usize,
+    report: &RewriteReport,
+    hybrid: bool,
+) -> u64 {
+    let full = pressure.calibrated(u64::from(report.tokens_after));
+    if !hybrid {
+        return full;
+    }
+    match reported_and_added(conversation, message_count, report) {
+        Some((reported, added)) => reported + pressure.calibrated(added),
+        None => full,
+    }
 }
 
-/// Hybrid estimate: the last prompt size the upstream reported plus an estimate of only what was
-/// added since; a full count when there is no usable report.
-fn estimate(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
-    let full = u64::from(report.tokens_after);
-    let Some(usage) = conversation.usage else { return full };
+/// What a compaction would leave of the prompt, in the provider's tokens: the part it cannot
+/// shrink (`fixed`: system, tools, the summary it carries) plus the tail it keeps verbatim and a
+/// summary. A compaction is worth its call only when this lands under the budget with margin.
+pub fn compaction_frees_room(pressure: &Pressure, fixed: u64, keep: u64, summary: u64) -> bool {
+    let after = fixed + pressure.calibrated(keep + summary);
+    (after as f64) < pressure.budget() as f64 * 0.9
+}
+
+/// How many recent tokens a compaction keeps verbatim and the budget for the user's own
+/// messages, in compactor's tokens: the configured sizes, shrunk to a sixth of the room above the
+/// fixed part each when the window is small (so a compaction leaves room for several turns); a
+/// quarter of that on the harder rung.
+pub fn kept_sizes(settings: &CompactionSettings, pressure: &Pressure, fixed: u64, harder: bool) -> (u32, u32) {
+    let room = pressure.uncalibrated(pressure.budget().saturating_sub(fixed)) / 6;
+    let room = u32::try_from(room).unwrap_or(u32::MAX).max(256);
+    let divisor = if harder { 4 } else { 1 };
+    (settings.keep_recent_tokens.min(room) / divisor, settings.user_message_max_tokens.min(room) / divisor)
+}
+
+/// The last prompt size the upstream reported and compactor's estimate of only what was added
+/// since; `None` when there is no usable report.
+fn reported_and_added(
+    conversation: &ConversationState,
+    message_count: usize,
+    report: &RewriteReport,
+) -> Option<(u64, u64)> {
+    let usage = conversation.usage?;
     let since = usage.message_count as usize;
     if usage.prompt_tokens == 0 || since == 0 || since > message_count {
-        return full;
+        return None;
     }
     let added = message_count - since;
     let tail: u32 = report.message_tokens.iter().rev().take(added).sum();
-    usage.prompt_tokens + u64::from(Rewriter::scaled(tail, report.model))
+    Some((usage.prompt_tokens, u64::from(Rewriter::scaled(tail, report.model))))
 }
 
 /// Whether this conversation failed to compact too often, at this same length.
@@ -79,18 +186,26 @@ pub fn hard_settings(base: &RewriteSettings, settings: &CompactionSettings) -> R
     hard
 }
 
-/// Tokens the transcript may take in a summary call to `summarizer`: its window (in the
-/// tokenizer's units) less the answer and the prompt, with a tenth to spare.
-pub fn transcript_budget(summarizer: ModelInfo, max_tokens: u32, prompt_tokens: u32) -> u32 {
-    let window = (f64::from(summarizer.context_window) / f64::from(summarizer.token_factor)) as u32;
-    window.saturating_sub(max_tokens).saturating_sub(prompt_tokens) * 9 / 10
+/// The summarizer's window in compactor's raw tokens: the summarizing model's, learned like any
+/// window when it is the request's own model (`pressure`), else the model table's.
+pub fn summarizer_window(summarizer: ModelInfo, pressure: Option<&Pressure>) -> u32 {
+    let factor = f64::from(summarizer.token_factor).max(0.1);
+    match pressure {
+        Some(pressure) => (pressure.uncalibrated(pressure.window) as f64 / factor) as u32,
+        None => (f64::from(summarizer.context_window) / factor) as u32,
+    }
 }
 
-/// How many recent tokens stay verbatim, and the budget for the user's own messages: a quarter of
-/// each on the harder rung.
-pub fn kept_tokens(settings: &CompactionSettings, harder: bool) -> (u32, u32) {
-    let divisor = if harder { 4 } else { 1 };
-    (settings.keep_recent_tokens / divisor, settings.user_message_max_tokens / divisor)
+/// The summary's output budget: the configured one, no more than the summarizer's output cap nor a
+/// eighth of its window.
+pub fn summary_max_tokens(settings: &CompactionSettings, summarizer: ModelInfo, window: u32) -> u32 {
+    settings.summary_max_tokens.min(summarizer.max_output_tokens).min(window / 8).max(64)
+}
+
+/// Tokens the transcript may take in one summary call: the summarizer's window (compactor's raw
+/// tokens) less the answer and the prompt, with a tenth to spare.
+pub fn transcript_budget(window: u32, max_tokens: u32, prompt_tokens: u32) -> u32 {
+    window.saturating_sub(max_tokens).saturating_sub(prompt_tokens) * 9 / 10
 }
 
 /// The harder rung's cap on each user message (0: none).
@@ -108,29 +223,65 @@ mod tests {
         RewriteReport { tokens_after, message_tokens, model, ..RewriteReport::default() }
     }
 
+    fn pressure(learned: &Learned, report: &RewriteReport) -> Pressure {
+        Pressure::of(&CompactionSettings::default(), learned, report)
+    }
+
     #[test]
     fn the_threshold_uses_a_learned_window_over_the_model_table() {
-        let settings = CompactionSettings::default();
-        let mut session = SessionState::default();
         let conversation = ConversationState::default();
+        let mut learned = Learned::default();
+        let at = report(7_000, vec![]);
         // 0.8 x (10000 - 1000) = 7200.
-        assert!(!over_threshold(&settings, &session, &conversation, 3, &report(7_000, vec![]), false));
-        session.counters.learned_window = 8_000;
+        assert!(!over_threshold(&pressure(&learned, &at), &conversation, 3, &at, false));
+        learned.window = 8_000;
         // 0.8 x (8000 - 1000) = 5600.
-        assert!(over_threshold(&settings, &session, &conversation, 3, &report(7_000, vec![]), false));
+        assert!(over_threshold(&pressure(&learned, &at), &conversation, 3, &at, false));
+    }
+
+    #[test]
+    fn the_tightest_bound_wins_and_a_named_window_beats_every_bound() {
+        let at = report(100, vec![]);
+        let unnamed = Learned { window_below: 6_000, window_at_least: 4_000, ..Learned::default() };
+        assert_eq!(pressure(&unnamed, &at).window, 6_000, "below what overflowed");
+        let contradicted = Learned { window_below: 3_000, window_at_least: 4_000, ..Learned::default() };
+        assert_eq!(pressure(&contradicted, &at).window, 4_000, "an answer proves more than an overflow bound");
+        let named = Learned { window: 9_000, window_below: 6_000, ..Learned::default() };
+        assert_eq!(pressure(&named, &at).window, 9_000);
+    }
+
+    #[test]
+    fn calibration_scales_every_estimate_and_the_reserve_follows_real_answers() {
+        let at = RewriteReport { max_tokens: Some(32_000), ..report(5_000, vec![]) };
+        let learned = Learned { calibration_milli: 1_600, ..Learned::default() };
+        let p = pressure(&learned, &at);
+        assert_eq!(p.calibrated(5_000), 8_000);
+        assert_eq!(p.reserve, 4_096, "the configured cap, not max_tokens 32000 nor half the window");
+        assert!(over_threshold(&p, &ConversationState::default(), 3, &at, false), "8000 > 0.8 x 5904");
+        let answered = Learned { output_peak: 400, ..learned };
+        assert_eq!(pressure(&answered, &at).reserve, 400 + 100 + 256);
+    }
+
+    #[test]
+    fn a_compaction_frees_room_only_when_the_fixed_part_leaves_some() {
+        let p = pressure(&Learned::default(), &report(0, vec![]));
+        // Budget 7200: a 6,500-token system prompt and tools leave no room worth a summary.
+        assert!(!compaction_frees_room(&p, 6_500, 300, 300));
+        assert!(compaction_frees_room(&p, 3_000, 1_000, 500));
+        let (keep, user) = kept_sizes(&CompactionSettings::default(), &p, 3_000, false);
+        assert_eq!((keep, user), (700, 700), "a sixth of the room above the fixed part");
     }
 
     #[test]
     fn the_hybrid_estimate_adds_only_what_came_after_the_reported_usage() {
-        let settings = CompactionSettings::default();
         let usage = Usage { prompt_tokens: 7_000, message_count: 2, ..Usage::default() };
-        let session = SessionState::default();
         let conversation = ConversationState { usage: Some(usage), ..ConversationState::default() };
         let grown = report(100, vec![10, 10, 150, 150]);
-        assert!(over_threshold(&settings, &session, &conversation, 4, &grown, true), "7000 + 300 > 7200");
-        assert!(!over_threshold(&settings, &session, &conversation, 4, &grown, false), "the full count alone is 100");
+        let p = pressure(&Learned::default(), &grown);
+        assert!(over_threshold(&p, &conversation, 4, &grown, true), "7000 + 300 > 7200");
+        assert!(!over_threshold(&p, &conversation, 4, &grown, false), "the full count alone is 100");
         // A conversation shorter than the one reported: the report says nothing about it.
-        assert!(!over_threshold(&settings, &session, &conversation, 1, &grown, true));
+        assert!(!over_threshold(&p, &conversation, 1, &grown, true));
     }
 
     #[test]

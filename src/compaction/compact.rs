@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::budget::Pressure;
 use super::ladder::Ladder;
 use super::lock::{self, CompactionLock, Waited};
 use super::settings::CompactionSettings;
@@ -41,6 +42,23 @@ pub(super) struct Compaction<'c> {
     pub summarizer: &'c Summarizer,
 }
 
+/// How big a compaction's parts may be, from the request's window pressure.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sizing {
+    pub pressure: Pressure,
+    /// The part of the prompt no compaction shrinks (system, tools, the summary it carries), in
+    /// the provider's tokens.
+    pub fixed: u64,
+}
+
+/// What one compaction did.
+#[derive(Debug, Clone)]
+pub(super) struct Compacted {
+    pub record: CompactionRecord,
+    /// Time spent in summary calls (zero when another request's record was reused).
+    pub summary_time: Duration,
+}
+
 /// Where the client's conversation is cut: it is counted, and `cut` is the first message kept.
 struct Cut<'b> {
     parsed: ParsedRequest<'b>,
@@ -51,6 +69,7 @@ struct Cut<'b> {
     user_budget: u32,
     /// The harder rung: a quarter of the tail kept, user messages capped.
     harder: bool,
+    sizing: Sizing,
 }
 
 impl Compaction<'_> {
@@ -65,13 +84,14 @@ impl Compaction<'_> {
         ctx: &mut SessionCtx,
         harder: bool,
         trigger: &'static str,
-    ) -> Result<CompactionRecord, CompactError> {
-        let cut = self.cut(ladder, harder).await?;
+        sizing: Sizing,
+    ) -> Result<Compacted, CompactError> {
+        let cut = self.cut(ladder, harder, &sizing).await?;
         let hold = self.settings.summary_timeout + LOCK_MARGIN;
         let lock = match CompactionLock::claim(ctx, hold).await {
             Some(lock) => lock,
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
-                Waited::Record(record) => return Ok(record),
+                Waited::Record(record) => return Ok(Compacted { record, summary_time: Duration::ZERO }),
                 Waited::TimedOut => return Err(CompactError::Busy),
                 // The holder finished without a record for this history: summarize it here,
                 // unless the holder's failures opened the conversation's breaker.
@@ -87,7 +107,7 @@ impl Compaction<'_> {
         let result = self.summarize(head, ladder, ctx, &cut, trigger, generation).await;
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
-            Ok(record) => {
+            Ok(Compacted { record, .. }) => {
                 ctx.publish_compaction(record).await;
             }
             Err(CompactError::SummaryFailed(_)) => {
@@ -102,16 +122,16 @@ impl Compaction<'_> {
 
     /// Where to cut the client's conversation: about `keep_recent_tokens` from the end (a quarter
     /// on the harder rung), after what the applied record already covers.
-    async fn cut<'b>(&self, ladder: &'b Ladder, harder: bool) -> Result<Cut<'b>, CompactError> {
+    async fn cut<'b>(&self, ladder: &'b Ladder, harder: bool, sizing: &Sizing) -> Result<Cut<'b>, CompactError> {
         let mut parsed =
             ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
         let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
         let after = ladder.record.as_ref().map_or(0, |r| r.covered_messages as usize);
-        let (keep, user_budget) = budget::kept_tokens(self.settings, harder);
+        let (keep, user_budget) = budget::kept_sizes(self.settings, &sizing.pressure, sizing.fixed, harder);
         let cut = plan::choose_cut(&parsed, keep, after.max(parsed.lead()).saturating_sub(1).max(after))
             .ok_or(CompactError::NothingToSummarize)?;
         let from = after.max(parsed.lead());
-        Ok(Cut { parsed, model, from, cut, user_budget, harder })
+        Ok(Cut { parsed, model, from, cut, user_budget, harder, sizing: *sizing })
     }
 
     /// The new record: the summary of what comes before the cut, the user's own messages kept
@@ -124,9 +144,9 @@ impl Compaction<'_> {
         cut: &Cut<'_>,
         trigger: &'static str,
         generation: u32,
-    ) -> Result<CompactionRecord, CompactError> {
+    ) -> Result<Compacted, CompactError> {
         let settings = self.settings;
-        let Cut { parsed, model, from, cut, user_budget, harder } = cut;
+        let Cut { parsed, model, from, cut, user_budget, harder, sizing } = cut;
         let (model, cut, harder) = (*model, *cut, *harder);
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let previous = ladder.record.as_ref();
@@ -135,7 +155,11 @@ impl Compaction<'_> {
             configured => configured.to_string(),
         };
         let summarizer = self.rewriter.models.lookup(&summary_model);
-        let max_tokens = settings.summary_max_tokens.min(summarizer.max_output_tokens);
+        // Without `compaction.model` the request's own model summarizes: its window is the one
+        // learned for the session, not the model table's.
+        let own_model = settings.model.is_empty();
+        let window = budget::summarizer_window(summarizer, own_model.then_some(&sizing.pressure));
+        let max_tokens = budget::summary_max_tokens(settings, summarizer, window);
         let input = SummaryInput {
             parsed,
             from: *from,
@@ -143,10 +167,13 @@ impl Compaction<'_> {
             previous: previous.map(|r| r.summary.as_str()),
             model: &summary_model,
             max_tokens,
-            budget: budget::transcript_budget(summarizer, max_tokens, self.summarizer.prompt_tokens(&count)),
+            budget: budget::transcript_budget(window, max_tokens, self.summarizer.prompt_tokens(&count)),
             count: &count,
         };
         let summary = self.summarizer.summarize(head, input).await.map_err(CompactError::SummaryFailed)?;
+        let summary_time = summary.elapsed;
+        let (calls, overflows) = (summary.calls, summary.overflows);
+        let summary = summary.text;
         let mut record = CompactionRecord {
             generation,
             summary,
@@ -175,8 +202,11 @@ impl Compaction<'_> {
             tokens_before = record.tokens_before,
             tokens_after = record.tokens_after,
             covered_messages = cut,
+            summary_calls = calls,
+            summary_overflows = overflows,
+            summary_ms = summary_time.as_millis() as u64,
             "compacted"
         );
-        Ok(record)
+        Ok(Compacted { record, summary_time })
     }
 }

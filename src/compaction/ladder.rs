@@ -2,23 +2,37 @@
 //! comes next. The rungs, cheapest first: lower `max_tokens` (when the prompt alone fits), prune
 //! harder, summarize, summarize harder.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::overflow::Overflow;
-use crate::rewrite::CachePricing;
+use crate::rewrite::{CachePricing, RewriteReport};
 use crate::session::state::CompactionRecord;
 
 /// Tokens left free between prompt and output when `max_tokens` is lowered.
 const MAX_TOKENS_MARGIN: u64 = 64;
 
-/// The rungs after lowering `max_tokens`, cheapest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Rung {
+/// The rungs after lowering `max_tokens`, in the order `compaction.ladder` gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rung {
     PruneHard,
     Summarize,
     SummarizeHarder,
     Exhausted,
+}
+
+/// The default order: summaries first, so what the older tool outputs said reaches the model; the
+/// prune-harder rung (no model call, but the outputs become the placeholder) when they fail.
+pub const DEFAULT_ORDER: [Rung; 3] = [Rung::Summarize, Rung::SummarizeHarder, Rung::PruneHard];
+
+impl Rung {
+    /// A rung by its name in `compaction.ladder`.
+    pub fn parse(name: &str) -> Option<Rung> {
+        [Rung::PruneHard, Rung::Summarize, Rung::SummarizeHarder].into_iter().find(|rung| rung.name() == name)
+    }
 }
 
 /// One request's climb: created by [`super::Compactor::prepare`], advanced by each
@@ -31,11 +45,51 @@ pub struct Ladder {
     pub(super) message_count: usize,
     /// The compaction applied to the body being sent.
     pub(super) record: Option<CompactionRecord>,
+    /// Lead system messages of the client's conversation.
+    pub(super) lead: usize,
+    /// The rewrite of the body being sent.
+    pub(super) sent: Option<RewriteReport>,
     /// The prompt-cache prices of the upstream the request goes to.
     pub(super) cache: CachePricing,
-    rung: Rung,
+    order: Vec<Rung>,
+    next: usize,
     lowered_max_tokens: bool,
     retries: u32,
+    /// What this request's recovery did, for its log line.
+    pub(super) trace: Recovery,
+}
+
+/// One request's overflow recovery, as its log line tells it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recovery {
+    /// The overflow seen first: the provider family and whether the error named the window.
+    pub overflow: Option<String>,
+    /// Each rung tried, in order, with its outcome (`prune_hard:retry`, `summarize:failed`, ...).
+    pub rungs: Vec<String>,
+    /// Tool outputs the rungs replaced with the placeholder (in the body that went out last).
+    pub pruned: usize,
+    /// Time spent in summary calls.
+    pub summary: Duration,
+    /// compactor's estimate of the body that went out last, after a retry.
+    pub tokens_after: Option<u32>,
+}
+
+impl Recovery {
+    /// The rungs as one log field.
+    pub fn rungs(&self) -> String {
+        self.rungs.join(",")
+    }
+}
+
+impl Rung {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rung::PruneHard => "prune_hard",
+            Rung::Summarize => "summarize",
+            Rung::SummarizeHarder => "summarize_harder",
+            Rung::Exhausted => "exhausted",
+        }
+    }
 }
 
 impl Ladder {
@@ -44,17 +98,33 @@ impl Ladder {
         client_body: Bytes,
         message_count: usize,
         record: Option<CompactionRecord>,
+        order: &[Rung],
     ) -> Self {
         Self {
             dialect,
             client_body,
             message_count,
             record,
+            lead: 0,
+            sent: None,
             cache: CachePricing::NONE,
-            rung: Rung::PruneHard,
+            order: order.to_vec(),
+            next: 0,
             lowered_max_tokens: false,
             retries: 0,
+            trace: Recovery::default(),
         }
+    }
+
+    /// What this request's recovery did.
+    pub fn recovery(&self) -> &Recovery {
+        &self.trace
+    }
+
+    /// Notes one rung's outcome for the log line and the metrics.
+    pub(super) fn note(&mut self, rung: &'static str, outcome: &'static str) {
+        crate::telemetry::metric::recovery_rung(rung, outcome);
+        self.trace.rungs.push(format!("{rung}:{outcome}"));
     }
 
     /// Retries so far.
@@ -95,13 +165,9 @@ impl Ladder {
 
     /// The next rung to try, `None` once every rung was tried.
     pub(super) fn next_rung(&mut self) -> Option<Rung> {
-        let this = self.rung;
-        self.rung = match this {
-            Rung::PruneHard => Rung::Summarize,
-            Rung::Summarize => Rung::SummarizeHarder,
-            Rung::SummarizeHarder | Rung::Exhausted => Rung::Exhausted,
-        };
-        (this != Rung::Exhausted).then_some(this)
+        let rung = self.order.get(self.next).copied().filter(|rung| *rung != Rung::Exhausted)?;
+        self.next += 1;
+        Some(rung)
     }
 }
 
@@ -110,14 +176,19 @@ mod tests {
     use super::*;
 
     fn ladder(body: &str) -> Ladder {
-        Ladder::new(Dialect::AnthropicMessages, Bytes::from(body.to_string()), 1, None)
+        Ladder::new(Dialect::AnthropicMessages, Bytes::from(body.to_string()), 1, None, &DEFAULT_ORDER)
     }
 
     #[test]
-    fn the_rungs_come_cheapest_first_and_each_once() {
+    fn the_rungs_come_in_the_configured_order_and_each_once() {
         let mut ladder = ladder("{}");
         let rungs: Vec<Rung> = std::iter::from_fn(|| ladder.next_rung()).collect();
-        assert_eq!(rungs, [Rung::PruneHard, Rung::Summarize, Rung::SummarizeHarder]);
+        assert_eq!(rungs, [Rung::Summarize, Rung::SummarizeHarder, Rung::PruneHard]);
+        assert_eq!(ladder.next_rung(), None);
+        let order = [Rung::PruneHard, Rung::Summarize];
+        let mut ladder = Ladder::new(Dialect::ChatCompletions, Bytes::new(), 1, None, &order);
+        let rungs: Vec<Rung> = std::iter::from_fn(|| ladder.next_rung()).collect();
+        assert_eq!(rungs, order);
         assert_eq!(ladder.next_rung(), None);
     }
 

@@ -29,16 +29,17 @@ use crate::error::Chain;
 use crate::overflow::Overflow;
 use crate::rewrite::{CachePricing, History, Reason, RewriteReport, RewriteSettings, Rewriter};
 use crate::route::ApiFamily;
-use crate::session::{ConversationId, Identifier, SessionCtx, SessionKey, Store};
+use crate::session::{ConversationId, Identifier, ModelKey, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::tokens::TokenCounter;
 use crate::upstream::{RequestHead, Upstreams};
 use crate::work;
 
+pub use budget::Pressure;
 pub use compact::CompactError;
-use compact::Compaction;
-pub use ladder::Ladder;
+use compact::{Compacted, Compaction, Sizing};
 use ladder::Rung;
+pub use ladder::{Ladder, Recovery};
 pub use settings::CompactionSettings;
 pub use summarizer::{Summarizer, SummaryError};
 
@@ -158,8 +159,11 @@ impl Compactor {
         }
         let conversation = ConversationId::of(&parsed);
         let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
+        ctx.use_model(ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))).await;
+        let lead = parsed.lead();
         let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
-        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record);
+        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
+        ladder.lead = lead;
         ladder.cache = self.cache_pricing(head.route.family);
         // The parse is handed on to the rewrite rather than repeated.
         let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
@@ -172,7 +176,7 @@ impl Compactor {
         if report.held_tokens > 0
             && budget::window_pressure(
                 self.rewriter.settings.prune.pressure,
-                ctx.session(),
+                &self.pressure(&ctx, &report),
                 ctx.conversation(),
                 ladder.message_count,
                 &report,
@@ -189,21 +193,40 @@ impl Compactor {
             // The admin API's request belongs to the session: the first of its conversations
             // with something to summarize answers it (compact_ahead leaves it standing otherwise).
             let requested = ctx.session().counters.compact_requested > 0;
-            let (session, conversation) = (ctx.session(), ctx.conversation());
-            let over =
-                budget::over_threshold(&self.settings, session, conversation, ladder.message_count, &report, true);
-            if requested || over {
+            let pressure = self.pressure(&ctx, &report);
+            let prompt = budget::prompt_tokens(&pressure, ctx.conversation(), ladder.message_count, &report, true);
+            if requested || prompt > pressure.budget() {
                 let trigger = if requested { "admin" } else { "threshold" };
-                if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await {
+                // A compaction is worth its summary call only when what it leaves lands under the
+                // budget; when the fixed part alone leaves no room, only a request that would
+                // overflow is compacted.
+                let worth = requested || prompt > pressure.limit() || self.frees_room(&ladder, &pressure, &report);
+                if !worth {
+                    metric::futile_compaction_avoided();
+                    tracing::debug!(
+                        session = %ctx.key().as_str(),
+                        prompt,
+                        budget = pressure.budget(),
+                        "compaction ahead of time skipped: it could not bring the prompt under the budget"
+                    );
+                } else if let Some(compacted) = self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).await
+                {
                     (sent, report) = compacted;
                 }
             }
         }
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
+        ctx.note_forwarded(u64::from(report.tokens_after));
         metric::rewrite_done(route, &report, sent != body);
         if let Some(reason) = report.prefix_break {
             metric::prefix_break(reason.label());
         }
+        ladder.sent = Some(report.clone());
+        // What the headers and the log say is in the provider's tokens, as calibrated.
+        let pressure = self.pressure(&ctx, &report);
+        let calibrated = |tokens: u32| u32::try_from(pressure.calibrated(u64::from(tokens))).unwrap_or(u32::MAX);
+        (report.tokens_before, report.tokens_after) =
+            (calibrated(report.tokens_before), calibrated(report.tokens_after));
         Prepared {
             body: sent,
             session: Some(ctx.key().clone()),
@@ -213,6 +236,34 @@ impl Compactor {
             ctx: Some(ctx),
             ladder: self.settings.auto.then_some(ladder),
         }
+    }
+
+    /// The window pressure of a request of this session whose rewrite is `report`: the window,
+    /// the calibration and the output reserve every size decision uses (see [`Pressure`]).
+    pub fn pressure(&self, ctx: &SessionCtx, report: &RewriteReport) -> Pressure {
+        Pressure::of(&self.settings, ctx.learned(), report)
+    }
+
+    /// The part of `report`'s prompt no compaction shrinks (tools, lead system messages, the
+    /// summary the body carries), in the provider's tokens.
+    fn fixed_tokens(&self, ladder: &Ladder, pressure: &Pressure, report: &RewriteReport) -> u64 {
+        let from = ladder.lead + usize::from(ladder.record.is_some());
+        let history: u32 = report.message_tokens.iter().skip(from).sum();
+        let history = Rewriter::scaled(history, report.model);
+        pressure.calibrated(u64::from(report.tokens_after.saturating_sub(history)))
+    }
+
+    /// Whether a compaction of `report`'s conversation would land under the budget with margin.
+    fn frees_room(&self, ladder: &Ladder, pressure: &Pressure, report: &RewriteReport) -> bool {
+        let fixed = self.fixed_tokens(ladder, pressure, report);
+        let (keep, _) = budget::kept_sizes(&self.settings, pressure, fixed, false);
+        let summary = ladder.record.as_ref().map_or(u64::from(keep), |r| (r.summary.len() / 4) as u64);
+        budget::compaction_frees_room(pressure, fixed, u64::from(keep), summary)
+    }
+
+    fn sizing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport) -> Sizing {
+        let pressure = self.pressure(ctx, report);
+        Sizing { pressure, fixed: self.fixed_tokens(ladder, &pressure, report) }
     }
 
     /// After an overflow of the body `sent`: the next rung's body, skipping rungs that change
@@ -225,24 +276,95 @@ impl Compactor {
         overflow: &Overflow,
         sent: &Bytes,
     ) -> Next {
-        if let Some(window) = budget::window_named(overflow) {
-            ctx.learn_window(window);
-        }
-        if ladder.retries() >= self.settings.max_retries
-            || budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
-        {
+        self.learn_from_overflow(head, ladder, ctx, overflow);
+        let next = self.next_body(head, ladder, ctx, overflow, sent).await;
+        let Some((body, report)) = next else {
+            metric::recovery("gave_up");
+            let trace = ladder.recovery();
+            tracing::warn!(
+                session = %ctx.key().as_str(),
+                conversation = %ctx.conversation_id(),
+                overflow = %trace.overflow.as_deref().unwrap_or("-"),
+                rungs = %trace.rungs(),
+                retries = ladder.retries(),
+                "overflow recovery gave up: the client gets the provider's error"
+            );
             return Next::GiveUp;
-        }
-        let next = match ladder.lower_max_tokens(sent, overflow, self.settings.min_output_tokens) {
-            Some(body) => Some((body, None)),
-            None => self.climb(head, ladder, ctx, sent).await.map(|(body, report)| (body, Some(report))),
         };
-        let Some((body, report)) = next else { return Next::GiveUp };
         ladder.count_retry();
+        if let Some(report) = &report {
+            ctx.remember_pruned(&report.pruned_call_ids);
+            ctx.note_forwarded(u64::from(report.tokens_after));
+            let pressure = self.pressure(ctx, report);
+            ladder.trace.tokens_after =
+                Some(u32::try_from(pressure.calibrated(u64::from(report.tokens_after))).unwrap_or(u32::MAX));
+            ladder.trace.pruned = report.pruned;
+            ladder.sent = Some(report.clone());
+        }
         Next::Retry { body, report }
     }
 
-    /// The next rung that yields a new body.
+    /// What an overflow teaches: the window it names, else that the window is below what was
+    /// sent; the prompt size it reports measures the provider's tokenizer.
+    fn learn_from_overflow(&self, head: &RequestHead, ladder: &mut Ladder, ctx: &mut SessionCtx, overflow: &Overflow) {
+        let named = budget::window_named(overflow);
+        if ladder.trace.overflow.is_none() {
+            let style = if named.is_some() { "named" } else { "unnamed" };
+            ladder.trace.overflow = Some(format!("{}:{style}", head.route.family.label()));
+        }
+        let estimate = ctx.forwarded_estimate();
+        if let Some(prompt) = overflow.prompt_tokens {
+            ctx.measure(prompt, estimate);
+        }
+        match named {
+            Some(window) => ctx.learn_window(window),
+            None => {
+                let sent = match (&ladder.sent, overflow.prompt_tokens) {
+                    (_, Some(prompt)) => prompt,
+                    (Some(report), None) => self.pressure(ctx, report).calibrated(estimate),
+                    (None, None) => 0,
+                };
+                if sent > 0 {
+                    ctx.learn(|learned| {
+                        if learned.window_below == 0 || sent < learned.window_below {
+                            learned.window_below = sent;
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// The next body after an overflow, `None` to give up.
+    async fn next_body(
+        &self,
+        head: &RequestHead,
+        ladder: &mut Ladder,
+        ctx: &mut SessionCtx,
+        overflow: &Overflow,
+        sent: &Bytes,
+    ) -> Option<(Bytes, Option<RewriteReport>)> {
+        if ladder.retries() >= self.settings.max_retries
+            || budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
+        {
+            return None;
+        }
+        if let Some(body) = ladder.lower_max_tokens(sent, overflow, self.settings.min_output_tokens) {
+            ladder.note("lower_max_tokens", "retry");
+            return Some((body, None));
+        }
+        self.climb(head, ladder, ctx, sent).await.map(|(body, report)| (body, Some(report)))
+    }
+
+    /// Whether `report`'s body fits the window as the session now knows it.
+    fn fits(&self, ctx: &SessionCtx, report: &RewriteReport) -> bool {
+        let pressure = self.pressure(ctx, report);
+        pressure.calibrated(u64::from(report.tokens_after)) <= pressure.hard_limit()
+    }
+
+    /// The next rung that yields a new body that fits: a rung whose body compactor already
+    /// estimates will overflow is passed over, never sent. With `prune.enabled = false` no
+    /// output is replaced by the placeholder: the prune-harder rung is skipped.
     async fn climb(
         &self,
         head: &RequestHead,
@@ -251,28 +373,42 @@ impl Compactor {
         sent: &Bytes,
     ) -> Option<(Bytes, RewriteReport)> {
         while let Some(rung) = ladder.next_rung() {
+            let name = rung.name();
             match rung {
-                Rung::PruneHard => {
-                    if let Some((body, report)) = self.derive(ladder, ctx, &self.hard_settings(), true).await
-                        && body != *sent
-                    {
+                Rung::PruneHard if !self.rewriter.settings.prune_enabled => ladder.note(name, "skipped"),
+                Rung::PruneHard => match self.derive(ladder, ctx, &self.hard_settings(), true).await {
+                    Some((body, report)) if body != *sent && self.fits(ctx, &report) => {
+                        ladder.note(name, "retry");
                         if let Some(reason) = report.prefix_break {
                             metric::prefix_break(reason.label());
                         }
                         return Some((body, report));
                     }
-                }
+                    Some((body, _)) if body != *sent => ladder.note(name, "too_big"),
+                    _ => ladder.note(name, "nothing"),
+                },
                 Rung::Summarize | Rung::SummarizeHarder => {
                     let harder = rung == Rung::SummarizeHarder;
-                    match self.compaction().run(head, ladder, ctx, harder, "overflow").await {
-                        Ok(record) => {
+                    let Some(sizing) = ladder.sent.as_ref().map(|report| self.sizing(ladder, ctx, report)) else {
+                        ladder.note(name, "nothing");
+                        continue;
+                    };
+                    match self.compaction().run(head, ladder, ctx, harder, "overflow", sizing).await {
+                        Ok(Compacted { record, summary_time }) => {
+                            ladder.trace.summary += summary_time;
                             ladder.record = Some(record);
-                            if let Some(derived) = self.derive(ladder, ctx, &self.hard_settings(), true).await {
-                                metric::prefix_break(Reason::Summary.label());
-                                return Some(summarized(derived));
+                            match self.derive(ladder, ctx, &self.settings_for_rebuild(), true).await {
+                                Some((body, report)) if self.fits(ctx, &report) => {
+                                    ladder.note(name, "retry");
+                                    metric::prefix_break(Reason::Summary.label());
+                                    return Some(summarized((body, report)));
+                                }
+                                Some(_) => ladder.note(name, "too_big"),
+                                None => ladder.note(name, "nothing"),
                             }
                         }
                         Err(error) => {
+                            ladder.note(name, "failed");
                             tracing::warn!(
                                 error = %Chain(&error),
                                 session = %ctx.key().as_str(),
@@ -288,6 +424,11 @@ impl Compactor {
         None
     }
 
+    /// The rewrite settings of a rebuilt conversation: the harder pruning only when pruning is on.
+    fn settings_for_rebuild(&self) -> RewriteSettings {
+        if self.rewriter.settings.prune_enabled { self.hard_settings() } else { self.rewriter.settings.clone() }
+    }
+
     /// Compacts before forwarding (threshold or admin request): prune harder first, summarize when
     /// that is not enough. `None` when nothing better than `report`'s body came of it.
     async fn compact_ahead(
@@ -300,35 +441,49 @@ impl Compactor {
     ) -> Option<(Bytes, RewriteReport)> {
         let mut best = None;
         if trigger == "threshold"
+            && self.rewriter.settings.prune_enabled
+            && self.settings.prunes_before_summarizing()
             && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings(), true).await
         {
-            let (session, conversation) = (ctx.session(), ctx.conversation());
-            if !budget::over_threshold(&self.settings, session, conversation, ladder.message_count, &hard, false) {
+            let pressure = self.pressure(ctx, &hard);
+            if !budget::over_threshold(&pressure, ctx.conversation(), ladder.message_count, &hard, false) {
                 metric::compaction(trigger, "pruned");
                 return Some((body, hard));
             }
             best = Some((body, hard));
         }
-        match self.compaction().run(head, ladder, ctx, false, trigger).await {
-            Ok(record) => {
-                ladder.record = Some(record);
-                // Everything after the summary is new to the provider: prune as under pressure.
-                self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized).or(best)
-            }
-            // A conversation with nothing to summarize (a title request, a young subagent)
-            // leaves the admin API's request for the next one that has.
-            Err(CompactError::NothingToSummarize) if trigger == "admin" => best,
-            Err(error) => {
-                tracing::warn!(
-                    error = %Chain(&error),
-                    session = %ctx.key().as_str(),
-                    conversation = %ctx.conversation_id(),
-                    tokens = report.tokens_after,
-                    "compaction ahead of time failed"
-                );
-                best
+        let sizing = self.sizing(ladder, ctx, report);
+        for harder in [false, true] {
+            match self.compaction().run(head, ladder, ctx, harder, trigger, sizing).await {
+                Ok(Compacted { record, .. }) => {
+                    ladder.record = Some(record);
+                    // Everything after the summary is new to the provider: prune as under pressure.
+                    let derived = self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);
+                    let Some(derived) = derived else { break };
+                    // A rebuild already estimated to overflow is not what goes out: summarize
+                    // harder (a quarter of the tail kept) once.
+                    let fits = self.fits(ctx, &derived.1);
+                    best = Some(derived);
+                    if fits {
+                        break;
+                    }
+                }
+                // A conversation with nothing to summarize (a title request, a young subagent)
+                // leaves the admin API's request for the next one that has.
+                Err(CompactError::NothingToSummarize) => break,
+                Err(error) => {
+                    tracing::warn!(
+                        error = %Chain(&error),
+                        session = %ctx.key().as_str(),
+                        conversation = %ctx.conversation_id(),
+                        tokens = report.tokens_after,
+                        "compaction ahead of time failed"
+                    );
+                    break;
+                }
             }
         }
+        best
     }
 
     /// The prompt-cache prices of the upstream a request of `family` goes to.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::agent;
+use super::ladder::{DEFAULT_ORDER, Rung};
 use crate::overflow::OverflowDetector;
 
 /// `[compaction]` settings.
@@ -22,6 +23,8 @@ pub struct CompactionSettings {
     pub instruction: String,
     pub emergency_protect_tokens: u32,
     pub min_output_tokens: u32,
+    /// The most the window budget keeps free for an answer, whatever `max_tokens` asks.
+    pub output_reserve_tokens: u32,
     pub transcript_output_tokens: u32,
     /// How long a summary call may take.
     #[serde(rename = "summary_timeout_ms", serialize_with = "crate::config::millis")]
@@ -30,6 +33,8 @@ pub struct CompactionSettings {
     #[serde(rename = "lock_wait_ms", serialize_with = "crate::config::millis")]
     pub lock_wait: Duration,
     pub max_failures: u32,
+    /// The rungs after lowering `max_tokens`, in the order they are tried.
+    pub ladder: Vec<Rung>,
     /// Lower-cased, so a request is matched without lower-casing the list each time.
     pub agent_markers: Vec<String>,
     /// Built-in overflow detection plus the configured extra patterns, compiled once.
@@ -55,6 +60,19 @@ pub const DEFAULT_SUMMARY_PREFIX: &str = "Another language model started to solv
 so far, because the conversation grew too long for its context window. Use this handoff summary to continue the task \
 without redoing finished work; the most recent messages follow it verbatim.\n\n";
 
+impl CompactionSettings {
+    /// Whether the prune-harder rung comes before the first summary (then compaction ahead of
+    /// time prunes harder first too).
+    pub fn prunes_before_summarizing(&self) -> bool {
+        let at = |rung: Rung| self.ladder.iter().position(|r| *r == rung);
+        match (at(Rung::PruneHard), at(Rung::Summarize)) {
+            (Some(prune), Some(summarize)) => prune < summarize,
+            (Some(_), None) => true,
+            _ => false,
+        }
+    }
+}
+
 impl Default for CompactionSettings {
     fn default() -> Self {
         Self {
@@ -70,10 +88,12 @@ impl Default for CompactionSettings {
             instruction: DEFAULT_INSTRUCTION.into(),
             emergency_protect_tokens: 4_000,
             min_output_tokens: 1_024,
+            output_reserve_tokens: 4_096,
             transcript_output_tokens: 2_000,
             summary_timeout: Duration::from_millis(300_000),
             lock_wait: Duration::from_millis(120_000),
             max_failures: 3,
+            ladder: DEFAULT_ORDER.to_vec(),
             agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
             overflow: OverflowDetector::default(),
         }

@@ -2,6 +2,7 @@
 //! previous summary first), the tool-less, non-streaming request in the client's dialect sent
 //! upstream with the client's own credentials, and the summary read from its answer.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,9 +17,29 @@ use crate::overflow::OverflowDetector;
 use crate::rewrite::truncate::head_and_tail;
 use crate::telemetry::metric;
 use crate::upstream::{RequestHead, Upstreams};
+use crate::work;
 
 /// Largest summary answer compactor reads.
 const MAX_ANSWER_BYTES: usize = 8 << 20;
+/// The smallest piece of a rolling summary: below it the summarizer cannot work at all.
+const MIN_PIECE_TOKENS: u32 = 256;
+/// Summary calls one compaction makes at most (pieces and retries).
+const MAX_SUMMARY_CALLS: u32 = 64;
+/// Overflows of summary calls one compaction accepts before it gives up.
+const MAX_OVERFLOWS: u32 = 4;
+
+/// A summary and what it cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub text: String,
+    /// Summary calls made (the pieces of a rolling summary and the retries of an overflow).
+    pub calls: u32,
+    /// Summary calls that overflowed the summarizer's window.
+    pub overflows: u32,
+    pub elapsed: Duration,
+    /// The transcript budget that worked (halved at each overflow).
+    pub piece_budget: u32,
+}
 
 /// Why a summary call gave no summary.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +52,8 @@ pub enum SummaryError {
     TimedOut(Duration),
     #[error("the answer was empty or unreadable")]
     Unreadable,
+    #[error("stopped")]
+    Stopped,
     #[error(transparent)]
     Upstream(#[from] ProxyError),
 }
@@ -76,38 +99,72 @@ impl Summarizer {
         count(&self.system_prompt) + count(&self.instruction) + 64
     }
 
-    /// The summary of `input`. When the summarizer's window turns out smaller than estimated, the
-    /// transcript is halved and sent once more.
-    pub async fn summarize(&self, head: &RequestHead, input: SummaryInput<'_>) -> Result<String, SummaryError> {
+    /// The summary of `input`. A transcript larger than the summarizer's window is summarized in
+    /// order, in pieces that each fit, the summary so far carried into the next piece (a rolling
+    /// summary): no message is dropped. A summary call that overflows halves the piece size and
+    /// tries that piece again.
+    pub async fn summarize(&self, head: &RequestHead, input: SummaryInput<'_>) -> Result<Summary, SummaryError> {
         let count = input.count;
-        let mut budget = input.budget;
         let started = Instant::now();
-        let mut answer = None;
-        for _ in 0..2 {
-            let transcript = fitted_transcript(
-                input.parsed,
-                input.from,
-                input.cut,
-                input.previous,
-                self.transcript_output_tokens,
-                budget,
-                count,
-            );
-            metric::summary_tokens("input", u64::from(count(&transcript)));
-            let body = self.request_body(input.parsed.dialect, input.model, &transcript, input.max_tokens);
-            match self.call(head, body).await {
-                Ok(body) => {
-                    answer = Some(body);
-                    break;
-                }
-                Err(SummaryError::Overflow) => budget /= 2,
-                Err(error) => return Err(error),
+        // Tool outputs are cut harder (head and tail) before the transcript is split in pieces.
+        let widest = self.transcript_output_tokens.min(input.budget / 4).max(64);
+        let carried = input.previous.map_or(0, count) + 16;
+        let mut entries = Vec::new();
+        for per_output in [widest, widest / 4, 64] {
+            let fits = |entries: &[String]| entries.iter().map(|e| count(e) + 2).sum::<u32>() + carried <= input.budget;
+            let attempt = || {
+                let entries = transcript_entries(input.parsed, input.from, input.cut, per_output.max(64), count);
+                let fit = fits(&entries);
+                (entries, fit)
+            };
+            let (attempt, fit) = work::step(attempt).await.map_err(|_| SummaryError::Stopped)?;
+            entries = attempt;
+            if fit {
+                break;
             }
         }
-        metric::summary_latency(started.elapsed());
-        let summary = answer.and_then(|a| extract(input.parsed.dialect, &a)).ok_or(SummaryError::Unreadable)?;
-        metric::summary_tokens("output", u64::from(count(&summary)));
-        Ok(summary)
+        let mut entries: VecDeque<String> = entries.into();
+        let mut summary = input.previous.map(str::to_string);
+        let mut budget = input.budget;
+        let mut calls = 0u32;
+        let mut overflows = 0u32;
+        while !entries.is_empty() || calls == 0 {
+            let carried = summary.as_deref().map_or(0, count) + 16;
+            let room = budget.saturating_sub(carried).max(MIN_PIECE_TOKENS);
+            let taken = entries.clone();
+            let piece =
+                work::step(|| next_piece(&mut entries, room, count)).await.map_err(|_| SummaryError::Stopped)?;
+            let transcript = render(summary.as_deref(), &piece);
+            metric::summary_tokens("input", u64::from(count(&transcript)));
+            let body = self.request_body(input.parsed.dialect, input.model, &transcript, input.max_tokens);
+            calls += 1;
+            match self.call(head, body).await {
+                Ok(answer) => {
+                    metric::summary_call("ok");
+                    let text = extract(input.parsed.dialect, &answer).ok_or(SummaryError::Unreadable)?;
+                    summary = Some(text);
+                }
+                Err(SummaryError::Overflow) if budget / 2 >= MIN_PIECE_TOKENS && overflows < MAX_OVERFLOWS => {
+                    metric::summary_call("overflow");
+                    // The summarizer's window is smaller than estimated: the same piece, smaller.
+                    overflows += 1;
+                    budget /= 2;
+                    entries = taken;
+                }
+                Err(error) => {
+                    metric::summary_call(if matches!(error, SummaryError::Overflow) { "overflow" } else { "failed" });
+                    return Err(error);
+                }
+            }
+            if calls >= MAX_SUMMARY_CALLS {
+                break;
+            }
+        }
+        let elapsed = started.elapsed();
+        metric::summary_latency(elapsed);
+        let text = summary.filter(|_| entries.is_empty()).ok_or(SummaryError::Unreadable)?;
+        metric::summary_tokens("output", u64::from(count(&text)));
+        Ok(Summary { text, calls, overflows, elapsed, piece_budget: budget })
     }
 
     /// One non-streaming call, with the client's own credentials and headers.
@@ -130,10 +187,11 @@ impl Summarizer {
         let user = format!("<transcript>\n{transcript}</transcript>\n\n{}", self.instruction);
         let body = match dialect {
             Dialect::ChatCompletions => format!(
-                r#"{{"model":{},"messages":[{{"role":"system","content":{}}},{{"role":"user","content":{}}}],"stream":false}}"#,
+                r#"{{"model":{},"messages":[{{"role":"system","content":{}}},{{"role":"user","content":{}}}],"{}":{max_tokens},"stream":false}}"#,
                 json_string(model),
                 json_string(&self.system_prompt),
-                json_string(&user)
+                json_string(&user),
+                chat_output_field(model)
             ),
             Dialect::AnthropicMessages => format!(
                 r#"{{"model":{},"max_tokens":{max_tokens},"system":{},"messages":[{{"role":"user","content":{}}}],"stream":false}}"#,
@@ -152,24 +210,26 @@ impl Summarizer {
     }
 }
 
-/// The transcript of messages `from..cut`, each tool output cut to `per_output` tokens.
-pub fn transcript(
+/// The output cap's field in a Chat summary call: OpenAI's reasoning models refuse `max_tokens`.
+fn chat_output_field(model: &str) -> &'static str {
+    let name = model.rsplit('/').next().unwrap_or(model).to_ascii_lowercase();
+    let reasoning = ["o1", "o3", "o4", "gpt-5"].iter().any(|prefix| name.starts_with(prefix));
+    if reasoning { "max_completion_tokens" } else { "max_tokens" }
+}
+
+/// The transcript of messages `from..cut`, one entry per item, each tool output cut to
+/// `per_output` tokens (its head and tail); the user's own words are never cut.
+pub fn transcript_entries(
     parsed: &ParsedRequest,
     from: usize,
     cut: usize,
-    previous: Option<&str>,
     per_output: u32,
     count: &dyn Fn(&str) -> u32,
-) -> String {
-    let mut out = String::new();
-    if let Some(summary) = previous {
-        out.push_str("SUMMARY OF THE EARLIER CONVERSATION:\n");
-        out.push_str(summary);
-        out.push_str("\n\n");
-    }
+) -> Vec<String> {
     let cut_to = |text: &str, budget: u32| {
         if count(text) > budget { head_and_tail(text, budget.max(16), count) } else { text.to_string() }
     };
+    let mut entries = Vec::new();
     for item in parsed.conversation.items.iter().filter(|i| i.message >= from && i.message < cut) {
         let line = match &item.kind {
             Kind::Text { role: Role::User, text } => format!("USER: {text}"),
@@ -191,38 +251,93 @@ pub fn transcript(
             Kind::Thinking { .. } => continue,
             Kind::Other { .. } => "[unsupported content omitted]".to_string(),
         };
-        out.push_str(&line);
-        out.push_str("\n\n");
+        entries.push(line);
     }
-    out
+    entries
 }
 
-/// The transcript made to fit `budget` tokens: tool outputs cut harder first, then the oldest
-/// messages dropped (the previous summary always stays).
-pub fn fitted_transcript(
+/// The whole transcript of messages `from..cut` after the previous summary, as one piece.
+pub fn transcript(
     parsed: &ParsedRequest,
     from: usize,
     cut: usize,
     previous: Option<&str>,
-    output_tokens: u32,
-    budget: u32,
+    per_output: u32,
     count: &dyn Fn(&str) -> u32,
 ) -> String {
-    let per_output = output_tokens.max(64);
-    for per in [per_output, per_output / 4, 64] {
-        let text = transcript(parsed, from, cut, previous, per, count);
-        if count(&text) <= budget {
-            return text;
-        }
+    render(previous, &transcript_entries(parsed, from, cut, per_output, count).join("\n\n"))
+}
+
+/// What one summary call reads: the summary so far, then the piece.
+fn render(summary: Option<&str>, piece: &str) -> String {
+    let mut out = String::with_capacity(piece.len() + summary.map_or(0, str::len) + 64);
+    if let Some(summary) = summary {
+        out.push_str("SUMMARY OF THE EARLIER CONVERSATION:\n");
+        out.push_str(summary);
+        out.push_str("\n\n");
     }
-    let mut start = from;
-    loop {
-        let text = transcript(parsed, start, cut, previous, 64, count);
-        if count(&text) <= budget || start + 1 >= cut {
-            return text;
+    out.push_str(piece);
+    out.push_str("\n\n");
+    out
+}
+
+/// The next piece of a rolling summary: the oldest entries, in order, up to `room` tokens (at
+/// least one entry, or the first part of one larger than `room`, split at a line or character
+/// boundary, its rest left first in `entries`). Nothing is dropped. Linear in the piece's size.
+pub fn next_piece(entries: &mut VecDeque<String>, room: u32, count: &dyn Fn(&str) -> u32) -> String {
+    let mut piece = String::new();
+    let mut used = 0u32;
+    while let Some(entry) = entries.front() {
+        let tokens = count(entry) + 2;
+        if used + tokens <= room {
+            used += tokens;
+            if !piece.is_empty() {
+                piece.push_str("\n\n");
+            }
+            piece.push_str(entry);
+            entries.pop_front();
+            continue;
         }
-        start += 1;
+        if piece.is_empty() {
+            // One entry larger than the room: cut in parts of about the room, in order; the first
+            // goes now, the others stay first in line.
+            let Some(entry) = entries.pop_front() else { break };
+            let mut parts = split_text(&entry, room, tokens);
+            let first = parts.remove(0);
+            for part in parts.into_iter().rev() {
+                entries.push_front(part);
+            }
+            piece = first;
+        }
+        break;
     }
+    piece
+}
+
+/// `text` (`tokens` long) in parts of about `room` tokens, cut at line ends where there is one
+/// in the second half of a part, else at a character boundary. Linear in the text.
+fn split_text(text: &str, room: u32, tokens: u32) -> Vec<String> {
+    let share = f64::from(room.max(1)) / f64::from(tokens.max(1));
+    let step = ((text.len() as f64 * share * 0.9) as usize).max(1);
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + step).min(text.len());
+        while end < text.len() && !text.is_char_boundary(end) {
+            end += 1;
+        }
+        if end < text.len()
+            && let Some(newline) = text[start..end].rfind('\n').filter(|&n| n > step / 2)
+        {
+            end = start + newline + 1;
+        }
+        parts.push(text[start..end].to_string());
+        start = end;
+    }
+    if parts.is_empty() {
+        parts.push(String::new());
+    }
+    parts
 }
 
 /// The summary text of the summarizer's answer.

@@ -12,6 +12,7 @@ use figment::value::Dict;
 
 use super::env;
 use super::*;
+use crate::compaction::ladder::Rung;
 use crate::overflow::OverflowDetector;
 use crate::tokens::{Encoding, ModelInfo, ModelTable};
 
@@ -204,6 +205,7 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         instruction: r.parse("compaction.instruction", d.instruction, non_empty),
         emergency_protect_tokens: r.get("compaction.emergency_protect_tokens", d.emergency_protect_tokens),
         min_output_tokens: r.parse("compaction.min_output_tokens", d.min_output_tokens, positive_u32),
+        output_reserve_tokens: r.parse("compaction.output_reserve_tokens", d.output_reserve_tokens, positive_u32),
         transcript_output_tokens: r.parse(
             "compaction.transcript_output_tokens",
             d.transcript_output_tokens,
@@ -212,6 +214,19 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         summary_timeout: r.parse("compaction.summary_timeout_ms", d.summary_timeout, positive_ms),
         lock_wait: r.parse("compaction.lock_wait_ms", d.lock_wait, ms),
         max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
+        ladder: r.parse("compaction.ladder", d.ladder, |names: Vec<String>| {
+            let mut rungs = Vec::new();
+            for name in &names {
+                let rung = Rung::parse(name).ok_or_else(|| {
+                    format!("`{name}` is not one of \"summarize\", \"summarize_harder\", \"prune_hard\"")
+                })?;
+                if rungs.contains(&rung) {
+                    return Err(format!("`{name}` is listed twice"));
+                }
+                rungs.push(rung);
+            }
+            Ok(rungs)
+        }),
         agent_markers: r
             .get::<Vec<String>>("compaction.agent_markers", d.agent_markers)
             .into_iter()

@@ -7,7 +7,7 @@ use http::header::{self, HeaderValue};
 
 use super::inspect::{self, Inspected};
 use super::request_body::Encoded;
-use crate::compaction::{Compactor, Ladder, Next};
+use crate::compaction::{Compactor, Ladder, Next, Recovery};
 use crate::error::ProxyError;
 use crate::session::SessionCtx;
 use crate::telemetry::metric;
@@ -21,6 +21,8 @@ pub(super) struct Forwarded {
     pub compacted: Option<u32>,
     /// Tokens of the body that finally went out, when recovery rewrote it.
     pub tokens_after: Option<u32>,
+    /// What the recovery did, when there was an overflow.
+    pub recovery: Option<Recovery>,
 }
 
 /// Sends `body`; on overflow, recovers when the request has a ladder. `identity` asks the
@@ -37,7 +39,6 @@ pub(super) async fn forward(
 ) -> Result<Forwarded, ProxyError> {
     let route = head.route.label();
     let mut first_error = None;
-    let mut tokens_after = None;
     loop {
         let mut request = match encoded.take() {
             Some(Encoded { original, content_encoding }) => {
@@ -57,8 +58,13 @@ pub(super) async fn forward(
         };
         let (retries, compacted) =
             recovery.as_ref().map_or((0, None), |(ladder, _)| (ladder.retries(), ladder.compacted()));
-        let done = |inspected| Ok(Forwarded { inspected, retries, compacted, tokens_after });
+        let trace = recovery.as_ref().map(|(ladder, _)| ladder.recovery().clone()).filter(|t| t.overflow.is_some());
+        let tokens_after = trace.as_ref().and_then(|t| t.tokens_after);
+        let done = |inspected| Ok(Forwarded { inspected, retries, compacted, tokens_after, recovery: trace });
         let Inspected::Overflow { overflow, parts: error_parts, body: error_body } = inspected else {
+            if retries > 0 {
+                metric::recovery(if inspected.is_error() { "failed" } else { "recovered" });
+            }
             // After a retry, a failure of another kind gives the client the original error.
             return match first_error {
                 Some((parts, body)) if inspected.is_error() => done(Inspected::Buffered { parts, body }),
@@ -70,10 +76,7 @@ pub(super) async fn forward(
         let original = Inspected::Buffered { parts: original_parts, body: original_body };
         let Some((ladder, ctx)) = recovery.as_mut() else { return done(original) };
         match compactor.recover(head, ladder, ctx, &overflow, &body).await {
-            Next::Retry { body: next, report } => {
-                if let Some(report) = report {
-                    tokens_after = Some(report.tokens_after);
-                }
+            Next::Retry { body: next, .. } => {
                 metric::retry(route);
                 body = next;
             }

@@ -152,8 +152,13 @@ impl Proxy {
             }
         };
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
-        let forwarded =
-            Forwarded { inspected: Inspected::pass(response), retries: 0, compacted: None, tokens_after: None };
+        let forwarded = Forwarded {
+            inspected: Inspected::pass(response),
+            retries: 0,
+            compacted: None,
+            tokens_after: None,
+            recovery: None,
+        };
         let answer = Answer { session: None, conversation: None, report: None, compacted: None, tap_usage: false };
         self.respond(forwarded, answer, finish)
     }
@@ -178,12 +183,16 @@ impl Proxy {
         }
         if let Some(report) = &answer.report {
             let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
+            // Outputs replaced by the placeholder in the body that went out, whichever rung did it.
+            let pruned = forwarded.recovery.as_ref().map_or(report.pruned, |r| r.pruned.max(report.pruned));
             headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
             headers.insert("x-compactor-tokens-after", HeaderValue::from(after));
-            headers.insert("x-compactor-pruned", HeaderValue::from(report.pruned as u64));
+            headers.insert("x-compactor-pruned", HeaderValue::from(pruned as u64));
             headers.insert("x-compactor-retries", HeaderValue::from(forwarded.retries));
-            finish.log.tokens = Some((report.tokens_before, after, report.pruned));
+            finish.log.tokens = Some((report.tokens_before, after, pruned));
         }
+        finish.log.retries = forwarded.retries;
+        finish.log.recovery = forwarded.recovery;
         if let Some(generation) = forwarded.compacted.or(answer.compacted) {
             headers.insert("x-compactor-compacted", HeaderValue::from(generation));
         }

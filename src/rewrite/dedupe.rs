@@ -14,18 +14,25 @@ use crate::conversation::{Conversation, Edit, Kind};
 /// Outputs smaller than this are not worth a pointer.
 const MIN_TOKENS: u32 = 64;
 
-/// Replaces newer duplicates of tool outputs with pointers to the oldest copy sent whole; returns
-/// how many. Runs after pruning, so pruned copies are never pointed at.
-pub fn apply(conversation: &mut Conversation) -> usize {
-    // The oldest copy of each output sent whole, by content hash.
+/// Replaces newer duplicates of tool outputs with pointers to the oldest copy sent with its
+/// content; returns how many. Runs after pruning, so pruned copies (`placeholder`) are never
+/// pointed at. Copies are compared by what is sent: a copy cut to head and tail counts as its cut
+/// text, so the rewritten request, rewritten again, makes the same pointers (idempotent).
+pub fn apply(conversation: &mut Conversation, placeholder: &str) -> usize {
+    // The oldest copy of each output sent with its content, by the hash of what is sent.
     let mut older_call: HashMap<u128, String> = HashMap::new();
     let mut deduped = 0;
     for item in conversation.items.iter_mut() {
         let Kind::ToolResult { call_id, text, attachments: 0 } = &item.kind else { continue };
-        if item.edit != Edit::Keep || !item.shortenable || item.tokens < MIN_TOKENS {
+        if !item.shortenable || item.tokens < MIN_TOKENS {
             continue;
         }
-        let hash = xxh3_128(text.as_bytes());
+        let sent = match &item.edit {
+            Edit::Keep => &text[..],
+            Edit::Replace(cut) if cut != placeholder => &cut[..],
+            _ => continue,
+        };
+        let hash = xxh3_128(sent.as_bytes());
         let Some(older) = older_call.get(&hash) else {
             older_call.insert(hash, call_id.as_deref().unwrap_or("").to_string());
             continue;

@@ -180,7 +180,7 @@ impl Rewriter {
             report.prefix_break = pruned.prefix_break;
             step(conversation, &mut report.saved_by_prune);
             if settings.dedupe {
-                report.deduped = dedupe::apply(conversation);
+                report.deduped = dedupe::apply(conversation, &settings.prune.placeholder);
                 step(conversation, &mut report.saved_by_dedupe);
             }
         }

@@ -8,6 +8,7 @@ use super::AppState;
 use crate::error::{Chain, ProxyError};
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
+use crate::session::identify::agent_session_hashes;
 use crate::session::{SessionUpdate, Store};
 
 /// Answers compactor's own paths; `None` for every request meant for the upstream.
@@ -78,6 +79,14 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         return ProxyError::Unauthorized.into_response(ApiFamily::OpenAi);
     }
     let store: &Store = &state.store;
+    if rest == "sessions" {
+        if request.method() != Method::GET {
+            return ProxyError::MethodNotAllowed { allow: "GET" }.into_response(ApiFamily::OpenAi);
+        }
+        let id = request.uri().query().and_then(|query| query_value(query, "id")).filter(|id| !id.trim().is_empty());
+        let Some(id) = id else { return ProxyError::NotFound.into_response(ApiFamily::OpenAi) };
+        return sessions_by_agent_id(store, &id).await;
+    }
     if let Some(key) = rest.strip_prefix("sessions/").and_then(|k| k.strip_suffix("/compact")).filter(|k| valid_key(k))
     {
         if request.method() != Method::POST {
@@ -106,6 +115,64 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         },
         _ => ProxyError::MethodNotAllowed { allow: "GET, DELETE" }.into_response(ApiFamily::OpenAi),
     }
+}
+
+/// `GET /admin/sessions?id=<agent session id>`: the sessions, in every tenant, of the id an agent
+/// shows (sent as a session header, a `prompt_cache_key` or in `metadata.user_id`). Each entry
+/// names its key (the tenant part is a keyed hash: no credential shows) and links to its state.
+async fn sessions_by_agent_id(store: &Store, id: &str) -> Response<ResponseBody> {
+    let mut sessions = Vec::new();
+    for (source, hash) in agent_session_hashes(id) {
+        let keys = match store.find(&hash).await {
+            Ok(keys) => keys,
+            Err(error) => return ProxyError::from(error).into_response(ApiFamily::OpenAi),
+        };
+        for key in keys {
+            let view = match store.view(&key).await {
+                Ok(view) => view,
+                Err(error) => return ProxyError::from(error).into_response(ApiFamily::OpenAi),
+            };
+            if view.is_empty() {
+                continue; // expired or forgotten since it was indexed
+            }
+            let tenant = key.split_once('.').map_or("", |(tenant, _)| tenant).to_string();
+            sessions.push(serde_json::json!({
+                "session": key,
+                "tenant": tenant,
+                "source": source.as_str(),
+                "conversations": view.conversations.len(),
+                "href": format!("/admin/sessions/{key}"),
+            }));
+        }
+    }
+    json(StatusCode::OK, serde_json::json!({"id": id, "store": store.kind(), "sessions": sessions}))
+}
+
+/// The percent-decoded value of `name` in a query string (`+` is a space).
+fn query_value(query: &str, name: &str) -> Option<String> {
+    let raw = query.split('&').find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))?;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(byte) => {
+                        out.push(byte);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
 }
 
 fn valid_key(key: &str) -> bool {

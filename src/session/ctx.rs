@@ -15,7 +15,8 @@ use std::time::Duration;
 use super::error::StoreError;
 use super::identify::{ConversationId, SessionKey};
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationUpdate, SessionState, SessionUpdate, Update, Usage,
+    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, SessionState, SessionUpdate, Update,
+    Usage,
 };
 use super::store::Store;
 use crate::error::Chain;
@@ -23,6 +24,27 @@ use crate::telemetry::{RateLimited, metric};
 
 /// Store warnings are limited process-wide: a store that is down fails every request alike.
 static STORE_WARNINGS: LazyLock<RateLimited> = LazyLock::new(|| RateLimited::new(Duration::from_secs(10)));
+
+/// Bounds of a calibration ratio (provider tokens per 1,000 of compactor's estimate): outside them
+/// a measurement says more about a misread usage report than about a tokenizer.
+pub const CALIBRATION_MILLI: (u64, u64) = (500, 3_000);
+
+/// The (upstream, model) a request talks to: what the session learns of it is also kept under
+/// its own store key, so a new session of the same model starts with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelKey {
+    pub tag: u64,
+    store_key: String,
+}
+
+impl ModelKey {
+    pub fn new(upstream: &str, model: &str) -> Self {
+        let digest = xxhash_rust::xxh3::xxh3_64(format!("{upstream}\0{model}").as_bytes());
+        // Never 0, which means "nothing learned yet".
+        let tag = digest.max(1);
+        Self { tag, store_key: format!("model.{tag:016x}") }
+    }
+}
 
 /// One request's view of its session and of its conversation inside it.
 pub struct SessionCtx {
@@ -37,6 +59,11 @@ pub struct SessionCtx {
     pending: Update,
     /// Messages of the client's request, stored with the usage for the hybrid estimate.
     message_count: u64,
+    /// The model the request talks to, once known.
+    model: Option<ModelKey>,
+    /// compactor's estimate (vendor factor applied, not calibrated) of the body that went out
+    /// last, set against the usage the provider reports for it.
+    forwarded_estimate: u64,
 }
 
 impl SessionCtx {
@@ -51,6 +78,8 @@ impl SessionCtx {
             conversation: Arc::default(),
             pending: Update::default(),
             message_count: 0,
+            model: None,
+            forwarded_estimate: 0,
         };
         match ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).await {
             Ok((session, conversation)) => (ctx.session, ctx.conversation) = (session, conversation),
@@ -90,13 +119,88 @@ impl SessionCtx {
         self.message_count = message_count as u64;
     }
 
+    /// Says which (upstream, model) the request talks to. When the session learned nothing of
+    /// that model yet (a new session, or one that switched models), it starts with what earlier
+    /// sessions learned of it.
+    pub async fn use_model(&mut self, model: ModelKey) {
+        if self.session.counters.learned.model_tag != model.tag {
+            let mut learned = match self.store.load(&model.store_key, "-").await {
+                Ok((profile, _)) if profile.counters.learned.model_tag == model.tag => profile.counters.learned,
+                Ok(_) => Learned::default(),
+                Err(error) => {
+                    self.report(&error, "load");
+                    Learned::default()
+                }
+            };
+            learned.model_tag = model.tag;
+            self.set_learned(learned);
+        }
+        self.model = Some(model);
+    }
+
+    /// What the session learned of its model's window and tokenizer.
+    pub fn learned(&self) -> &Learned {
+        &self.session.counters.learned
+    }
+
+    fn set_learned(&mut self, learned: Learned) {
+        if self.session.counters.learned != learned {
+            self.session.counters.learned = learned;
+            self.pending.session.learned = Some(learned);
+        }
+    }
+
+    /// Changes what the session learned of its model.
+    pub fn learn(&mut self, change: impl FnOnce(&mut Learned)) {
+        let mut learned = self.session.counters.learned;
+        change(&mut learned);
+        self.set_learned(learned);
+    }
+
+    /// Remembers outputs a recovery rung pruned, like any pruned id: the next request of the
+    /// conversation sends the same placeholder.
+    pub fn remember_pruned(&mut self, pruned: &[String]) {
+        let change = &mut self.pending.conversation;
+        for id in pruned {
+            if !self.conversation.pruned.contains(id) && !change.pruned.contains(id) {
+                change.pruned.push(id.clone());
+            }
+        }
+    }
+
     /// Remembers the real context window an overflow error named, for the session's later
     /// estimates (every conversation of the session talks to the same model).
     pub fn learn_window(&mut self, window: u64) {
-        if window > 0 && self.session.counters.learned_window != window {
-            self.session.counters.learned_window = window;
-            self.pending.session.learned_window = Some(window);
+        if window > 0 {
+            self.learn(|learned| learned.window = window);
         }
+    }
+
+    /// compactor's estimate of the body it sent (vendor factor applied, not calibrated): the
+    /// provider's usage report for it is a measurement of the provider's tokenizer.
+    pub fn note_forwarded(&mut self, estimate: u64) {
+        self.forwarded_estimate = estimate;
+    }
+
+    /// The estimate of the body sent last ([`SessionCtx::note_forwarded`]).
+    pub fn forwarded_estimate(&self) -> u64 {
+        self.forwarded_estimate
+    }
+
+    /// One measurement of the provider's tokenizer: it counted `provider` tokens where compactor
+    /// estimated `estimate`. Smoothed, bounded to [`CALIBRATION_MILLI`].
+    pub fn measure(&mut self, provider: u64, estimate: u64) {
+        if provider == 0 || estimate == 0 {
+            return;
+        }
+        let (low, high) = CALIBRATION_MILLI;
+        let observed = (provider.saturating_mul(1_000) / estimate).clamp(low, high);
+        self.learn(|learned| {
+            learned.calibration_milli = match learned.calibration_milli {
+                0 => observed,
+                old => ((old * 6 + observed * 4) / 10).clamp(low, high),
+            };
+        });
     }
 
     /// How long ago the conversation's previous request arrived; `None` for its first.
@@ -106,11 +210,23 @@ impl SessionCtx {
     }
 
     /// The usage the upstream reported for this request (its cache reads and writes also add
-    /// to the session's counters).
+    /// to the session's counters): also what it says of the model (the
+    /// window holds at least prompt + output, the tokenizer counts prompt where compactor
+    /// estimated what it forwarded, answers are about this long).
     pub fn set_usage(&mut self, mut usage: Usage) {
         usage.message_count = self.message_count;
         self.pending.conversation.usage = Some(usage);
         self.pending.session.usage = Some(usage);
+        self.measure(usage.prompt_tokens, self.forwarded_estimate);
+        let answered = usage.prompt_tokens + usage.output_tokens;
+        self.learn(|learned| {
+            learned.window_at_least = learned.window_at_least.max(answered);
+            learned.output_peak = learned.output_peak.max(usage.output_tokens);
+            if learned.window_below > 0 && learned.window_below <= answered {
+                // An answer larger than an earlier unnamed overflow: that bound was too tight.
+                learned.window_below = 0;
+            }
+        });
     }
 
     /// Takes the conversation's compaction lock for `owner`: `Some(false)` when another owner
@@ -189,6 +305,13 @@ impl SessionCtx {
         if self.pending.is_empty() {
             return true;
         }
+        if let (Some(learned), Some(model)) = (self.pending.session.learned, &self.model) {
+            // What the session learned of its model is for the model's next sessions too.
+            let update = SessionUpdate { learned: Some(learned), ..SessionUpdate::default() };
+            if let Err(error) = self.store.update_session(&model.store_key, &update).await {
+                self.report(&error, "commit");
+            }
+        }
         self.write(&self.pending, "commit").await
     }
 
@@ -201,6 +324,11 @@ impl SessionCtx {
     /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
     /// written, for any other store.
     pub fn commit_in_place(self) -> bool {
+        if let (Some(learned), Some(model)) = (self.pending.session.learned, &self.model) {
+            // What the session learned of its model is for the model's next sessions too.
+            let update = SessionUpdate { learned: Some(learned), ..SessionUpdate::default() };
+            self.store.update_session_in_place(&model.store_key, &update);
+        }
         self.pending.is_empty()
             || self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), &self.pending)
     }
@@ -275,13 +403,13 @@ mod tests {
         ctx.record_request(&["call_1".to_string()], 40, 7);
         ctx.learn_window(4_000);
         ctx.set_usage(Usage { prompt_tokens: 12, ..Usage::default() });
-        assert_eq!(ctx.session().counters.learned_window, 4_000, "the request sees its own change");
+        assert_eq!(ctx.learned().window, 4_000, "the request sees its own change");
         assert_eq!(store.load("tenant.a", MAIN).await.unwrap(), Default::default(), "nothing written yet");
         assert!(ctx.commit().await);
         let (session, stored) = store.load("tenant.a", MAIN).await.unwrap();
         assert!(stored.pruned.contains("call_1"));
         assert_eq!((session.counters.requests, session.counters.tokens_saved), (1, 40));
-        assert_eq!(session.counters.learned_window, 4_000);
+        assert_eq!(session.counters.learned.window, 4_000);
         assert_eq!((stored.requests, stored.messages), (1, 7));
         assert_eq!(stored.usage.map(|u| (u.prompt_tokens, u.message_count)), Some((12, 7)));
     }
@@ -296,7 +424,7 @@ mod tests {
         assert!(main.commit().await);
         let subagent = SessionCtx::load(store.clone(), key("s"), conversation(SUBAGENT)).await;
         assert!(subagent.conversation().is_empty(), "the subagent sees none of the main loop's decisions");
-        assert_eq!(subagent.session().counters.learned_window, 8_000, "but the same model's window");
+        assert_eq!(subagent.learned().window, 8_000, "but the same model's window");
         assert_eq!(subagent.session().counters.requests, 1);
     }
 

@@ -153,6 +153,22 @@ impl Identifier {
     }
 }
 
+/// The session part of a key: a hash of where the id came from and the id, the same in every
+/// tenant. The admin API finds an agent's sessions from it, so no store keeps the raw id.
+pub fn session_hash(source: SessionSource, id: &str) -> String {
+    format!("{:032x}", xxh3_128(format!("{}\0{id}", source.as_str()).as_bytes()))
+}
+
+/// The session hashes an id an agent shows (Claude Code's or Codex's session id) may have: as a
+/// session header, a `prompt_cache_key`, or the session in `metadata.user_id`.
+pub fn agent_session_hashes(id: &str) -> Vec<(SessionSource, String)> {
+    let id = id.trim();
+    [SessionSource::Header, SessionSource::PromptCacheKey, SessionSource::MetadataUserId]
+        .into_iter()
+        .map(|source| (source, session_hash(source, id)))
+        .collect()
+}
+
 /// Hex digits of a tenant hash.
 const TENANT_LEN: usize = 24;
 
@@ -261,6 +277,15 @@ mod tests {
             map.insert(*name, HeaderValue::from_str(value).unwrap());
         }
         map
+    }
+
+    #[test]
+    fn the_admin_lookup_hashes_an_agent_id_as_a_request_carrying_it_is_keyed() {
+        let identifier = Identifier::new("x-session-id", "secret");
+        let key = identifier.identify(&headers(&[("x-session-id", "abc-123"), ("x-api-key", "k")]), None);
+        let hashes = agent_session_hashes(" abc-123 ");
+        assert_eq!(hashes[0].0, SessionSource::Header);
+        assert_eq!(key.key.split_once('.').unwrap().1, hashes[0].1);
     }
 
     #[test]

@@ -11,9 +11,15 @@ use super::state::{ConversationState, ConversationView, SessionState, SessionUpd
 /// Compaction locks by (session, conversation): owner and expiry.
 type Locks = HashMap<(String, String), (String, Instant)>;
 
+/// Session keys by their session part (`<tenant>.<session hash>` by `<session hash>`).
+type Index = HashMap<String, std::collections::BTreeSet<String>>;
+
 #[derive(Clone)]
 pub struct MemoryStore {
     sessions: moka::sync::Cache<String, Arc<Mutex<MemorySession>>>,
+    /// Keys by session hash, for the admin API's lookup by agent session id; an entry goes when
+    /// its session leaves the cache.
+    index: Arc<Mutex<Index>>,
     locks: Arc<Mutex<Locks>>,
     max_conversations: usize,
     /// Orders uses: two uses in the same millisecond still have an order.
@@ -37,8 +43,25 @@ struct Kept {
 
 impl MemoryStore {
     pub fn new(max_sessions: u64, max_conversations: usize, ttl: Duration) -> Self {
+        let index: Arc<Mutex<Index>> = Arc::default();
+        let evicted = index.clone();
+        let sessions = moka::sync::Cache::builder()
+            .max_capacity(max_sessions)
+            .time_to_idle(ttl)
+            .eviction_listener(move |key: Arc<String>, _, _| {
+                if let (Some(hash), Ok(mut index)) = (session_part(&key), evicted.lock())
+                    && let Some(keys) = index.get_mut(hash)
+                {
+                    keys.remove(key.as_str());
+                    if keys.is_empty() {
+                        index.remove(hash);
+                    }
+                }
+            })
+            .build();
         Self {
-            sessions: moka::sync::Cache::builder().max_capacity(max_sessions).time_to_idle(ttl).build(),
+            sessions,
+            index,
             locks: Arc::default(),
             max_conversations: max_conversations.max(1),
             uses: Arc::default(),
@@ -57,6 +80,7 @@ impl MemoryStore {
     /// the least recently used one beyond the bound.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
         let entry = self.sessions.get_with(key.to_string(), Arc::default);
+        self.index_key(key);
         let Ok(mut session) = entry.lock() else { return };
         session.state.apply(&update.session);
         let use_order = self.uses.fetch_add(1, Ordering::Relaxed);
@@ -75,9 +99,31 @@ impl MemoryStore {
         }
     }
 
+    fn index_key(&self, key: &str) {
+        if let (Some(hash), Ok(mut index)) = (session_part(key), self.index.lock()) {
+            // Allocates only for a session not indexed yet: a commit path, once per session.
+            match index.get_mut(hash) {
+                Some(keys) if keys.contains(key) => {}
+                Some(keys) => {
+                    keys.insert(key.to_string());
+                }
+                None => {
+                    index.insert(hash.to_string(), std::collections::BTreeSet::from([key.to_string()]));
+                }
+            }
+        }
+    }
+
+    /// The keys of the sessions whose session part is `hash`, in every tenant.
+    pub fn find(&self, hash: &str) -> Vec<String> {
+        let Ok(index) = self.index.lock() else { return Vec::new() };
+        index.get(hash).map(|keys| keys.iter().cloned().collect()).unwrap_or_default()
+    }
+
     /// Changes the session's own state only (the admin API's requests).
     pub fn update_session(&self, key: &str, update: &SessionUpdate) {
         let entry = self.sessions.get_with(key.to_string(), Arc::default);
+        self.index_key(key);
         if let Ok(mut session) = entry.lock() {
             session.state.apply(update);
         }
@@ -130,6 +176,11 @@ impl MemoryStore {
         let now = Instant::now();
         locks.get(&(key.to_string(), conversation.to_string())).is_some_and(|(_, until)| *until > now)
     }
+}
+
+/// The session part of a key, `<session hash>` of `<tenant>.<session hash>`.
+pub(super) fn session_part(key: &str) -> Option<&str> {
+    key.split_once('.').map(|(_, hash)| hash).filter(|hash| !hash.is_empty())
 }
 
 #[cfg(test)]

@@ -11,12 +11,12 @@ pub mod redis;
 pub mod state;
 pub mod store;
 
-pub use ctx::SessionCtx;
+pub use ctx::{ModelKey, SessionCtx};
 pub use error::StoreError;
 pub use identify::{ConversationId, Identifier, SessionKey, SessionSource};
 pub use state::{
-    Breaker, ConversationState, ConversationUpdate, ConversationView, SessionState, SessionUpdate, SessionView, Update,
-    Usage,
+    Breaker, ConversationState, ConversationUpdate, ConversationView, Learned, SessionState, SessionUpdate,
+    SessionView, Update, Usage,
 };
 pub use store::Store;
 

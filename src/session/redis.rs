@@ -11,6 +11,10 @@
 //!   `breaker_failures`, `breaker_at`); `c:<id>:pruned`: set of pruned call ids;
 //!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock.
 //!
+//! Beside them, `<prefix>:by-session:<session hash>`: the set of session keys (one per tenant)
+//! sharing a session part, for the admin API's lookup by agent session id; written with the
+//! session, with its TTL, so no raw agent id or credential is stored.
+//!
 //! The previous version's keys (`pruned`, `usage`, `counters`, `compactions`, `lock` right under
 //! the hash tag) are never read: state is a cache, they expire with their TTL, and forgetting a
 //! session deletes them too.
@@ -26,8 +30,8 @@ use tokio::sync::OnceCell;
 
 use super::error::StoreError;
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, MAX_RECORDS, STATE_VERSION, SessionState,
-    SessionUpdate, SessionView, Update, Usage,
+    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS, STATE_VERSION,
+    SessionState, SessionUpdate, SessionView, Update, Usage,
 };
 use crate::config::SessionConfig;
 
@@ -121,7 +125,14 @@ fn session_state(hash: &Hash) -> SessionState {
             requests: number(hash, "requests"),
             tokens_saved: number(hash, "tokens_saved"),
             compact_requested: number(hash, "compact_requested"),
-            learned_window: number(hash, "learned_window"),
+            learned: Learned {
+                model_tag: number(hash, "model_tag"),
+                window: number(hash, "learned_window"),
+                window_below: number(hash, "window_below"),
+                window_at_least: number(hash, "window_at_least"),
+                calibration_milli: number(hash, "calibration_milli"),
+                output_peak: number(hash, "output_peak"),
+            },
             prompt_tokens: number(hash, "prompt_tokens"),
             cache_read_tokens: number(hash, "cache_read_tokens"),
             cache_write_tokens: number(hash, "cache_write_tokens"),
@@ -199,6 +210,27 @@ impl RedisStore {
         [format!("{base}:pruned"), format!("{base}:compactions"), base]
     }
 
+    /// The set of session keys sharing a session part: `{prefix}:by-session:<session hash>`.
+    fn index_key(&self, hash: &str) -> String {
+        format!("{}:by-session:{hash}", self.prefix)
+    }
+
+    /// Adds the session to the index of its session part, with the sessions' TTL.
+    fn write_index(&self, pipeline: &mut Pipeline, session: &str) {
+        if let Some(hash) = super::memory::session_part(session) {
+            let index = self.index_key(hash);
+            pipeline.sadd(&index, session).ignore().expire(&index, self.ttl_secs).ignore();
+        }
+    }
+
+    /// The keys indexed under a session part; some may have expired since (the caller checks).
+    pub async fn find(&self, hash: &str) -> Result<Vec<String>, StoreError> {
+        let connection = self.connection()?;
+        let mut command = redis::cmd("SMEMBERS");
+        command.arg(self.index_key(hash));
+        self.bounded(connection.command(&command)).await
+    }
+
     fn lock_key(&self, session: &str, conversation: &str) -> String {
         format!("{}{conversation}:lock", self.conversations_prefix(session))
     }
@@ -258,6 +290,11 @@ impl RedisStore {
         let connection = self.connection()?;
         let mut pipeline = redis::pipe();
         self.write_session(&mut pipeline, session, &update.session);
+        // The index has another slot than the session's keys: a Redis Cluster takes it separately.
+        let cluster = matches!(connection, Connection::Cluster(_));
+        if !cluster {
+            self.write_index(&mut pipeline, session);
+        }
         let change = &update.conversation;
         let [pruned, compactions, hash] = self.conversation_keys(session, conversation);
         if !change.pruned.is_empty() {
@@ -298,7 +335,13 @@ impl RedisStore {
             .arg(self.ttl_secs)
             .arg(self.conversations_prefix(session))
             .ignore();
-        self.bounded(connection.query::<()>(&pipeline)).await
+        self.bounded(connection.query::<()>(&pipeline)).await?;
+        if cluster {
+            let mut index = redis::pipe();
+            self.write_index(&mut index, session);
+            self.bounded(connection.query::<()>(&index)).await?;
+        }
+        Ok(())
     }
 
     /// Changes the session's own values only (the admin API's requests).
@@ -320,8 +363,16 @@ impl RedisStore {
         if let Some(requested) = update.compact_requested {
             pipeline.hset(&key, "compact_requested", u64::from(requested)).ignore();
         }
-        if let Some(window) = update.learned_window {
-            pipeline.hset(&key, "learned_window", window).ignore();
+        if let Some(learned) = update.learned {
+            let fields = [
+                ("model_tag", learned.model_tag),
+                ("learned_window", learned.window),
+                ("window_below", learned.window_below),
+                ("window_at_least", learned.window_at_least),
+                ("calibration_milli", learned.calibration_milli),
+                ("output_peak", learned.output_peak),
+            ];
+            pipeline.hset_multiple(&key, &fields).ignore();
         }
         if let Some(usage) = update.usage {
             let counters = [
@@ -373,6 +424,12 @@ impl RedisStore {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(FORGET_SESSION).arg(keys.len()).arg(&keys).arg(self.conversations_prefix(session));
         let deleted: u64 = self.bounded(connection.command(&cmd)).await?;
+        if let Some(hash) = super::memory::session_part(session) {
+            // Another slot than the session's (the index is shared by its tenants): its own command.
+            let mut unindex = redis::cmd("SREM");
+            unindex.arg(self.index_key(hash)).arg(session);
+            self.bounded(connection.command::<u64>(&unindex)).await?;
+        }
         Ok(deleted > 0)
     }
 
@@ -457,11 +514,16 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 11] = [
+const NUMBER_FIELDS: [&str; 16] = [
     "requests",
     "tokens_saved",
     "compact_requested",
     "learned_window",
+    "window_below",
+    "window_at_least",
+    "calibration_milli",
+    "output_peak",
+    "model_tag",
     "breaker_failures",
     "breaker_at",
     "messages",

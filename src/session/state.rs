@@ -60,9 +60,9 @@ pub struct Counters {
     /// summarize.
     #[serde(default)]
     pub compact_requested: u64,
-    /// The real context window an overflow error named for this session's model.
-    #[serde(default)]
-    pub learned_window: u64,
+    /// What the session learned of its model's window and tokenizer.
+    #[serde(flatten)]
+    pub learned: Learned,
     /// Prompt tokens the upstream reported for the session's requests, and how many of them it
     /// read from and wrote to its prompt cache (the admin view's hit ratio).
     #[serde(default)]
@@ -71,6 +71,32 @@ pub struct Counters {
     pub cache_read_tokens: u64,
     #[serde(default)]
     pub cache_write_tokens: u64,
+}
+
+/// What compactor learned of one (upstream, model) from its answers: bounds on the real window
+/// and how the provider's tokenizer counts against compactor's estimate. Kept per session and, so
+/// a new session starts with it, per (upstream, model). Sizes are in the provider's tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Learned {
+    /// Which (upstream, model) these values describe (a hash; 0: none yet).
+    #[serde(default)]
+    pub model_tag: u64,
+    /// The window an overflow error named (0: none).
+    #[serde(default, rename = "learned_window")]
+    pub window: u64,
+    /// The smallest request that overflowed without the error naming the window: the window is
+    /// below it (0: none).
+    #[serde(default)]
+    pub window_below: u64,
+    /// The largest prompt plus output the provider answered: the window is at least this.
+    #[serde(default)]
+    pub window_at_least: u64,
+    /// Provider tokens per 1,000 tokens of compactor's estimate, smoothed (0: not measured).
+    #[serde(default)]
+    pub calibration_milli: u64,
+    /// The largest answer (output tokens) the provider generated for the session.
+    #[serde(default)]
+    pub output_peak: u64,
 }
 
 /// What is kept for a session as a whole.
@@ -120,7 +146,8 @@ pub struct SessionUpdate {
     pub count_request: bool,
     pub tokens_saved: u64,
     pub compact_requested: Option<bool>,
-    pub learned_window: Option<u64>,
+    /// Replaces what the session learned of its model.
+    pub learned: Option<Learned>,
     /// The upstream's usage for one request, added to the session's cache counters.
     pub usage: Option<Usage>,
 }
@@ -160,8 +187,8 @@ impl SessionState {
         if let Some(requested) = update.compact_requested {
             self.counters.compact_requested = u64::from(requested);
         }
-        if let Some(window) = update.learned_window {
-            self.counters.learned_window = window;
+        if let Some(learned) = update.learned {
+            self.counters.learned = learned;
         }
         if update.count_request {
             self.counters.requests += 1;

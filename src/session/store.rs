@@ -126,6 +126,17 @@ impl Store {
         }
     }
 
+    /// [`Store::update_session`] for the in-process store, at once; false for any other store.
+    pub fn update_session_in_place(&self, key: &str, update: &SessionUpdate) -> bool {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.update_session(key, update);
+                true
+            }
+            Backend::Redis(_) => false,
+        }
+    }
+
     /// Changes the session's own state only (the admin API).
     pub async fn update_session(&self, key: &str, update: &SessionUpdate) -> Result<(), StoreError> {
         match &self.backend {
@@ -142,6 +153,16 @@ impl Store {
         match &self.backend {
             Backend::Memory(store) => Ok(store.view(key)),
             Backend::Redis(store) => self.guarded(store.view(key)).await,
+        }
+    }
+
+    /// The keys of the sessions, in every tenant, whose session part is `hash` (the admin API's
+    /// lookup by agent session id). The index is written with the sessions themselves; a key
+    /// whose session has gone since may still be listed.
+    pub async fn find(&self, hash: &str) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.find(hash)),
+            Backend::Redis(store) => self.guarded(store.find(hash)).await,
         }
     }
 

@@ -32,6 +32,13 @@ pub fn describe() {
         Unit::Seconds,
         "Time spent in compactor itself, excluding the upstream."
     );
+    describe_counter!("compactor_recovery_rungs_total", "Overflow recovery rungs tried, by rung and outcome.");
+    describe_counter!("compactor_recoveries_total", "Overflow recoveries, by outcome (recovered, gave_up).");
+    describe_counter!(
+        "compactor_futile_compactions_avoided_total",
+        "Compactions ahead of time skipped because the fixed part alone left no room to free."
+    );
+    describe_counter!("compactor_summary_calls_total", "Summary calls (each piece of a rolling summary), by outcome.");
     describe_counter!("compactor_request_bytes_total", Unit::Bytes, "Request body bytes received from clients.");
     describe_counter!("compactor_response_bytes_total", Unit::Bytes, "Response body bytes sent to clients.");
     describe_gauge!("compactor_active_streams", "Streamed (SSE) responses in flight.");
@@ -147,6 +154,26 @@ pub fn retry(route: &'static str) {
 
 pub fn compaction(trigger: &'static str, outcome: &'static str) {
     counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).increment(1);
+}
+
+/// One rung of an overflow recovery and its outcome (`retry`, `nothing`, `failed`, `skipped`).
+pub fn recovery_rung(rung: &'static str, outcome: &'static str) {
+    counter!("compactor_recovery_rungs_total", "rung" => rung, "outcome" => outcome).increment(1);
+}
+
+/// An overflow recovery that ended: `recovered` (the retry was answered) or `gave_up`.
+pub fn recovery(outcome: &'static str) {
+    counter!("compactor_recoveries_total", "outcome" => outcome).increment(1);
+}
+
+/// A compaction ahead of time not made because it could not bring the prompt under the budget.
+pub fn futile_compaction_avoided() {
+    counter!("compactor_futile_compactions_avoided_total").increment(1);
+}
+
+/// One summary call and its outcome (`ok`, `overflow`, `failed`).
+pub fn summary_call(outcome: &'static str) {
+    counter!("compactor_summary_calls_total", "outcome" => outcome).increment(1);
 }
 
 pub fn summary_latency(elapsed: Duration) {

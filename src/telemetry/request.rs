@@ -63,6 +63,10 @@ pub struct RequestLog {
     pub cache: Option<(u64, u64)>,
     /// When the response ended (body done, or the client gone).
     pub ended_at: Option<Instant>,
+    /// Retries after an overflow.
+    pub retries: u32,
+    /// What the overflow recovery did, when there was one.
+    pub recovery: Option<crate::compaction::Recovery>,
 }
 
 impl RequestLog {
@@ -86,6 +90,8 @@ impl RequestLog {
             tokens: None,
             cache: None,
             ended_at: None,
+            retries: 0,
+            recovery: None,
         }
     }
 
@@ -95,6 +101,10 @@ impl RequestLog {
         let upstream_latency = self.forwarded_at.map(|at| ended_at.saturating_duration_since(at));
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
         let (tokens_before, tokens_after, pruned) = self.tokens.unwrap_or_default();
+        let recovery = self.recovery.as_ref();
+        let overflow = recovery.and_then(|r| r.overflow.as_deref()).unwrap_or("-");
+        let rungs = recovery.map(|r| r.rungs()).filter(|r| !r.is_empty()).unwrap_or_else(|| "-".into());
+        let summary_ms = recovery.map_or(0, |r| r.summary.as_millis() as u64);
         let (cache_read, cache_write) = self.cache.unwrap_or_default();
         tracing::info!(
             request_id = %self.request_id,
@@ -113,6 +123,10 @@ impl RequestLog {
             tokens_before,
             tokens_after,
             pruned,
+            overflow = %overflow,
+            rungs = %rungs,
+            retries = self.retries,
+            summary_ms,
             cache_read,
             cache_write,
             "request"

@@ -9,7 +9,9 @@ use crate::common::window::{Api, Summaries, WindowSpec, conversation, markers, w
 use crate::common::*;
 use serde_json::{Value, json};
 
-const CONFIG: &str = "[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\n";
+/// A summarizer with a large window (`compaction.model`), so each compaction here is one summary
+/// call; summarizing with the small model itself (in pieces) is `adaptive.rs`'s.
+const CONFIG: &str = "[models.big-summarizer]\ncontext_window = 200000\nmax_output_tokens = 8192\n[admin]\ntoken = \"admin\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\nmodel = \"big-summarizer\"\n";
 const WINDOW: usize = 4_000;
 /// The model table's word for the test model: a small window, so estimates cross the threshold.
 const SMALL_MODEL: &str = "[models.test-model]\ncontext_window = 4000\nmax_output_tokens = 500\n";

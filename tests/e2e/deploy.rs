@@ -48,9 +48,10 @@ fn the_kubernetes_manifests_agree_with_the_configuration_they_ship() {
     // The ConfigMap carries the shipped file as it is.
     let config_map = manifest(&all, "ConfigMap/compactor-config");
     let shipped = config_map["data"]["compactor.toml"].as_str().unwrap();
-    assert_eq!(
-        shipped,
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/compactor.toml")).unwrap()
+    let file = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/compactor.toml")).unwrap();
+    assert!(
+        shipped == file,
+        "deploy/kubernetes/configmap.yaml differs from config/compactor.toml: run scripts/deploy-configmap"
     );
 
     let deployment = manifest(&all, "Deployment/compactor");

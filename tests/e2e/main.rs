@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adaptive;
 mod agent_compaction;
 mod compaction;
 mod conversations;

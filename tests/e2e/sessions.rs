@@ -162,6 +162,10 @@ async fn every_key_has_a_ttl_and_one_session_shares_one_hash_tag() {
     for key in redis.keys() {
         let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut connection).unwrap();
         assert!(ttl > 0 && ttl <= 3600, "{key} has TTL {ttl}");
+        // The index by agent session id is shared by a session's tenants: its own slot.
+        if key.contains(":by-session:") {
+            continue;
+        }
         assert!(key.contains(&format!("{{{session}}}")), "{key} lacks the session's hash tag");
     }
 }
@@ -243,7 +247,7 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     // Every key of one session sits on the same node; sessions spread over nodes.
     let keys = cluster.keys();
     let mut by_session: std::collections::HashMap<String, std::collections::HashSet<usize>> = Default::default();
-    for (node, key) in &keys {
+    for (node, key) in keys.iter().filter(|(_, key)| !key.contains(":by-session:")) {
         let tag = key.split('{').nth(1).and_then(|k| k.split('}').next()).unwrap().to_string();
         by_session.entry(tag).or_default().insert(*node);
     }
@@ -251,6 +255,9 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     assert!(by_session.values().all(|nodes| nodes.len() == 1), "{by_session:?}");
     // The other replica applies the decisions through the cluster.
     assert!(eventually(async || rewound_is_pruned(&fake, &two, "key", "s1").await).await);
+    // The index by agent session id, in its own slot, is written too.
+    let indexed = async || cluster.keys().iter().filter(|(_, key)| key.contains(":by-session:")).count() == 4;
+    assert!(eventually(indexed).await, "{:?}", cluster.keys());
 }
 
 #[tokio::test]
@@ -338,4 +345,51 @@ async fn usage_is_recorded_from_plain_replies_that_declare_their_length() {
     let complete = proxy.logs().iter().filter(|l| l.contains("outcome=complete") && l.contains("status=200")).count();
     assert!(complete >= 3, "every request logged as complete: {:?}", proxy.logs());
     assert_eq!(fake.received().len(), 3);
+}
+
+#[tokio::test]
+async fn an_operator_finds_an_agents_sessions_by_its_session_id_across_tenants() {
+    with_each_store(async |store, _| {
+        let (_fake, proxy) = ProxyProcess::with_fake(&format!("{WINDOWS}{store}")).await;
+        let agent_id = "8f14e45f-ceea-467f-a0c6-7d1ad2d0a1b3";
+        let a = post(&proxy, "sk-tenant-a-secret", agent_id, &history(3)).await;
+        let b = post(&proxy, "sk-tenant-b-secret", agent_id, &history(3)).await;
+        post(&proxy, "sk-tenant-a-secret", "another-session", &history(3)).await;
+        let mut expected = [a.header("x-compactor-session").unwrap(), b.header("x-compactor-session").unwrap()]
+            .map(str::to_string)
+            .to_vec();
+        expected.sort();
+
+        let path = format!("/admin/sessions?id={agent_id}");
+        let mut found = Value::Null;
+        let listed = eventually(async || {
+            found = proxy.get_with_token(&path, "admin-secret").await.json();
+            found["sessions"].as_array().is_some_and(|s| s.len() == 2)
+        })
+        .await;
+        assert!(listed, "{found}");
+        let mut keys: Vec<String> =
+            found["sessions"].as_array().unwrap().iter().map(|s| s["session"].as_str().unwrap().to_string()).collect();
+        keys.sort();
+        assert_eq!(keys, expected, "both tenants' sessions, and only this id's");
+        let text = found.to_string();
+        assert!(!text.contains("sk-tenant"), "no credential shows: {text}");
+        for session in found["sessions"].as_array().unwrap() {
+            assert_eq!(session["source"], "header");
+            let href = session["href"].as_str().unwrap();
+            let state = proxy.get_with_token(href, "admin-secret").await;
+            assert_eq!(state.status, 200, "{href}");
+            assert_eq!(state.json()["session"], session["session"]);
+        }
+
+        // Forgotten sessions are no longer listed; an unknown id lists nothing; the token guards it.
+        let forget = proxy.call_with_token("DELETE", &format!("/admin/sessions/{}", expected[0]), "admin-secret").await;
+        assert_eq!(forget.status, 200);
+        let after = proxy.get_with_token(&path, "admin-secret").await.json();
+        assert_eq!(after["sessions"].as_array().unwrap().len(), 1, "{after}");
+        let unknown = proxy.get_with_token("/admin/sessions?id=nobody", "admin-secret").await.json();
+        assert_eq!(unknown["sessions"], json!([]));
+        assert_eq!(proxy.get_with_token(&path, "wrong").await.status, 401);
+    })
+    .await;
 }

@@ -190,6 +190,23 @@ fn a_newer_copy_of_a_repeated_output_points_to_the_older_one() {
 }
 
 #[test]
+fn two_copies_of_a_huge_output_are_cut_alike_and_the_newer_points_to_the_older_in_one_rewrite() {
+    // Found by proptest: both copies were cut to the same head and tail, but only the rewrite of
+    // the rewritten request made the pointer, so the same history went upstream two ways.
+    let huge = tool_output("same huge file", 6_000);
+    let body = chat_turns(&[("call_0", "read_file", huge.clone()), ("call_1", "read_file", huge)]);
+    // Both copies inside the protected window: nothing is pruned, only cut and deduplicated.
+    let rewriter = Settings::defaults().prune_window(100_000, 200).tool_output_max_tokens(2_000).rewriter(100_000);
+    let (rewritten, after) = rewrite_with(&rewriter, Dialect::ChatCompletions, &body, &BTreeSet::new());
+    let texts = tool_texts_chat(&after);
+    assert!(texts[0].contains("tokens truncated"), "{}", texts[0]);
+    assert!(texts[1].contains("call_0"), "{}", texts[1]);
+    assert_eq!((rewritten.report.truncated, rewritten.report.deduped), (2, 1));
+    let (again, _) = rewrite_with(&rewriter, Dialect::ChatCompletions, &after, &BTreeSet::new());
+    assert!(again.body.is_none(), "rewriting the rewritten request changes nothing");
+}
+
+#[test]
 fn chat_repair_adds_missing_results_and_drops_orphans_and_moves_misplaced_ones() {
     let body = json!({"model": "gpt-4o", "messages": [
         {"role": "user", "content": "go"},

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use compactor::compaction::plan;
+use compactor::compaction::{plan, summarizer};
 use compactor::config::Config;
 use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::json::RawObject;
@@ -413,6 +413,54 @@ fn choosing_a_compaction_cut_and_rebuilding_cost_time_linear_in_the_request() {
                 anthropic(&messages)
             },
             cuts_and_rebuilds(Dialect::AnthropicMessages, 100_000_000),
+        ),
+    ]);
+}
+
+/// Build the summarizer's transcript of the whole conversation and split it into the pieces of a
+/// rolling summary, as a compaction whose transcript does not fit the summarizer does.
+fn splits_into_pieces(dialect: Dialect, room: u32) -> impl Fn(&[u8]) -> bool {
+    move |body| {
+        let mut parsed = ParsedRequest::parse(dialect, body).unwrap();
+        let model = REWRITER.models.lookup(parsed.model.as_deref().unwrap_or(""));
+        REWRITER.count_items(&mut parsed, model.encoding);
+        let count = |text: &str| REWRITER.counter.count(model.encoding, text);
+        let entries = summarizer::transcript_entries(&parsed, 0, parsed.messages.len(), 2_000, &count);
+        let mut entries: std::collections::VecDeque<String> = entries.into();
+        let mut pieces = 0;
+        while !entries.is_empty() {
+            if summarizer::next_piece(&mut entries, room, &count).is_empty() {
+                return false;
+            }
+            pieces += 1;
+        }
+        pieces > 0
+    }
+}
+
+#[test]
+fn splitting_a_transcript_into_rolling_summary_pieces_costs_time_linear_in_the_request() {
+    assert_linear(vec![
+        shape(
+            "chat, n small messages in pieces of 300 tokens",
+            |n| {
+                let messages: Vec<String> = (0..n)
+                    .map(|i| {
+                        let role = if i % 2 == 0 { "user" } else { "assistant" };
+                        format!(r#"{{"role":"{role}","content":"message {i} about the exporter"}}"#)
+                    })
+                    .collect();
+                chat(&messages)
+            },
+            splits_into_pieces(Dialect::ChatCompletions, 300),
+        ),
+        shape(
+            "chat, one user message of n lines split across pieces of 300 tokens",
+            |n| {
+                let text: String = (0..n).map(|i| format!("line {i} of the user's notes\\n")).collect();
+                chat(&[format!(r#"{{"role":"user","content":"{text}"}}"#)])
+            },
+            splits_into_pieces(Dialect::ChatCompletions, 300),
         ),
     ]);
 }
