@@ -245,7 +245,8 @@ pub fn transcript_entries(
             Kind::ToolResult { call_id, text, attachments } => {
                 let note =
                     if *attachments > 0 { format!(" (+{attachments} attachments omitted)") } else { String::new() };
-                format!("TOOL RESULT [{}]{note}: {}", call_id.as_deref().unwrap_or("-"), cut_to(text, per_output))
+                let text = cut_keeping_facts(text, per_output, count);
+                format!("TOOL RESULT [{}]{note}: {text}", call_id.as_deref().unwrap_or("-"))
             }
             Kind::Attachment => "[attachment omitted]".to_string(),
             Kind::Thinking { .. } => continue,
@@ -254,6 +255,67 @@ pub fn transcript_entries(
         entries.push(line);
     }
     entries
+}
+
+/// A tool output cut to `budget` tokens for the summarizer: its head and tail and, from the middle
+/// the cut removes, the lines that state something (`key: value`, `key = value`, errors, warnings,
+/// failures), in order, in up to a quarter of the budget. A fact the agent read in the middle of a
+/// long output still reaches the summary.
+fn cut_keeping_facts(text: &str, budget: u32, count: &dyn Fn(&str) -> u32) -> String {
+    let total = count(text).max(1);
+    let budget = budget.max(16);
+    if total <= budget {
+        return text.to_string();
+    }
+    let bytes_per_token = text.len() as f64 / f64::from(total);
+    let fact_bytes = (f64::from(budget / 4) * bytes_per_token) as usize;
+    // head_and_tail with the rest of the budget keeps about 3/8 of it at each end.
+    let edge = (f64::from(budget * 3 / 8) * bytes_per_token) as usize;
+    let (from, to) =
+        (text.ceil_char_boundary(edge.min(text.len())), text.floor_char_boundary(text.len().saturating_sub(edge)));
+    let mut facts = String::new();
+    if from < to {
+        let middle = &text[from..to];
+        // Whole lines only: the first and last lines of the middle may be cut.
+        let whole = match (middle.find('\n'), middle.rfind('\n')) {
+            (Some(first), Some(last)) if first < last => &middle[first + 1..last],
+            _ => "",
+        };
+        for line in whole.lines().map(str::trim).filter(|line| looks_like_fact(line)) {
+            if facts.len() + line.len() + 1 > fact_bytes {
+                break;
+            }
+            facts.push_str(line);
+            facts.push('\n');
+        }
+    }
+    if facts.is_empty() {
+        return head_and_tail(text, budget, count);
+    }
+    let room = budget.saturating_sub(count(&facts) + 16).max(16);
+    let mut out = head_and_tail(text, room, count);
+    out.push_str("\nLines kept from the cut middle:\n");
+    out.push_str(&facts);
+    out
+}
+
+/// A short line that states something: `key: value`, `key = value`, or an error, warning or
+/// failure.
+fn looks_like_fact(line: &str) -> bool {
+    if !(6..=240).contains(&line.len()) {
+        return false;
+    }
+    let keyed = line.split_once([':', '=']).is_some_and(|(key, value)| {
+        let key = key.trim();
+        !key.is_empty()
+            && key.len() <= 48
+            && !value.trim().is_empty()
+            && key.chars().all(|c| c.is_alphanumeric() || " _-./\"'".contains(c))
+    });
+    let alarming = ["error", "fail", "warn", "panic", "exception", "fatal"]
+        .iter()
+        .any(|word| line.as_bytes().windows(word.len()).any(|w| w.eq_ignore_ascii_case(word.as_bytes())));
+    keyed || alarming
 }
 
 /// The whole transcript of messages `from..cut` after the previous summary, as one piece.
@@ -364,4 +426,34 @@ pub fn extract(dialect: Dialect, body: &[u8]) -> Option<String> {
     };
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(text: &str) -> u32 {
+        (text.len() / 4) as u32
+    }
+
+    #[test]
+    fn a_long_output_keeps_head_tail_and_the_facts_from_its_middle_within_the_budget() {
+        let mut lines: Vec<String> = (0..3_000).map(|i| format!("row {i} of the listing")).collect();
+        lines[1_400] = "DEPLOY_KEY = ZEPHYR-LANTERN-42".to_string();
+        lines[1_700] = "  error: disk full on /var/lib/build".to_string();
+        let text = lines.join("\n");
+        let cut = cut_keeping_facts(&text, 400, &count);
+        assert!(count(&cut) <= 400, "{} tokens", count(&cut));
+        assert!(cut.starts_with("Total output lines: 3000") && cut.contains("row 0 of") && cut.contains("row 2999 of"));
+        assert!(cut.contains("DEPLOY_KEY = ZEPHYR-LANTERN-42\nerror: disk full on /var/lib/build\n"), "{cut}");
+        assert!(!cut.contains("row 1500 of"), "the middle is cut");
+    }
+
+    #[test]
+    fn an_output_without_facts_is_cut_to_head_and_tail_and_a_short_one_is_kept() {
+        let text: String = (0..3_000).map(|i| format!("row {i} of the listing\n")).collect();
+        assert_eq!(cut_keeping_facts(&text, 400, &count), head_and_tail(&text, 400, &count));
+        assert_eq!(cut_keeping_facts("short: output", 400, &count), "short: output");
+        assert!(!looks_like_fact("row 12 of the listing") && looks_like_fact("status: green"));
+    }
 }
