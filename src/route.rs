@@ -25,6 +25,10 @@ pub enum Endpoint {
     ChatCompletions,
     Messages,
     Responses,
+    /// Anthropic's `POST /v1/messages/count_tokens`: a Messages body whose tokens are counted.
+    CountTokens,
+    /// OpenAI's `POST /v1/responses/input_tokens`: a Responses body whose tokens are counted.
+    InputTokens,
     Embeddings,
     Models,
     Other,
@@ -51,6 +55,8 @@ impl Route {
         let post = method == Method::POST;
         let endpoint = match path {
             "/v1/messages" if post => Endpoint::Messages,
+            "/v1/messages/count_tokens" if post => Endpoint::CountTokens,
+            p if post && p.ends_with("/v1/responses/input_tokens") => Endpoint::InputTokens,
             p if post && p.ends_with("/chat/completions") => Endpoint::ChatCompletions,
             p if post && p.ends_with("/v1/responses") => Endpoint::Responses,
             p if p.ends_with("/embeddings") => Endpoint::Embeddings,
@@ -66,6 +72,8 @@ impl Route {
             (_, Endpoint::ChatCompletions) => "chat_completions",
             (_, Endpoint::Messages) => "messages",
             (_, Endpoint::Responses) => "responses",
+            (_, Endpoint::CountTokens) => "count_tokens",
+            (_, Endpoint::InputTokens) => "input_tokens",
             (_, Endpoint::Embeddings) => "embeddings",
             (ApiFamily::Anthropic, Endpoint::Models) => "anthropic_models",
             (ApiFamily::OpenAi, Endpoint::Models) => "models",
@@ -122,6 +130,10 @@ mod tests {
     fn messages_and_below_go_to_anthropic() {
         assert_eq!(route(Method::POST, "/v1/messages").endpoint, Endpoint::Messages);
         assert_eq!(route(Method::POST, "/v1/messages/count_tokens").family, ApiFamily::Anthropic);
+        assert_eq!(route(Method::POST, "/v1/messages/count_tokens").endpoint, Endpoint::CountTokens);
+        assert_eq!(route(Method::GET, "/v1/messages/count_tokens").endpoint, Endpoint::Other);
+        assert_eq!(route(Method::POST, "/v1/responses/input_tokens").endpoint, Endpoint::InputTokens);
+        assert_eq!(route(Method::POST, "/v1/responses/input_tokens").family, ApiFamily::OpenAi);
         assert_eq!(route(Method::POST, "/v1/messagesx").family, ApiFamily::OpenAi);
     }
 

@@ -238,6 +238,62 @@ impl Compactor {
         }
     }
 
+    /// A token-count request (`/v1/messages/count_tokens`, `/v1/responses/input_tokens`) of a
+    /// known conversation: the body the conversation's next request would be sent as (its stored
+    /// summary re-applied, the same rewrite with the same history), so an agent that counts sees
+    /// what the provider will. Read-only: no summary call, no lock, nothing written to the session
+    /// (a count never changes what the next request sees). A conversation compactor has no state
+    /// for (a count of a tool list, of a file, of a session it never saw), and anything it cannot
+    /// parse or rewrite, is counted as sent.
+    pub async fn count(&self, head: &RequestHead, dialect: Dialect, body: Bytes) -> Prepared {
+        let Ok(Some(parsed)) = work::step(|| ParsedRequest::parse(dialect, &body)).await else {
+            return Prepared::untouched(body);
+        };
+        if is_stateful(&parsed)
+            || agent::is_agent_compaction(&parsed, &self.agent_markers)
+            || asks_for_compaction_item(&parsed)
+        {
+            return Prepared::untouched(body.clone());
+        }
+        let session = self.identifier.identify(&head.headers, Some(&parsed));
+        let conversation = ConversationId::of(&parsed);
+        let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
+        if ctx.conversation().is_empty() {
+            return Prepared::untouched(body.clone());
+        }
+        // What the session learned of its model decides the window pressure, as for the next request.
+        ctx.use_model(ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))).await;
+        let lead = parsed.lead();
+        let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
+        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
+        ladder.lead = lead;
+        ladder.cache = self.cache_pricing(head.route.family);
+        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
+        let Some((mut sent, report)) = derived else { return Prepared::untouched(body.clone()) };
+        if report.held_tokens > 0
+            && budget::window_pressure(
+                self.rewriter.settings.prune.pressure,
+                &self.pressure(&ctx, &report),
+                ctx.conversation(),
+                ladder.message_count,
+                &report,
+            )
+            && let Some((pressed, _)) = self.derive(&ladder, &ctx, &self.rewriter.settings, true).await
+        {
+            sent = pressed;
+        }
+        // `ctx` is dropped here, never committed.
+        Prepared {
+            body: sent,
+            session: Some(ctx.key().clone()),
+            conversation: Some(ctx.conversation_id().clone()),
+            report: None,
+            compacted: ladder.compacted(),
+            ctx: None,
+            ladder: None,
+        }
+    }
+
     /// The window pressure of a request of this session whose rewrite is `report`: the window,
     /// the calibration and the output reserve every size decision uses (see [`Pressure`]).
     pub fn pressure(&self, ctx: &SessionCtx, report: &RewriteReport) -> Pressure {

@@ -32,6 +32,16 @@ impl Dialect {
         }
     }
 
+    /// The dialect of a token-count request's body (`/v1/messages/count_tokens`,
+    /// `/v1/responses/input_tokens`): counted as the session's next request would be sent.
+    pub fn counted(endpoint: Endpoint) -> Option<Self> {
+        match endpoint {
+            Endpoint::CountTokens => Some(Self::AnthropicMessages),
+            Endpoint::InputTokens => Some(Self::Responses),
+            _ => None,
+        }
+    }
+
     /// The top-level field that holds the conversation.
     pub fn history_field(self) -> &'static str {
         match self {

@@ -73,7 +73,10 @@ impl Proxy {
         let log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
         let mut finish = Finish::new(log);
         let (parts, body) = request.into_parts();
-        if Dialect::of(route.endpoint).is_none() {
+        // A token-count request is read and rewritten like the request it counts, never changing
+        // the session (see `Compactor::count`).
+        let counted = Dialect::counted(route.endpoint);
+        if Dialect::of(route.endpoint).is_none() && counted.is_none() {
             return self.pass_through(RequestHead::new(route, parts), body, finish).await;
         }
 
@@ -99,7 +102,10 @@ impl Proxy {
         let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
         let _stop_when_gone = budget.stop_on_drop();
 
-        let prepared = budget.scope(self.compactor.prepare(&head, body)).await;
+        let prepared = match counted {
+            Some(dialect) => budget.scope(self.compactor.count(&head, dialect, body)).await,
+            None => budget.scope(self.compactor.prepare(&head, body)).await,
+        };
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         // A compressed body compactor did not change goes as the client sent it.
         let encoded = encoded.filter(|_| decoded.as_ref() == Some(&body));
@@ -111,7 +117,7 @@ impl Proxy {
         if let Some(ctx) = ctx {
             finish.keep(&self.finishers, ctx);
         }
-        let tap_usage = session.is_some();
+        let tap_usage = session.is_some() && counted.is_none();
 
         let forwarded_at = Instant::now();
         finish.log.overhead = forwarded_at - finish.log.started;

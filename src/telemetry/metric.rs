@@ -228,10 +228,12 @@ pub fn store_corrupt() {
 }
 
 /// Every route label ([`crate::route::Route::label`]).
-const ROUTES: [&str; 8] = [
+const ROUTES: [&str; 10] = [
     "chat_completions",
     "messages",
     "responses",
+    "count_tokens",
+    "input_tokens",
     "embeddings",
     "models",
     "anthropic_models",

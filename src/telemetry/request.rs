@@ -164,10 +164,12 @@ impl RequestLog {
 
 /// The routes' labels ([`crate::route::Route::label`]); any other label gets its handles looked up
 /// on each record.
-const ROUTES: [&str; 8] = [
+const ROUTES: [&str; 10] = [
     "chat_completions",
     "messages",
     "responses",
+    "count_tokens",
+    "input_tokens",
     "embeddings",
     "anthropic_models",
     "models",

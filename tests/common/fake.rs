@@ -382,6 +382,13 @@ fn default_reply(received: &Received) -> Reply {
         answer(openai_stream, CHAT_COMPLETION).with_header("openai-processing-ms", "12")
     } else if path.ends_with("/v1/messages") {
         answer(anthropic_stream, ANTHROPIC_MESSAGE).with_header("request-id", "req_1")
+    } else if path.ends_with("/v1/messages/count_tokens") {
+        Reply::json(200, serde_json::json!({"input_tokens": received.body.len() / 4}))
+    } else if path.ends_with("/v1/responses/input_tokens") {
+        Reply::json(
+            200,
+            serde_json::json!({"object": "response.input_tokens", "input_tokens": received.body.len() / 4}),
+        )
     } else if path.ends_with("/v1/responses") {
         answer(responses_stream, RESPONSE)
     } else if path.ends_with("/v1/models") {

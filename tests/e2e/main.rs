@@ -9,6 +9,7 @@ mod adaptive;
 mod agent_compaction;
 mod compaction;
 mod conversations;
+mod count_tokens;
 mod deploy;
 mod faults;
 mod fidelity;
