@@ -4,7 +4,7 @@
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::conversation::{Kind, Role};
-use crate::dialect::{Dialect, ParsedRequest};
+use crate::dialect::{Dialect, ParsedRequest, breakpoints};
 use crate::json;
 use crate::rewrite::truncate::head_and_tail;
 use crate::session::state::CompactionRecord;
@@ -130,7 +130,8 @@ pub fn rebuild(
 ) -> Option<Vec<u8>> {
     let cut = usize::try_from(record.covered_messages).ok()?;
     let mut messages: Vec<String> = parsed.messages[..parsed.lead()].iter().map(|m| m.raw.get().to_string()).collect();
-    messages.push(user_message(parsed.dialect, &format!("{prefix}{}", record.summary)));
+    let summary_at = messages.len();
+    messages.push(String::new());
     let limit = record.truncate_user_tokens;
     let shorten =
         |text: String| if limit > 0 && count(&text) > limit { head_and_tail(&text, limit, count) } else { text };
@@ -147,6 +148,16 @@ pub fn rebuild(
             _ => messages.push(message.raw.get().to_string()),
         }
     }
+    let summary = format!("{prefix}{}", record.summary);
+    messages[summary_at] = match parsed.dialect {
+        // The stable part (tools, system, summary) ends at a breakpoint when one is free.
+        Dialect::AnthropicMessages => {
+            let elsewhere =
+                breakpoints::outside_messages(parsed) + messages.iter().map(|m| breakpoints::count(m)).sum::<usize>();
+            breakpoints::summary_message(&summary, elsewhere, messages[summary_at + 1..].iter().map(String::as_str))
+        }
+        _ => user_message(parsed.dialect, &summary),
+    };
     parsed.splice(&[(parsed.dialect.history_field(), format!("[{}]", messages.join(",")))])
 }
 

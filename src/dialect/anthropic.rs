@@ -14,7 +14,7 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::{Message, ParsedRequest, only_text_and_media, string_kind, text_of_parts};
+use super::{Message, ParsedRequest, breakpoints, only_text_and_media, string_kind, text_of_parts};
 use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
@@ -237,7 +237,8 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
         let owed = if index > 0 && message.role == Role::User { owed_after(index - 1) } else { none };
-        if conversation.message_changed(index) || !owed.is_empty() {
+        let marked = parsed.marker.as_ref().is_some_and(|m| m.message == index);
+        if conversation.message_changed(index) || !owed.is_empty() || marked {
             if let Some(text) = render_message(parsed, index, message, owed) {
                 out.push(&text);
             }
@@ -337,7 +338,12 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
                 }
                 _ => {
                     if let Some(content) = message.object.get("content") {
-                        blocks.push((false, format!(r#"{{"type":"text","text":{}}}"#, content.get())));
+                        let block = format!(r#"{{"type":"text","text":{}}}"#, content.get());
+                        let block = match parsed.marker.as_ref().filter(|m| m.message == index) {
+                            Some(marker) => breakpoints::with_marker(block, marker),
+                            None => block,
+                        };
+                        blocks.push((false, block));
                     }
                 }
             }
@@ -352,7 +358,7 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
                     *slot = Some(item);
                 }
             }
-            for (block, item) in raw_blocks.iter().zip(by_block) {
+            for (b, (block, item)) in raw_blocks.iter().zip(by_block).enumerate() {
                 let client_result = item.is_some_and(|i| i.repairable && matches!(i.kind, Kind::ToolResult { .. }));
                 match item.map(|i| (&i.edit, &i.kind)) {
                     Some((Edit::Remove, _)) => {}
@@ -364,6 +370,11 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
                         blocks.push((false, format!(r#"{{"type":"text","text":{}}}"#, json::json_string(text))))
                     }
                     _ => blocks.push((client_result, block.get().to_string())),
+                }
+                if let Some(marker) = parsed.marker.as_ref().filter(|m| m.message == index && m.block == Some(b))
+                    && let Some((_, last)) = blocks.last_mut()
+                {
+                    *last = breakpoints::with_marker(std::mem::take(last), marker);
                 }
             }
         }

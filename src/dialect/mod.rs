@@ -2,6 +2,7 @@
 //! policies' decisions back into the same dialect, re-serializing only what changed.
 
 pub mod anthropic;
+pub mod breakpoints;
 pub mod chat;
 pub mod responses;
 
@@ -85,6 +86,8 @@ pub struct ParsedRequest<'a> {
     pub top_system: Vec<Cow<'a, str>>,
     /// The tool definitions, counted as they are.
     pub tools: Option<&'a RawValue>,
+    /// A cache breakpoint of compactor's own to render (Anthropic; see [`breakpoints`]).
+    pub marker: Option<breakpoints::Marker>,
 }
 
 impl<'a> ParsedRequest<'a> {
@@ -108,6 +111,7 @@ impl<'a> ParsedRequest<'a> {
             system: Vec::new(),
             top_system: Vec::new(),
             tools,
+            marker: None,
         };
         match dialect {
             Dialect::ChatCompletions => chat::parse_messages(&mut parsed, raw_messages)?,

@@ -200,6 +200,10 @@ impl Rewriter {
             }
         }
         report.message_tokens = per_message;
+        if conversation.is_changed() {
+            // A rewrite of what the provider has seen keeps the prefix before it cached.
+            crate::dialect::breakpoints::place(parsed, history.seen_messages);
+        }
         report.tokens_before = scale(before, model.token_factor);
         report.tokens_after = scale(after, model.token_factor);
         report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);

@@ -161,7 +161,8 @@ pub fn recovery_rung(rung: &'static str, outcome: &'static str) {
     counter!("compactor_recovery_rungs_total", "rung" => rung, "outcome" => outcome).increment(1);
 }
 
-/// An overflow recovery that ended: `recovered` (the retry was answered) or `gave_up`.
+/// An overflow recovery that ended: `recovered` (the retry was answered), `failed` (the retry
+/// was answered with an error) or `gave_up`.
 pub fn recovery(outcome: &'static str) {
     counter!("compactor_recoveries_total", "outcome" => outcome).increment(1);
 }
@@ -288,6 +289,16 @@ pub fn present_at_start() {
             counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).absolute(0);
         }
     }
+    for rung in ["lower_max_tokens", "prune_hard", "summarize", "summarize_harder"] {
+        counter!("compactor_recovery_rungs_total", "rung" => rung, "outcome" => "retry").absolute(0);
+    }
+    for outcome in ["recovered", "failed", "gave_up"] {
+        counter!("compactor_recoveries_total", "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["ok", "overflow", "failed"] {
+        counter!("compactor_summary_calls_total", "outcome" => outcome).absolute(0);
+    }
+    counter!("compactor_futile_compactions_avoided_total").absolute(0);
     let _registered = histogram!("compactor_summary_call_seconds");
     for direction in ["input", "output"] {
         counter!("compactor_summary_tokens_total", "direction" => direction).absolute(0);

@@ -127,3 +127,74 @@ async fn old_outputs_are_pruned_in_batches_that_clear_minimum_tokens_never_a_lit
     let bill = bill_by_prefix(&run.records, &ANTHROPIC);
     assert_eq!(bill.breaks, batches.len(), "{placeholders:?}");
 }
+
+/// The raw JSON of `body`'s `system`, `tools` and first `count` messages, the billing line of
+/// Claude Code (new on every request, not part of what is cached) left out of the system.
+fn stable_part(body: &[u8], count: usize) -> Vec<String> {
+    use serde_json::value::RawValue;
+    let top: std::collections::HashMap<String, Box<RawValue>> = serde_json::from_slice(body).unwrap();
+    let system: Vec<Box<RawValue>> = serde_json::from_str(top["system"].get()).unwrap();
+    let messages: Vec<Box<RawValue>> = serde_json::from_str(top["messages"].get()).unwrap();
+    let system = system.iter().map(|b| b.get()).filter(|b| !b.contains("x-anthropic-billing-header"));
+    let mut part: Vec<String> = system.map(str::to_string).collect();
+    part.push(top["tools"].get().to_string());
+    part.extend(messages[..count].iter().map(|m| m.get().to_string()));
+    part
+}
+
+/// An Anthropic conversation of `turns` user requests, each answered by a long assistant text
+/// (never pruned), with Claude Code's markers: two system blocks and the newest message.
+fn long_answers(turns: usize) -> Value {
+    let mut messages = Vec::new();
+    for turn in 0..turns {
+        if turn > 0 {
+            let text = crate::common::tool_output(&format!("answer {turn}"), 1_500);
+            messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": text}]}));
+        }
+        messages.push(json!({"role": "user", "content": [{"type": "text", "text": format!("step {turn}")}]}));
+    }
+    messages.last_mut().unwrap()["content"][0]["cache_control"] = json!({"type": "ephemeral"});
+    json!({"model": "sim-model", "max_tokens": 1000, "stream": false,
+        "tools": [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}],
+        "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}},
+                   {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "messages": messages})
+}
+
+#[tokio::test]
+async fn after_a_compaction_the_next_requests_share_the_prefix_through_the_summary_which_carries_a_marker() {
+    const PREFIX: &str = "Another language model started to solve this task";
+    let provider = ProviderSim::start(ProviderSpec { window: 20_000, ..ProviderSpec::default() }).await;
+    let extra = "[models.\"sim-model\"]\ncontext_window = 20000\n[compaction]\nkeep_recent_tokens = 4000\n";
+    let proxy = ProxyProcess::start_with(&provider.compactor_config(extra), &[]);
+    let headers = [("x-session-id", "summary-marker")];
+    let mut sent: Vec<Vec<u8>> = Vec::new();
+    for turns in 1..=16 {
+        let answer = proxy.post("/v1/messages", &headers, &long_answers(turns)).await;
+        assert_eq!(answer.status, 200, "turn {turns}");
+        let last = provider.records().into_iter().rev().find(|r| !r.summary).unwrap();
+        sent.push(last.body.to_vec());
+    }
+    assert!(provider.summary_calls() >= 1, "a 24k conversation in a 20k window is summarized");
+    // Requests that carry the same summary: the stable part is the same bytes on each.
+    let summary_of = |body: &[u8]| -> Option<Value> {
+        let value: Value = serde_json::from_slice(body).unwrap();
+        let first = value["messages"][0].clone();
+        first.to_string().contains(PREFIX).then_some(first)
+    };
+    let mut shared = 0;
+    for pair in sent.windows(2) {
+        let (Some(a), Some(b)) = (summary_of(&pair[0]), summary_of(&pair[1])) else { continue };
+        for body in [&pair[0], &pair[1]] {
+            let value: Value = serde_json::from_slice(body).unwrap();
+            // Three client markers: compactor's own on the summary makes four, never more.
+            assert_eq!(value["messages"][0]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+            assert_eq!(String::from_utf8_lossy(body).matches("\"cache_control\"").count(), 4);
+        }
+        if a == b {
+            assert_eq!(stable_part(&pair[0], 1), stable_part(&pair[1], 1), "tools, system, summary: same bytes");
+            shared += 1;
+        }
+    }
+    assert!(shared >= 2, "the summary is re-applied on later turns: {shared}");
+}

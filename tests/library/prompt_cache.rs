@@ -211,4 +211,147 @@ fn every_client_cache_control_marker_survives_pruning_and_truncation() {
     let sent: Value = serde_json::from_slice(&forwarded).unwrap();
     assert_eq!(sent["messages"][4]["content"][0]["content"], PLACEHOLDER);
     assert_eq!(sent["messages"][4]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+
+    // Three client markers (the one inside the result's content gone): compactor adds its own
+    // before the first pruned message, and the request carries four, every client marker kept.
+    value["messages"][4]["content"][0]["content"] = json!(all[1].clone());
+    let client = serde_json::to_vec(&value).unwrap();
+    assert_eq!(markers(&client), 3);
+    let rewritten = small.rewrite_body_in(Dialect::AnthropicMessages, &client, &history).unwrap();
+    let forwarded = rewritten.body.unwrap();
+    assert_eq!(markers(&forwarded), 4, "{}", String::from_utf8_lossy(&forwarded));
+    let sent: Value = serde_json::from_slice(&forwarded).unwrap();
+    assert_eq!(sent["system"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(sent["messages"][2]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+    let newest = sent["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(newest["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+}
+
+/// Where compactor's own marker is in a forwarded Anthropic body: (message, block) of every
+/// marked block the client did not mark.
+fn added_markers(client: &Value, forwarded: &[u8]) -> Vec<(usize, usize)> {
+    let sent: Value = serde_json::from_slice(forwarded).unwrap();
+    let mut added = Vec::new();
+    for (m, message) in sent["messages"].as_array().unwrap().iter().enumerate() {
+        for (b, block) in message["content"].as_array().into_iter().flatten().enumerate() {
+            let was = &client["messages"][m]["content"][b]["cache_control"];
+            if !block["cache_control"].is_null() && was.is_null() {
+                added.push((m, b));
+            }
+        }
+    }
+    added
+}
+
+#[test]
+fn a_prune_batch_of_seen_messages_gets_a_marker_on_the_last_block_before_the_first_changed_message() {
+    // The client marks its system prompt and its newest message; a batch goes on a cold cache.
+    let all = outputs(7, 600);
+    let value = anthropic(&all);
+    let client = serde_json::to_vec(&value).unwrap();
+    let none = BTreeSet::new();
+    let seen = 1 + 2 * 6;
+    let cold = History { idle: Some(Duration::from_secs(600)), ..warm(&none, seen, 7) };
+    let rewritten = rewriter().rewrite_body_in(Dialect::AnthropicMessages, &client, &cold).unwrap();
+    assert_eq!(rewritten.report.prefix_break, Some(Reason::Cold));
+    let forwarded = rewritten.body.clone().unwrap();
+    let sent: Value = serde_json::from_slice(&forwarded).unwrap();
+    let unmarked = |m: &Value| m.to_string().replace(r#","cache_control":{"type":"ephemeral"}"#, "");
+    let first_changed = (0..value["messages"].as_array().unwrap().len())
+        .find(|&m| unmarked(&sent["messages"][m]) != unmarked(&value["messages"][m]))
+        .unwrap();
+    assert!(first_changed > 1, "an old result was pruned: {first_changed}");
+    // The assistant's tool_use right before the first pruned result: the untouched prefix.
+    assert_eq!(added_markers(&value, &forwarded), vec![(first_changed - 1, 0)]);
+    assert_eq!(sent["messages"][first_changed - 1]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
+    // Nothing else of the prefix changed but the marker.
+    for m in 0..first_changed {
+        assert_eq!(unmarked(&sent["messages"][m]), unmarked(&value["messages"][m]));
+    }
+
+    // Only the newest message changed (a fresh output cut to head and tail): nothing the provider
+    // has seen changed, so no marker of compactor's own.
+    let mut big = outputs(2, 150);
+    big.push(tool_output("huge", 6_000));
+    let value = anthropic(&big);
+    let client = serde_json::to_vec(&value).unwrap();
+    let rewritten = rewriter().rewrite_body_in(Dialect::AnthropicMessages, &client, &warm(&none, 5, 3)).unwrap();
+    assert_eq!(rewritten.report.truncated, 1);
+    assert_eq!(added_markers(&value, rewritten.body.as_ref().unwrap()), vec![]);
+}
+
+#[test]
+fn a_client_that_sends_no_marker_gets_none_from_compactor() {
+    let all = outputs(7, 600);
+    let mut value = anthropic(&all);
+    let text = value.to_string().replace(r#","cache_control":{"type":"ephemeral"}"#, "");
+    value = serde_json::from_str(&text).unwrap();
+    let client = serde_json::to_vec(&value).unwrap();
+    assert!(!text.contains("cache_control"));
+    let none = BTreeSet::new();
+    let cold = History { idle: Some(Duration::from_secs(600)), ..warm(&none, 13, 7) };
+    let rewritten = rewriter().rewrite_body_in(Dialect::AnthropicMessages, &client, &cold).unwrap();
+    assert!(rewritten.report.pruned >= 2);
+    assert!(!String::from_utf8_lossy(rewritten.body.as_ref().unwrap()).contains("cache_control"));
+}
+
+#[test]
+fn a_summary_gets_a_marker_when_one_is_free_and_the_same_bytes_every_turn() {
+    use compactor::compaction::plan;
+    use compactor::session::state::CompactionRecord;
+
+    let record = |covered: u64| CompactionRecord {
+        generation: 1,
+        summary: "The agent read four files.".into(),
+        covered_messages: covered,
+        covered_hash: String::new(),
+        first_kept: covered,
+        user_messages: Vec::new(),
+        truncate_user_tokens: 0,
+        tokens_before: 0,
+        tokens_after: 0,
+        trigger: "threshold".into(),
+        model: "m".into(),
+        at_unix_ms: 0,
+    };
+    let count = |text: &str| text.len() as u32 / 4;
+    let rebuilt = |value: &Value| {
+        let client = serde_json::to_vec(value).unwrap();
+        let parsed = ParsedRequest::parse(Dialect::AnthropicMessages, &client).unwrap();
+        let body = plan::rebuild(&parsed, &record(5), "Summary: ", &count).unwrap();
+        let summary = messages(Dialect::AnthropicMessages, &body)[0].clone();
+        (body, summary)
+    };
+    let markers = |body: &[u8]| String::from_utf8_lossy(body).matches("\"cache_control\"").count();
+    // System and newest message marked: the summary gets the third, turn after turn.
+    let (body, summary) = rebuilt(&anthropic(&outputs(4, 100)));
+    assert_eq!(
+        summary,
+        r#"{"role":"user","content":[{"type":"text","text":"Summary: The agent read four files.","cache_control":{"type":"ephemeral"}}]}"#
+    );
+    assert_eq!(markers(&body), 3);
+    let (_, next) = rebuilt(&anthropic(&outputs(5, 100)));
+    assert_eq!(next, summary, "the next turn's summary is the same bytes");
+
+    // A one-hour marker after it: the summary's marker takes its TTL (1h entries come first).
+    let mut value = anthropic(&outputs(4, 100));
+    let text = value.to_string().replace(r#"{"type":"ephemeral"}"#, r#"{"ttl":"1h","type":"ephemeral"}"#);
+    value = serde_json::from_str(&text).unwrap();
+    let (_, summary) = rebuilt(&value);
+    assert!(summary.contains(r#""cache_control":{"type":"ephemeral","ttl":"1h"}"#), "{summary}");
+
+    // Four client markers: none free, the summary goes as plain text; none at all: no marker.
+    let mut value = anthropic(&outputs(4, 100));
+    value["system"] = json!([
+        {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}},
+    ]);
+    let (body, summary) = rebuilt(&value);
+    assert_eq!(summary, r#"{"role":"user","content":"Summary: The agent read four files."}"#);
+    assert_eq!(markers(&body), 4);
+    let text = anthropic(&outputs(4, 100)).to_string().replace(r#","cache_control":{"type":"ephemeral"}"#, "");
+    let (body, summary) = rebuilt(&serde_json::from_str(&text).unwrap());
+    assert_eq!(summary, r#"{"role":"user","content":"Summary: The agent read four files."}"#);
+    assert_eq!(markers(&body), 0);
 }

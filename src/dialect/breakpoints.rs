@@ -1,0 +1,146 @@
+//! Anthropic cache breakpoints of compactor's own: the one place that decides where compactor adds
+//! a `cache_control` marker. Chat Completions and Responses cache every prefix by themselves, so
+//! this is for Anthropic Messages only, where the provider caches a prefix only at a marker (and
+//! looks back at most 20 blocks from each for an earlier entry).
+//!
+//! - After a summary rebuild, the summary message carries a marker, so the stable part (tools,
+//!   system, summary) is cached where it ends; the same bytes every turn.
+//! - When a rewrite changes a message the provider has already seen (a prune batch), the last
+//!   block before the first changed message gets a marker, so the untouched prefix is read from
+//!   cache (an entry a few blocks back is found) instead of re-written.
+//!
+//! Never more than [`MAX_MARKERS`] in a request (Anthropic refuses more), never a client's marker
+//! moved or dropped, and none added to a request that carries none: a client that sends no marker
+//! has opted out of caching. compactor's marker takes the TTL of the next marker after it (an
+//! hour-long entry must not follow a five-minute one).
+
+use serde_json::value::RawValue;
+
+use super::{Dialect, ParsedRequest};
+use crate::conversation::Edit;
+use crate::json::{self, RawObject};
+
+/// Breakpoints Anthropic accepts in one request (tools, system and messages together).
+pub const MAX_MARKERS: usize = 4;
+
+/// A marker compactor adds: on block `block` of message `message` (`None`: the message's
+/// string content, sent as one text block), with this JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub message: usize,
+    pub block: Option<usize>,
+    pub json: String,
+}
+
+/// The markers in raw JSON: every `"cache_control"` key. A key of that name elsewhere (a tool's
+/// schema, a tool call's input) is counted too, so compactor errs towards adding none.
+pub fn count(raw: &str) -> usize {
+    raw.matches("\"cache_control\"").count()
+}
+
+/// The marker to put before the raw JSON `following`: ephemeral, with the TTL of the first marker
+/// in `following`, if it has one.
+fn marker_before<'r>(following: impl IntoIterator<Item = &'r str>) -> String {
+    let ttl = following.into_iter().find_map(|raw| {
+        let at = raw.find("\"cache_control\"")?;
+        let rest = raw[at + "\"cache_control\"".len()..].trim_start().strip_prefix(':')?;
+        let value = serde_json::Deserializer::from_str(rest).into_iter::<serde_json::Value>().next()?.ok()?;
+        Some(value.get("ttl").cloned())
+    });
+    match ttl.flatten() {
+        Some(ttl) => format!(r#"{{"type":"ephemeral","ttl":{ttl}}}"#),
+        None => r#"{"type":"ephemeral"}"#.to_string(),
+    }
+}
+
+/// The summary message of a rebuilt Anthropic conversation: one text block with a marker of
+/// compactor's own when the rest of the request carries between 1 and 3 (`elsewhere`), a plain
+/// string otherwise. `after`: the messages that follow it.
+pub fn summary_message<'r>(text: &str, elsewhere: usize, after: impl IntoIterator<Item = &'r str>) -> String {
+    if elsewhere == 0 || elsewhere >= MAX_MARKERS {
+        return format!(r#"{{"role":"user","content":{}}}"#, json::json_string(text));
+    }
+    format!(
+        r#"{{"role":"user","content":[{{"type":"text","text":{},"cache_control":{}}}]}}"#,
+        json::json_string(text),
+        marker_before(after)
+    )
+}
+
+/// Markers in `body` outside its `messages` (tools, system).
+pub fn outside_messages(parsed: &ParsedRequest) -> usize {
+    let whole = std::str::from_utf8(parsed.body).map_or(MAX_MARKERS, count);
+    let messages = parsed.top.get("messages").map_or(0, |m| count(m.get()));
+    whole.saturating_sub(messages)
+}
+
+/// Whether a block may carry a marker: the types Anthropic accepts one on (never thinking, never
+/// an empty text).
+fn markable(block: &RawValue) -> bool {
+    let Some(object) = RawObject::parse(block) else { return false };
+    match object.str("type").as_deref() {
+        Some("text") => object.str("text").is_some_and(|t| !t.is_empty()),
+        Some("image" | "document" | "search_result" | "tool_use" | "tool_result") => true,
+        _ => false,
+    }
+}
+
+/// Decides compactor's marker for a rewritten Anthropic request, before it is rendered: when the
+/// first changed message is one the provider has seen (`seen_messages`), the request carries
+/// 1 to 3 markers, and the last markable block before that message has none.
+pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
+    parsed.marker = None;
+    if parsed.dialect != Dialect::AnthropicMessages {
+        return;
+    }
+    let conversation = &parsed.conversation;
+    let edited = conversation.items.iter().filter(|i| i.edit != Edit::Keep).map(|i| i.message);
+    let inserted = conversation.inserts.iter().map(|i| conversation.items[i.call_item].message + 1);
+    let Some(first) = edited.chain(inserted).min() else { return };
+    if first == 0 || first >= seen_messages {
+        return;
+    }
+    let present = std::str::from_utf8(parsed.body).map_or(MAX_MARKERS, count);
+    if present == 0 || present >= MAX_MARKERS {
+        return;
+    }
+    for index in (0..first).rev() {
+        let message = &parsed.messages[index];
+        let later = || parsed.messages[index + 1..].iter().map(|m| m.raw.get());
+        match &message.blocks {
+            None => {
+                let Some(content) = message.object.get("content") else { continue };
+                if json::as_str(content).is_none_or(|t| t.is_empty()) {
+                    continue;
+                }
+                let json = marker_before(later());
+                parsed.marker = Some(Marker { message: index, block: None, json });
+                return;
+            }
+            Some(blocks) => {
+                for (b, block) in blocks.iter().enumerate().rev() {
+                    if count(block.get()) > 0 {
+                        // The prefix is marked there already.
+                        return;
+                    }
+                    if markable(block) {
+                        let json = marker_before(blocks[b + 1..].iter().map(|r| r.get()).chain(later()));
+                        parsed.marker = Some(Marker { message: index, block: Some(b), json });
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `block` (a JSON object) with `marker` added as its `cache_control`.
+pub fn with_marker(mut block: String, marker: &Marker) -> String {
+    if block.ends_with('}') {
+        block.pop();
+        block.push_str(r#","cache_control":"#);
+        block.push_str(&marker.json);
+        block.push('}');
+    }
+    block
+}
