@@ -180,14 +180,7 @@ impl Compactor {
             }
             return Prepared::untouched(body.clone());
         };
-        if report.held_tokens > 0
-            && budget::window_pressure(
-                self.rewriter.settings.prune.pressure,
-                &self.pressure(&ctx, &report),
-                ctx.conversation(),
-                ladder.message_count,
-                &report,
-            )
+        if self.presses(&ctx, &ladder, &report)
             && let Some(pressed) =
                 self.derive(&ladder, &ctx, &self.rewriter.settings, true).instrument(rewrite.clone()).await
         {
@@ -279,14 +272,7 @@ impl Compactor {
         ladder.cache = self.cache_pricing(head.route.family);
         let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
         let Some((mut sent, report)) = derived else { return Prepared::untouched(body.clone()) };
-        if report.held_tokens > 0
-            && budget::window_pressure(
-                self.rewriter.settings.prune.pressure,
-                &self.pressure(&ctx, &report),
-                ctx.conversation(),
-                ladder.message_count,
-                &report,
-            )
+        if self.presses(&ctx, &ladder, &report)
             && let Some((pressed, _)) = self.derive(&ladder, &ctx, &self.rewriter.settings, true).await
         {
             sent = pressed;
@@ -301,6 +287,19 @@ impl Compactor {
             ctx: None,
             ladder: None,
         }
+    }
+
+    /// Whether a prune batch the rewrite held back must go now: the window needs the room,
+    /// whatever the cache.
+    fn presses(&self, ctx: &SessionCtx, ladder: &Ladder, report: &RewriteReport) -> bool {
+        report.held_tokens > 0
+            && budget::window_pressure(
+                self.rewriter.settings.prune.pressure,
+                &self.pressure(ctx, report),
+                ctx.conversation(),
+                ladder.message_count,
+                report,
+            )
     }
 
     /// The window pressure of a request of this session whose rewrite is `report`: the window,

@@ -229,7 +229,7 @@ pub fn store_corrupt() {
 }
 
 /// Every route label ([`crate::route::Route::label`]).
-const ROUTES: [&str; 10] = [
+pub(super) const ROUTES: [&str; 10] = [
     "chat_completions",
     "messages",
     "responses",

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use metrics::{Counter, Histogram, counter, histogram};
 
-use super::metric;
+use super::metric::{self, ROUTES};
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,21 +162,6 @@ impl RequestLog {
     }
 }
 
-/// The routes' labels ([`crate::route::Route::label`]); any other label gets its handles looked up
-/// on each record.
-const ROUTES: [&str; 10] = [
-    "chat_completions",
-    "messages",
-    "responses",
-    "count_tokens",
-    "input_tokens",
-    "embeddings",
-    "anthropic_models",
-    "models",
-    "anthropic_other",
-    "other",
-];
-
 /// Status labels [`status_label`] gives.
 const STATUSES: [&str; 22] = [
     "200", "201", "204", "304", "400", "401", "403", "404", "408", "413", "422", "429", "500", "502", "503", "504",
@@ -195,6 +180,8 @@ struct RouteMetrics {
     duration: Histogram,
 }
 
+/// One slot per route label ([`metric::ROUTES`]); any other label gets its handles looked up on
+/// each record.
 static ROUTE_METRICS: [OnceLock<RouteMetrics>; ROUTES.len()] = [const { OnceLock::new() }; ROUTES.len()];
 
 impl RouteMetrics {
