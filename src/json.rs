@@ -9,18 +9,21 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-/// A JSON object as ordered `(key, raw value)` pairs borrowed from the request body.
+/// A JSON object as ordered `(key, raw value)` pairs borrowed from the request body. Values are
+/// the raw JSON text (`&str`, not `&RawValue`), so a value found in one body can be re-made from
+/// another body holding the same bytes at the same offsets by slicing it (see `dialect::prefix`).
 #[derive(Debug, Clone, Default)]
 pub struct RawObject<'a> {
-    pub fields: Vec<(Cow<'a, str>, &'a RawValue)>,
+    pub fields: Vec<(Cow<'a, str>, &'a str)>,
 }
 
 impl<'a> RawObject<'a> {
-    pub fn parse(raw: &'a RawValue) -> Option<Self> {
-        serde_json::from_str(raw.get()).ok()
+    /// `raw` must be JSON text (a value borrowed from a parsed body).
+    pub fn parse(raw: &'a str) -> Option<Self> {
+        serde_json::from_str(raw).ok()
     }
 
-    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub fn get(&self, key: &str) -> Option<&'a str> {
         self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
     }
 
@@ -46,7 +49,7 @@ impl<'a> RawObject<'a> {
             out.push(':');
             match replace(key) {
                 Some(text) => out.push_str(&text),
-                None => out.push_str(value.get()),
+                None => out.push_str(value),
             }
         }
         out.push('}');
@@ -54,8 +57,8 @@ impl<'a> RawObject<'a> {
 }
 
 /// Parses a raw value as a string (unescaped), borrowing when there was nothing to unescape.
-pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<CowStr>(raw.get()).ok().map(|s| s.0)
+pub fn as_str(raw: &str) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<CowStr>(raw).ok().map(|s| s.0)
 }
 
 /// A string deserialized borrowed when possible (no escapes), owned otherwise.
@@ -84,8 +87,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for CowStr<'a> {
 }
 
 /// Parses a raw value as an array of raw elements.
-pub fn as_array(raw: &RawValue) -> Option<Vec<&RawValue>> {
-    serde_json::from_str(raw.get()).ok()
+pub fn as_array(raw: &str) -> Option<Vec<&str>> {
+    serde_json::from_str::<Vec<&RawValue>>(raw).ok().map(|values| values.into_iter().map(RawValue::get).collect())
 }
 
 /// Appends `text` as a JSON string literal.
@@ -133,15 +136,15 @@ pub fn json_string(text: &str) -> String {
 }
 
 /// The byte range `raw` occupies inside `body`, when it was borrowed from it.
-pub fn span_in(body: &[u8], raw: &RawValue) -> Option<std::ops::Range<usize>> {
-    let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    let end = start + raw.get().len();
+pub fn span_in(body: &[u8], raw: &str) -> Option<std::ops::Range<usize>> {
+    let start = (raw.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + raw.len();
     (end <= body.len()).then_some(start..end)
 }
 
 /// `outer` with the value `inner` (a value borrowed from inside it) replaced by `replacement`; every
 /// other byte of `outer` is kept. `None` when `inner` does not lie inside `outer`.
-pub fn replace_within(outer: &str, inner: &RawValue, replacement: &str) -> Option<String> {
+pub fn replace_within(outer: &str, inner: &str, replacement: &str) -> Option<String> {
     let span = span_in(outer.as_bytes(), inner)?;
     let mut out = String::with_capacity(outer.len() - span.len() + replacement.len());
     out.push_str(&outer[..span.start]);
@@ -162,7 +165,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
                 let mut fields = UniqueFields::with_capacity(map.size_hint().unwrap_or(8));
                 while let Some(CowStr(key)) = map.next_key::<CowStr<'de>>()? {
                     let value: &'de RawValue = map.next_value()?;
-                    if let Err(key) = fields.push(key, value) {
+                    if let Err(key) = fields.push(key, value.get()) {
                         return Err(de::Error::custom(format!("duplicate key `{key}`")));
                     }
                 }
@@ -181,7 +184,7 @@ const SCANNED_FIELDS: usize = 16;
 /// The fields of an object being read. A duplicate key makes the object unreadable (and the
 /// request is forwarded as it came): compactor and the provider could each take a different value.
 struct UniqueFields<'de> {
-    fields: Vec<(Cow<'de, str>, &'de RawValue)>,
+    fields: Vec<(Cow<'de, str>, &'de str)>,
     /// Every key so far, once the object has outgrown [`SCANNED_FIELDS`]. The std hasher is
     /// randomly keyed, so a client cannot pick keys that collide.
     keys: Option<HashSet<Cow<'de, str>>>,
@@ -193,7 +196,7 @@ impl<'de> UniqueFields<'de> {
     }
 
     /// Appends the field, or hands its key back when the object already has it.
-    fn push(&mut self, key: Cow<'de, str>, value: &'de RawValue) -> Result<(), Cow<'de, str>> {
+    fn push(&mut self, key: Cow<'de, str>, value: &'de str) -> Result<(), Cow<'de, str>> {
         if let Some(keys) = &mut self.keys {
             // A borrowed key clones as a pointer; only keys with escapes own (and copy) their text.
             if !keys.insert(key.clone()) {
@@ -220,7 +223,7 @@ mod tests {
     fn rewriting_one_field_keeps_every_other_byte_and_the_key_order() {
         let body = r#"{"z":1.00000000000000000001,"content":"old","a":{"b" : [1, 2]}}"#;
         let raw: &RawValue = serde_json::from_str(body).unwrap();
-        let object = RawObject::parse(raw).unwrap();
+        let object = RawObject::parse(raw.get()).unwrap();
         let mut out = String::new();
         object.write(&mut out, &[], |key| (key == "content").then(|| json_string("new")));
         assert_eq!(out, r#"{"z":1.00000000000000000001,"content":"new","a":{"b" : [1, 2]}}"#);
@@ -229,7 +232,7 @@ mod tests {
     #[test]
     fn escaped_strings_are_unescaped() {
         let raw: &RawValue = serde_json::from_str(r#"{"t":"line\nnext \u00e9"}"#).unwrap();
-        let object = RawObject::parse(raw).unwrap();
+        let object = RawObject::parse(raw.get()).unwrap();
         assert_eq!(object.str("t").unwrap(), "line\nnext é");
     }
 
@@ -237,11 +240,11 @@ mod tests {
     fn a_nested_value_is_replaced_in_place() {
         let body = r#"{"type":"x","content":{"stdout" : "long\nlog","n":1.50}}"#;
         let raw: &RawValue = serde_json::from_str(body).unwrap();
-        let content = RawObject::parse(RawObject::parse(raw).unwrap().get("content").unwrap()).unwrap();
+        let content = RawObject::parse(RawObject::parse(raw.get()).unwrap().get("content").unwrap()).unwrap();
         let out = replace_within(raw.get(), content.get("stdout").unwrap(), &json_string("short")).unwrap();
         assert_eq!(out, r#"{"type":"x","content":{"stdout" : "short","n":1.50}}"#);
         let elsewhere: &RawValue = serde_json::from_str(r#""other""#).unwrap();
-        assert_eq!(replace_within(raw.get(), elsewhere, "\"\""), None);
+        assert_eq!(replace_within(raw.get(), elsewhere.get(), "\"\""), None);
     }
 
     #[test]
@@ -287,6 +290,6 @@ mod tests {
         let object: RawObject = serde_json::from_str(&body).unwrap();
         let read: Vec<&str> = object.fields.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(read, keys.iter().map(String::as_str).collect::<Vec<_>>());
-        assert_eq!(object.get("k499").unwrap().get(), "499");
+        assert_eq!(object.get("k499").unwrap(), "499");
     }
 }

@@ -103,7 +103,7 @@ fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteRepo
 
 /// A Responses request whose history is stored upstream.
 fn is_stateful(parsed: &ParsedRequest) -> bool {
-    ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v.get() != "null"))
+    ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v != "null"))
 }
 
 /// Codex's newest compaction: a `compaction_trigger` item that expects one `compaction` item back.

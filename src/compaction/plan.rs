@@ -14,7 +14,7 @@ use crate::session::state::CompactionRecord;
 pub fn prefix_hash(parsed: &ParsedRequest, count: usize) -> String {
     let mut hasher = Xxh3::new();
     for message in parsed.messages.iter().take(count) {
-        let raw = message.raw.get();
+        let raw = message.raw;
         if raw.contains("\"cache_control\"") {
             if let Ok(mut value) = serde_json::from_str::<serde_json::Value>(raw) {
                 strip_cache_control(&mut value);
@@ -129,7 +129,7 @@ pub fn rebuild(
     count: &dyn Fn(&str) -> u32,
 ) -> Option<Vec<u8>> {
     let cut = usize::try_from(record.covered_messages).ok()?;
-    let mut messages: Vec<String> = parsed.messages[..parsed.lead()].iter().map(|m| m.raw.get().to_string()).collect();
+    let mut messages: Vec<String> = parsed.messages[..parsed.lead()].iter().map(|m| m.raw.to_string()).collect();
     let summary_at = messages.len();
     messages.push(String::new());
     let limit = record.truncate_user_tokens;
@@ -145,7 +145,7 @@ pub fn rebuild(
             Some(text) if limit > 0 && message.role == Role::User && count(&text) > limit => {
                 messages.push(user_message(parsed.dialect, &shorten(text)))
             }
-            _ => messages.push(message.raw.get().to_string()),
+            _ => messages.push(message.raw.to_string()),
         }
     }
     let summary = format!("{prefix}{}", record.summary);

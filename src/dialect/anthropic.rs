@@ -12,8 +12,6 @@
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
-
 use super::{Message, ParsedRequest, breakpoints, only_text_and_media, string_kind, text_of_parts};
 use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
@@ -23,13 +21,13 @@ use crate::json::{self, RawObject};
 /// search results that citations point at, parts it does not know) keeps the result whole.
 const MEDIA_PARTS: &[&str] = &["image", "document"];
 
-pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a RawValue>) -> Option<()> {
+pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a str>) -> Option<()> {
     if let Some(system) = parsed.top.get("system") {
-        if system.get().starts_with('[') {
+        if system.starts_with('[') {
             let (text, _) = text_of_parts(&json::as_array(system)?);
             parsed.system.push(text.clone());
             parsed.top_system.push(text);
-        } else if system.get() != "null" {
+        } else if system != "null" {
             let text = json::as_str(system)?;
             parsed.system.push(text.clone());
             parsed.top_system.push(text);
@@ -45,7 +43,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
             _ => return None,
         };
         let content = object.get("content")?;
-        let blocks = if content.get().starts_with('[') { Some(json::as_array(content)?) } else { None };
+        let blocks = if content.starts_with('[') { Some(json::as_array(content)?) } else { None };
         let items = &mut parsed.conversation.items;
         match &blocks {
             None => {
@@ -65,7 +63,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
 
 /// The neutral item of one content block; `None` when a block compactor knows lacks a field its
 /// type requires (the request is then forwarded untouched).
-fn block_item<'a>(message: usize, b: usize, role: Role, block: &'a RawValue) -> Option<Item<'a>> {
+fn block_item<'a>(message: usize, b: usize, role: Role, block: &'a str) -> Option<Item<'a>> {
     let object = RawObject::parse(block)?;
     let item = |kind| Item::new(message, Some(b), kind);
     let type_name = object.str("type");
@@ -80,7 +78,7 @@ fn block_item<'a>(message: usize, b: usize, role: Role, block: &'a RawValue) -> 
             let call_id = Some(object.str("tool_use_id")?);
             let (text, attachments, shortenable) = match object.get("content") {
                 None => (Cow::Borrowed(""), 0, true),
-                Some(c) if c.get().starts_with('[') => {
+                Some(c) if c.starts_with('[') => {
                     let parts = json::as_array(c)?;
                     let (text, attachments) = text_of_parts(&parts);
                     (text, attachments, only_text_and_media(&parts, MEDIA_PARTS))
@@ -97,7 +95,7 @@ fn block_item<'a>(message: usize, b: usize, role: Role, block: &'a RawValue) -> 
         Some(kind) if is_provider_result(kind) && object.str("tool_use_id").is_some() => {
             provider_result(message, b, kind, &object, block)?
         }
-        _ => item(Kind::Other { raw: block.get() }),
+        _ => item(Kind::Other { raw: block }),
     };
     Some(item)
 }
@@ -106,7 +104,7 @@ fn call_kind<'a>(object: &RawObject<'a>) -> Option<Kind<'a>> {
     Some(Kind::ToolCall {
         id: Some(object.str("id")?),
         name: object.str("name").unwrap_or_default(),
-        arguments: object.get("input").map(|i| i.get().into()).unwrap_or_default(),
+        arguments: object.get("input").map(|i| i.into()).unwrap_or_default(),
     })
 }
 
@@ -123,7 +121,7 @@ enum ResultText<'a> {
     Content,
     /// One string inside the block, replaced in place: a fetched text page, code execution
     /// stdout, a viewed text file.
-    Nested(&'a RawValue),
+    Nested(&'a str),
 }
 
 /// The replaceable text of a provider's result block, `None` when nothing in it may be shortened
@@ -131,18 +129,18 @@ enum ResultText<'a> {
 fn provider_text<'a>(type_name: &str, object: &RawObject<'a>) -> Option<ResultText<'a>> {
     if type_name == "mcp_tool_result" {
         let content = object.get("content")?;
-        let parts = if content.get().starts_with('[') { json::as_array(content)? } else { Vec::new() };
+        let parts = if content.starts_with('[') { json::as_array(content)? } else { Vec::new() };
         return only_text_and_media(&parts, &[]).then_some(ResultText::Content);
     }
     let content = RawObject::parse(object.get("content")?)?;
-    let string = |object: &RawObject<'a>, key: &str| object.get(key).filter(|v| v.get().starts_with('"'));
+    let string = |object: &RawObject<'a>, key: &str| object.get(key).filter(|v| v.starts_with('"'));
     let field = match (type_name, content.str("type").as_deref()) {
         ("web_fetch_tool_result", Some("web_fetch_result")) => {
             let document = RawObject::parse(content.get("content")?)?;
             let source = RawObject::parse(document.get("source")?)?;
             // A page that citations may point into keeps every character.
             let cited = document.get("citations").and_then(RawObject::parse).and_then(|c| c.get("enabled"));
-            if source.str("type").as_deref() != Some("text") || cited.is_some_and(|e| e.get() == "true") {
+            if source.str("type").as_deref() != Some("text") || cited.is_some_and(|e| e == "true") {
                 return None;
             }
             string(&source, "data")?
@@ -166,13 +164,13 @@ fn provider_result<'a>(
     b: usize,
     type_name: &str,
     object: &RawObject<'a>,
-    block: &'a RawValue,
+    block: &'a str,
 ) -> Option<Item<'a>> {
     let call_id = Some(object.str("tool_use_id")?);
     let content = object.get("content");
     let (text, attachments, shortenable) = match provider_text(type_name, object) {
         Some(ResultText::Content) => match content {
-            Some(c) if c.get().starts_with('[') => (text_of_parts(&json::as_array(c)?).0, 0, true),
+            Some(c) if c.starts_with('[') => (text_of_parts(&json::as_array(c)?).0, 0, true),
             Some(c) => (json::as_str(c)?, 0, true),
             None => (Cow::Borrowed(""), 0, true),
         },
@@ -189,12 +187,12 @@ fn provider_result<'a>(
 /// What a reader can make of a result block nothing may shorten: search results as title and URL
 /// (their encrypted pages counted like attachments), a fetched PDF as its URL and one attachment,
 /// the names of the tools a tool search found; anything else as its JSON.
-fn readable<'a>(type_name: &str, content: Option<&'a RawValue>, block: &'a RawValue) -> (Cow<'a, str>, u32) {
-    let whole = (Cow::Borrowed(block.get()), 0);
+fn readable<'a>(type_name: &str, content: Option<&'a str>, block: &'a str) -> (Cow<'a, str>, u32) {
+    let whole = (Cow::Borrowed(block), 0);
     let Some(content) = content else { return whole };
-    let entries = |raw: &'a RawValue| json::as_array(raw).unwrap_or_default();
+    let entries = |raw: &'a str| json::as_array(raw).unwrap_or_default();
     match type_name {
-        "web_search_tool_result" if content.get().starts_with('[') => {
+        "web_search_tool_result" if content.starts_with('[') => {
             let results = entries(content);
             let lines: Vec<String> = results
                 .iter()
@@ -243,7 +241,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
                 out.push(&text);
             }
         } else {
-            out.push(message.raw.get());
+            out.push(message.raw);
         }
         // No user message follows this assistant turn: the results get one of their own.
         if message.role == Role::Assistant && parsed.messages.get(index + 1).is_none_or(|m| m.role != Role::User) {
@@ -279,12 +277,12 @@ fn synthetic_block(insert: &InsertResult) -> String {
 
 /// A result block with its text replaced by `text`; `None` when the block has no replaceable
 /// text (the policies never ask for that).
-fn replace_result_text(block: &RawValue, text: &str) -> Option<String> {
+fn replace_result_text(block: &str, text: &str) -> Option<String> {
     let object = RawObject::parse(block)?;
     let type_name = object.str("type")?;
     let target = if type_name == "tool_result" { ResultText::Content } else { provider_text(&type_name, &object)? };
     match target {
-        ResultText::Nested(field) => json::replace_within(block.get(), field, &json::json_string(text)),
+        ResultText::Nested(field) => json::replace_within(block, field, &json::json_string(text)),
         ResultText::Content => {
             let mut rendered = String::new();
             object.write(&mut rendered, &[], |key| (key == "content").then(|| json::json_string(text)));
@@ -295,7 +293,7 @@ fn replace_result_text(block: &RawValue, text: &str) -> Option<String> {
             // A client's cache breakpoint inside the replaced content moves up to the block, so
             // the prefix it marks is still cached.
             if object.get("cache_control").is_none()
-                && let Some(marker) = object.get("content").and_then(|c| nested_cache_control(c.get()))
+                && let Some(marker) = object.get("content").and_then(|c| nested_cache_control(c))
             {
                 rendered.pop();
                 rendered.push_str(&format!(r#","cache_control":{marker}}}"#));
@@ -338,7 +336,7 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
                 }
                 _ => {
                     if let Some(content) = message.object.get("content") {
-                        let block = format!(r#"{{"type":"text","text":{}}}"#, content.get());
+                        let block = format!(r#"{{"type":"text","text":{}}}"#, content);
                         let block = match parsed.marker.as_ref().filter(|m| m.message == index) {
                             Some(marker) => breakpoints::with_marker(block, marker),
                             None => block,
@@ -363,13 +361,13 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
                 match item.map(|i| (&i.edit, &i.kind)) {
                     Some((Edit::Remove, _)) => {}
                     Some((Edit::Replace(text), Kind::ToolResult { .. })) => {
-                        let rendered = replace_result_text(block, text).unwrap_or_else(|| block.get().to_string());
+                        let rendered = replace_result_text(block, text).unwrap_or_else(|| block.to_string());
                         blocks.push((client_result, rendered));
                     }
                     Some((Edit::Replace(text), _)) => {
                         blocks.push((false, format!(r#"{{"type":"text","text":{}}}"#, json::json_string(text))))
                     }
-                    _ => blocks.push((client_result, block.get().to_string())),
+                    _ => blocks.push((client_result, block.to_string())),
                 }
                 if let Some(marker) = parsed.marker.as_ref().filter(|m| m.message == index && m.block == Some(b))
                     && let Some((_, last)) = blocks.last_mut()

@@ -14,8 +14,6 @@
 //! has opted out of caching. compactor's marker takes the TTL of the next marker after it (an
 //! hour-long entry must not follow a five-minute one).
 
-use serde_json::value::RawValue;
-
 use super::{Dialect, ParsedRequest};
 use crate::conversation::Edit;
 use crate::json::{self, RawObject};
@@ -70,13 +68,13 @@ pub fn summary_message<'r>(text: &str, elsewhere: usize, after: impl IntoIterato
 /// Markers in `body` outside its `messages` (tools, system).
 pub fn outside_messages(parsed: &ParsedRequest) -> usize {
     let whole = std::str::from_utf8(parsed.body).map_or(MAX_MARKERS, count);
-    let messages = parsed.top.get("messages").map_or(0, |m| count(m.get()));
+    let messages = parsed.top.get("messages").map_or(0, |m| count(m));
     whole.saturating_sub(messages)
 }
 
 /// Whether a block may carry a marker: the types Anthropic accepts one on (never thinking, never
 /// an empty text).
-fn markable(block: &RawValue) -> bool {
+fn markable(block: &str) -> bool {
     let Some(object) = RawObject::parse(block) else { return false };
     match object.str("type").as_deref() {
         Some("text") => object.str("text").is_some_and(|t| !t.is_empty()),
@@ -106,7 +104,7 @@ pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
     }
     for index in (0..first).rev() {
         let message = &parsed.messages[index];
-        let later = || parsed.messages[index + 1..].iter().map(|m| m.raw.get());
+        let later = || parsed.messages[index + 1..].iter().map(|m| m.raw);
         match &message.blocks {
             None => {
                 let Some(content) = message.object.get("content") else { continue };
@@ -119,12 +117,12 @@ pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
             }
             Some(blocks) => {
                 for (b, block) in blocks.iter().enumerate().rev() {
-                    if count(block.get()) > 0 {
+                    if count(block) > 0 {
                         // The prefix is marked there already.
                         return;
                     }
                     if markable(block) {
-                        let json = marker_before(blocks[b + 1..].iter().map(|r| r.get()).chain(later()));
+                        let json = marker_before(blocks[b + 1..].iter().copied().chain(later()));
                         parsed.marker = Some(Marker { message: index, block: Some(b), json });
                         return;
                     }

@@ -7,18 +7,16 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use serde_json::value::RawValue;
-
 use super::{Message, ParsedRequest, only_text_and_media, text_of_parts};
 use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
-pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a RawValue>) -> Option<()> {
+pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a str>) -> Option<()> {
     for (index, raw) in raw_messages.into_iter().enumerate() {
         let object = RawObject::parse(raw)?;
         let role_name = object.str("role")?;
         let content = object.get("content");
-        let blocks = content.filter(|c| c.get().starts_with('[')).and_then(json::as_array);
+        let blocks = content.filter(|c| c.starts_with('[')).and_then(json::as_array);
         let role = match role_name.as_ref() {
             "system" | "developer" => Role::System,
             "user" => Role::User,
@@ -47,7 +45,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
                             items.push(item(Some(b), part_kind(role, part)));
                         }
                     }
-                    (None, Some(text)) if text.get() != "null" => {
+                    (None, Some(text)) if text != "null" => {
                         items.push(item(None, Kind::Text { role, text: json::as_str(text)? }));
                     }
                     _ => {}
@@ -55,7 +53,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
                 if let Some(refusal) = object.str("refusal") {
                     items.push(item(None, Kind::Text { role, text: refusal }));
                 }
-                if let Some(calls) = object.get("tool_calls").filter(|c| c.get() != "null") {
+                if let Some(calls) = object.get("tool_calls").filter(|c| *c != "null") {
                     for (b, call) in json::as_array(calls)?.into_iter().enumerate() {
                         let call = RawObject::parse(call)?;
                         // A function call's name and arguments, or a custom tool's name and input.
@@ -83,7 +81,7 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
 /// Parts a tool message may hold and still be replaced by one text.
 const MEDIA_PARTS: &[&str] = &["image_url", "input_audio", "file"];
 
-fn content_text<'a>(content: Option<&'a RawValue>, blocks: Option<&[&'a RawValue]>) -> (Cow<'a, str>, u32) {
+fn content_text<'a>(content: Option<&'a str>, blocks: Option<&[&'a str]>) -> (Cow<'a, str>, u32) {
     match (blocks, content) {
         (Some(parts), _) => text_of_parts(parts),
         (None, Some(raw)) => (json::as_str(raw).unwrap_or_default(), 0),
@@ -91,16 +89,16 @@ fn content_text<'a>(content: Option<&'a RawValue>, blocks: Option<&[&'a RawValue
     }
 }
 
-fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
-    let Some(object) = RawObject::parse(part) else { return Kind::Other { raw: part.get() } };
+fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
+    let Some(object) = RawObject::parse(part) else { return Kind::Other { raw: part } };
     match object.str("type").as_deref() {
         Some("text") => match object.str("text") {
             Some(text) => Kind::Text { role, text },
-            None => Kind::Other { raw: part.get() },
+            None => Kind::Other { raw: part },
         },
         Some("refusal") => Kind::Text { role, text: object.str("refusal").unwrap_or_default() },
         Some("image_url") | Some("input_audio") | Some("file") => Kind::Attachment,
-        _ => Kind::Other { raw: part.get() },
+        _ => Kind::Other { raw: part },
     }
 }
 
@@ -115,7 +113,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
                 out.push(&text);
             }
         } else {
-            out.push(message.raw.get());
+            out.push(message.raw);
         }
         for insert in owed.get(index).into_iter().flatten() {
             let mut text = String::from(r#"{"role":"tool","tool_call_id":"#);
@@ -154,7 +152,7 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message) -> Op
     if items.iter().any(|i| i.edit == Edit::Remove && i.block.is_none()) {
         return None;
     }
-    let mut out = String::with_capacity(message.raw.get().len());
+    let mut out = String::with_capacity(message.raw.len());
     match message.role {
         Role::Tool => {
             let replacement = items.iter().find_map(|i| match &i.edit {
@@ -166,7 +164,7 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message) -> Op
         _ => {
             // Part-level edits of user and assistant content.
             let Some(blocks) = &message.blocks else {
-                return Some(message.raw.get().to_string());
+                return Some(message.raw.to_string());
             };
             // The part item of each block (tool calls number their own blocks), found once.
             let mut by_block: Vec<Option<&Item>> = vec![None; blocks.len()];
@@ -183,7 +181,7 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message) -> Op
                 let text = match edit.map(|i| &i.edit) {
                     Some(Edit::Remove) => continue,
                     Some(Edit::Replace(text)) => format!(r#"{{"type":"text","text":{}}}"#, json::json_string(text)),
-                    _ => block.get().to_string(),
+                    _ => block.to_string(),
                 };
                 if !first {
                     content.push(',');

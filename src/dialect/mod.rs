@@ -8,8 +8,6 @@ pub mod responses;
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
-
 use crate::conversation::{Conversation, Kind, Pairing, Role};
 use crate::json::{self, RawObject};
 use crate::route::Endpoint;
@@ -62,11 +60,11 @@ impl Dialect {
 /// One message of the request, kept raw.
 #[derive(Debug, Clone)]
 pub struct Message<'a> {
-    pub raw: &'a RawValue,
+    pub raw: &'a str,
     pub object: RawObject<'a>,
     pub role: Role,
     /// The content blocks, when content is an array.
-    pub blocks: Option<Vec<&'a RawValue>>,
+    pub blocks: Option<Vec<&'a str>>,
 }
 
 /// A parsed request: raw parts for rendering, the neutral conversation for the policies.
@@ -85,7 +83,7 @@ pub struct ParsedRequest<'a> {
     /// fixed cost, since no policy touches it.
     pub top_system: Vec<Cow<'a, str>>,
     /// The tool definitions, counted as they are.
-    pub tools: Option<&'a RawValue>,
+    pub tools: Option<&'a str>,
     /// A cache breakpoint of compactor's own to render (Anthropic; see [`breakpoints`]).
     pub marker: Option<breakpoints::Marker>,
 }
@@ -98,7 +96,7 @@ impl<'a> ParsedRequest<'a> {
         let messages_raw = top.get(dialect.history_field())?;
         let raw_messages = json::as_array(messages_raw)?;
         let model = top.str("model");
-        let stream = top.get("stream").is_some_and(|v| v.get() == "true");
+        let stream = top.get("stream").is_some_and(|v| v == "true");
         let tools = top.get("tools");
         let mut parsed = ParsedRequest {
             dialect,
@@ -177,7 +175,7 @@ impl<'a> ParsedRequest<'a> {
     pub fn max_tokens(&self) -> Option<(&'static str, u64)> {
         ["max_tokens", "max_completion_tokens", "max_output_tokens"]
             .into_iter()
-            .find_map(|key| self.top.get(key).and_then(|v| v.get().parse::<u64>().ok()).map(|n| (key, n)))
+            .find_map(|key| self.top.get(key).and_then(|v| v.parse::<u64>().ok()).map(|n| (key, n)))
     }
 
     /// Tokens of message `index` as counted (items plus framing).
@@ -199,7 +197,7 @@ pub(crate) fn string_kind<'a>(role: Role, text: Cow<'a, str>, system: &mut Vec<C
 
 /// Concatenated text of an array of content parts (`{"type":"text","text":…}`), and how many
 /// parts were something else (images, files).
-pub(crate) fn text_of_parts<'a>(parts: &[&'a RawValue]) -> (Cow<'a, str>, u32) {
+pub(crate) fn text_of_parts<'a>(parts: &[&'a str]) -> (Cow<'a, str>, u32) {
     let mut texts: Vec<Cow<'a, str>> = Vec::new();
     let mut others = 0;
     for part in parts {
@@ -223,7 +221,7 @@ pub(crate) fn text_of_parts<'a>(parts: &[&'a RawValue]) -> (Cow<'a, str>, u32) {
 /// every part is text, or a `media` type compactor drops knowingly. Any other part (a tool
 /// reference that loads a deferred tool, a search result citations point at, a type compactor
 /// does not know) keeps the result whole.
-pub(crate) fn only_text_and_media(parts: &[&RawValue], media: &[&str]) -> bool {
+pub(crate) fn only_text_and_media(parts: &[&str], media: &[&str]) -> bool {
     parts.iter().all(|part| {
         let kind = RawObject::parse(part).and_then(|o| o.str("type"));
         matches!(kind.as_deref(), Some("text") | Some("input_text") | Some("output_text"))

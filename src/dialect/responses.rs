@@ -14,8 +14,6 @@
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
-
 use super::{Message, ParsedRequest, only_text_and_media, string_kind, text_of_parts};
 use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
@@ -23,7 +21,7 @@ use crate::json::{self, RawObject};
 /// Parts a function or custom tool output may hold and still be replaced by one text.
 const MEDIA_PARTS: &[&str] = &["input_image", "input_file"];
 
-pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<&'a RawValue>) -> Option<()> {
+pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<&'a str>) -> Option<()> {
     if let Some(instructions) = parsed.top.str("instructions") {
         parsed.system.push(instructions.clone());
         parsed.top_system.push(instructions);
@@ -40,12 +38,12 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
             let kind = Kind::ToolResult { call_id: Some(id), text, attachments };
             Item::new(index, Some(1), kind).provider_run().shortenable(false)
         };
-        let raw_of = |key: &str| object.get(key).map(|v| Cow::Borrowed(v.get())).unwrap_or_default();
+        let raw_of = |key: &str| object.get(key).map(|v| Cow::Borrowed(v)).unwrap_or_default();
         let name = |fallback: &'static str| object.str("name").unwrap_or(Cow::Borrowed(fallback));
         let role = match kind_name.as_deref() {
             // An item reference may leave out its type: only a role makes it a message.
             None if object.get("role").is_none() => {
-                items.push(item(None, Kind::Other { raw: raw.get() }));
+                items.push(item(None, Kind::Other { raw: raw }));
                 Role::Assistant
             }
             None | Some("message") => {
@@ -57,14 +55,14 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
                 };
                 let content = object.get("content")?;
                 let first_part = items.len();
-                if content.get().starts_with('[') {
+                if content.starts_with('[') {
                     for (b, part) in json::as_array(content)?.into_iter().enumerate() {
                         items.push(item(Some(b), part_kind(role, part)));
                     }
                 } else {
                     items.push(item(None, string_kind(role, json::as_str(content)?, &mut parsed.system)));
                 }
-                if role == Role::System && content.get().starts_with('[') {
+                if role == Role::System && content.starts_with('[') {
                     // This message's parts are the items just pushed.
                     let texts: Vec<String> = items[first_part..]
                         .iter()
@@ -90,12 +88,12 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
             Some("function_call_output") | Some("custom_tool_call_output") | Some("local_shell_call_output") => {
                 let call_id = object.str("call_id").or_else(|| object.str("id"))?;
                 let (text, attachments, shortenable) = match object.get("output") {
-                    Some(output) if output.get().starts_with('[') => {
+                    Some(output) if output.starts_with('[') => {
                         let parts = json::as_array(output)?;
                         let (text, attachments) = text_of_parts(&parts);
                         (text, attachments, only_text_and_media(&parts, MEDIA_PARTS))
                     }
-                    Some(output) => (json::as_str(output).unwrap_or(Cow::Borrowed(output.get())), 0, true),
+                    Some(output) => (json::as_str(output).unwrap_or(Cow::Borrowed(output)), 0, true),
                     None => (Cow::Borrowed(""), 0, true),
                 };
                 let kind = Kind::ToolResult { call_id: Some(call_id), text, attachments };
@@ -182,11 +180,11 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
             }
             // Tools offered from here on: developer input, kept in place.
             Some("additional_tools") => {
-                items.push(item(None, Kind::Other { raw: raw.get() }));
+                items.push(item(None, Kind::Other { raw: raw }));
                 Role::System
             }
             _ => {
-                items.push(item(None, Kind::Other { raw: raw.get() }));
+                items.push(item(None, Kind::Other { raw: raw }));
                 Role::Assistant
             }
         };
@@ -197,8 +195,8 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<
 
 /// The one text string of a hosted tool's result that may be shortened: an MCP call's `output`,
 /// or a code interpreter's log when it is its only output.
-fn hosted_output<'a>(object: &RawObject<'a>) -> Option<&'a RawValue> {
-    let is_string = |v: &&RawValue| v.get().starts_with('"');
+fn hosted_output<'a>(object: &RawObject<'a>) -> Option<&'a str> {
+    let is_string = |v: &&str| v.starts_with('"');
     if object.str("type").as_deref() == Some("mcp_call") {
         return object.get("output").filter(is_string);
     }
@@ -208,17 +206,17 @@ fn hosted_output<'a>(object: &RawObject<'a>) -> Option<&'a RawValue> {
     (log.str("type").as_deref() == Some("logs")).then(|| log.get("logs")).flatten().filter(is_string)
 }
 
-fn part_kind<'a>(role: Role, part: &'a RawValue) -> Kind<'a> {
-    let Some(object) = RawObject::parse(part) else { return Kind::Other { raw: part.get() } };
+fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
+    let Some(object) = RawObject::parse(part) else { return Kind::Other { raw: part } };
     match object.str("type").as_deref() {
         Some("input_text") | Some("output_text") | Some("text") => match object.str("text") {
             Some(text) if role == Role::System => Kind::System { text },
             Some(text) => Kind::Text { role, text },
-            None => Kind::Other { raw: part.get() },
+            None => Kind::Other { raw: part },
         },
         Some("refusal") => Kind::Text { role, text: object.str("refusal").unwrap_or_default() },
         Some("input_image") | Some("input_file") | Some("input_audio") => Kind::Attachment,
-        _ => Kind::Other { raw: part.get() },
+        _ => Kind::Other { raw: part },
     }
 }
 
@@ -239,7 +237,7 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
         match edit {
             Some(Edit::Remove) => {}
             Some(Edit::Replace(text)) => out.push(&replace_output(message, text)),
-            _ => out.push(message.raw.get()),
+            _ => out.push(message.raw),
         }
         for insert in owed.get(index).into_iter().flatten() {
             let output_type = match message.object.str("type").as_deref() {
@@ -265,6 +263,6 @@ fn replace_output(message: &Message, text: &str) -> String {
         return rendered;
     }
     hosted_output(&message.object)
-        .and_then(|field| json::replace_within(message.raw.get(), field, &json::json_string(text)))
-        .unwrap_or_else(|| message.raw.get().to_string())
+        .and_then(|field| json::replace_within(message.raw, field, &json::json_string(text)))
+        .unwrap_or_else(|| message.raw.to_string())
 }

@@ -352,7 +352,7 @@ fn countable_texts<'p>(parsed: &'p ParsedRequest<'_>) -> impl Iterator<Item = &'
         };
         [first, second]
     });
-    items.chain(parsed.tools.map(|t| t.get())).chain(parsed.top_system.iter().map(|s| s.as_ref()))
+    items.chain(parsed.tools).chain(parsed.top_system.iter().map(|s| s.as_ref()))
 }
 
 fn scale(tokens: u32, factor: f32) -> u32 {

@@ -74,7 +74,7 @@ fn sent(rewritten: &Rewritten, client: &[u8]) -> Vec<u8> {
 
 /// Each message's bytes as they go upstream.
 fn messages(dialect: Dialect, body: &[u8]) -> Vec<String> {
-    ParsedRequest::parse(dialect, body).unwrap().messages.iter().map(|m| m.raw.get().to_string()).collect()
+    ParsedRequest::parse(dialect, body).unwrap().messages.iter().map(|m| m.raw.to_string()).collect()
 }
 
 /// Tool outputs of a session: distinct files, with `reread` (index) read again at the end.
