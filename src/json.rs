@@ -176,6 +176,68 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
     }
 }
 
+/// Reads JSON text one value at a time from a position: the top level of a body and the elements
+/// of its history array, each byte scanned once, every value's text kept with what it parsed to.
+pub struct Scanner<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Scanner<'a> {
+    pub fn new(text: &'a str, at: usize) -> Self {
+        Self { text, at }
+    }
+
+    /// The byte offset reached.
+    pub fn at(&self) -> usize {
+        self.at
+    }
+
+    fn skip_whitespace(&mut self) {
+        let bytes = self.text.as_bytes();
+        while bytes.get(self.at).is_some_and(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t')) {
+            self.at += 1;
+        }
+    }
+
+    /// The offset of the next value, after whitespace.
+    pub fn start(&mut self) -> usize {
+        self.skip_whitespace();
+        self.at
+    }
+
+    /// The text from `start` to the offset reached.
+    pub fn since(&self, start: usize) -> Option<&'a str> {
+        self.text.get(start..self.at)
+    }
+
+    /// Consumes `byte` (after whitespace) when it comes next.
+    pub fn eat(&mut self, byte: u8) -> bool {
+        self.skip_whitespace();
+        let next = self.text.as_bytes().get(self.at) == Some(&byte);
+        if next {
+            self.at += 1;
+        }
+        next
+    }
+
+    /// The next value (after whitespace) read as `T`, with its JSON text.
+    pub fn next<T: Deserialize<'a>>(&mut self) -> Option<(&'a str, T)> {
+        self.skip_whitespace();
+        let start = self.at;
+        let mut values = serde_json::Deserializer::from_str(self.text.get(start..)?).into_iter::<T>();
+        let value = values.next()?.ok()?;
+        self.at = start + values.byte_offset();
+        Some((self.text.get(start..self.at)?, value))
+    }
+
+    /// Whether only whitespace is left.
+    pub fn at_end(&mut self) -> bool {
+        self.skip_whitespace();
+        self.at == self.text.len()
+    }
+}
+
 /// Objects with up to this many fields look for a duplicate key by scanning them: no allocation
 /// for the small objects every request is made of. Past it, a hash set keeps the check linear, so
 /// a hostile body with 100,000 keys costs milliseconds, not seconds.
@@ -183,20 +245,20 @@ const SCANNED_FIELDS: usize = 16;
 
 /// The fields of an object being read. A duplicate key makes the object unreadable (and the
 /// request is forwarded as it came): compactor and the provider could each take a different value.
-struct UniqueFields<'de> {
-    fields: Vec<(Cow<'de, str>, &'de str)>,
+pub(crate) struct UniqueFields<'de> {
+    pub(crate) fields: Vec<(Cow<'de, str>, &'de str)>,
     /// Every key so far, once the object has outgrown [`SCANNED_FIELDS`]. The std hasher is
     /// randomly keyed, so a client cannot pick keys that collide.
     keys: Option<HashSet<Cow<'de, str>>>,
 }
 
 impl<'de> UniqueFields<'de> {
-    fn with_capacity(capacity: usize) -> Self {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
         Self { fields: Vec::with_capacity(capacity), keys: None }
     }
 
     /// Appends the field, or hands its key back when the object already has it.
-    fn push(&mut self, key: Cow<'de, str>, value: &'de str) -> Result<(), Cow<'de, str>> {
+    pub(crate) fn push(&mut self, key: Cow<'de, str>, value: &'de str) -> Result<(), Cow<'de, str>> {
         if let Some(keys) = &mut self.keys {
             // A borrowed key clones as a pointer; only keys with escapes own (and copy) their text.
             if !keys.insert(key.clone()) {

@@ -21,7 +21,8 @@ use crate::json::{self, RawObject};
 /// search results that citations point at, parts it does not know) keeps the result whole.
 const MEDIA_PARTS: &[&str] = &["image", "document"];
 
-pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a str>) -> Option<()> {
+/// Reads the top-level `system` into `parsed`.
+pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
     if let Some(system) = parsed.top.get("system") {
         if system.starts_with('[') {
             let (text, _) = text_of_parts(&json::as_array(system)?);
@@ -33,31 +34,33 @@ pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: V
             parsed.top_system.push(text);
         }
     }
-    for (index, raw) in raw_messages.into_iter().enumerate() {
-        let object = RawObject::parse(raw)?;
-        let role = match object.str("role")?.as_ref() {
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            // Claude Code can put a system entry inside messages: keep it as it is.
-            "system" => Role::System,
-            _ => return None,
-        };
-        let content = object.get("content")?;
-        let blocks = if content.starts_with('[') { Some(json::as_array(content)?) } else { None };
-        let items = &mut parsed.conversation.items;
-        match &blocks {
-            None => {
-                let kind = string_kind(role, json::as_str(content)?, &mut parsed.system);
-                items.push(Item::new(index, None, kind));
-            }
-            Some(blocks) => {
-                for (b, block) in blocks.iter().enumerate() {
-                    items.push(block_item(index, b, role, block)?);
-                }
+    Some(())
+}
+
+/// Reads message `index` (`raw`, already read as `object`) into `parsed`.
+pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, raw: &'a str, object: RawObject<'a>) -> Option<()> {
+    let role = match object.str("role")?.as_ref() {
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        // Claude Code can put a system entry inside messages: keep it as it is.
+        "system" => Role::System,
+        _ => return None,
+    };
+    let content = object.get("content")?;
+    let blocks = if content.starts_with('[') { Some(json::as_array(content)?) } else { None };
+    let items = &mut parsed.conversation.items;
+    match &blocks {
+        None => {
+            let kind = string_kind(role, json::as_str(content)?, &mut parsed.system);
+            items.push(Item::new(index, None, kind));
+        }
+        Some(blocks) => {
+            for (b, block) in blocks.iter().enumerate() {
+                items.push(block_item(index, b, role, block)?);
             }
         }
-        parsed.messages.push(Message { raw, object, role, blocks });
     }
+    parsed.messages.push(Message { raw, object, role, blocks });
     Some(())
 }
 

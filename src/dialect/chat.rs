@@ -11,70 +11,68 @@ use super::{Message, ParsedRequest, only_text_and_media, text_of_parts};
 use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
-pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_messages: Vec<&'a str>) -> Option<()> {
-    for (index, raw) in raw_messages.into_iter().enumerate() {
-        let object = RawObject::parse(raw)?;
-        let role_name = object.str("role")?;
-        let content = object.get("content");
-        let blocks = content.filter(|c| c.starts_with('[')).and_then(json::as_array);
-        let role = match role_name.as_ref() {
-            "system" | "developer" => Role::System,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" | "function" => Role::Tool,
-            _ => return None,
-        };
-        let items = &mut parsed.conversation.items;
-        let item = |block, kind| Item::new(index, block, kind);
-        match role {
-            Role::Tool => {
-                let call_id = if role_name == "tool" { Some(object.str("tool_call_id")?) } else { None };
-                let (text, attachments) = content_text(content, blocks.as_deref());
-                let shortenable = blocks.as_deref().is_none_or(|parts| only_text_and_media(parts, MEDIA_PARTS));
-                items.push(item(None, Kind::ToolResult { call_id, text, attachments }).shortenable(shortenable));
+/// Reads message `index` (`raw`, already read as `object`) into `parsed`.
+pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, raw: &'a str, object: RawObject<'a>) -> Option<()> {
+    let role_name = object.str("role")?;
+    let content = object.get("content");
+    let blocks = content.filter(|c| c.starts_with('[')).and_then(json::as_array);
+    let role = match role_name.as_ref() {
+        "system" | "developer" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" | "function" => Role::Tool,
+        _ => return None,
+    };
+    let items = &mut parsed.conversation.items;
+    let item = |block, kind| Item::new(index, block, kind);
+    match role {
+        Role::Tool => {
+            let call_id = if role_name == "tool" { Some(object.str("tool_call_id")?) } else { None };
+            let (text, attachments) = content_text(content, blocks.as_deref());
+            let shortenable = blocks.as_deref().is_none_or(|parts| only_text_and_media(parts, MEDIA_PARTS));
+            items.push(item(None, Kind::ToolResult { call_id, text, attachments }).shortenable(shortenable));
+        }
+        Role::System => {
+            let (text, _) = content_text(content, blocks.as_deref());
+            parsed.system.push(text.clone());
+            items.push(item(None, Kind::System { text }));
+        }
+        Role::User | Role::Assistant => {
+            match (&blocks, content) {
+                (Some(parts), _) => {
+                    for (b, part) in parts.iter().enumerate() {
+                        items.push(item(Some(b), part_kind(role, part)));
+                    }
+                }
+                (None, Some(text)) if text != "null" => {
+                    items.push(item(None, Kind::Text { role, text: json::as_str(text)? }));
+                }
+                _ => {}
             }
-            Role::System => {
-                let (text, _) = content_text(content, blocks.as_deref());
-                parsed.system.push(text.clone());
-                items.push(item(None, Kind::System { text }));
+            if let Some(refusal) = object.str("refusal") {
+                items.push(item(None, Kind::Text { role, text: refusal }));
             }
-            Role::User | Role::Assistant => {
-                match (&blocks, content) {
-                    (Some(parts), _) => {
-                        for (b, part) in parts.iter().enumerate() {
-                            items.push(item(Some(b), part_kind(role, part)));
-                        }
-                    }
-                    (None, Some(text)) if text != "null" => {
-                        items.push(item(None, Kind::Text { role, text: json::as_str(text)? }));
-                    }
-                    _ => {}
+            if let Some(calls) = object.get("tool_calls").filter(|c| *c != "null") {
+                for (b, call) in json::as_array(calls)?.into_iter().enumerate() {
+                    let call = RawObject::parse(call)?;
+                    // A function call's name and arguments, or a custom tool's name and input.
+                    let (spec, input) = match call.get("custom") {
+                        Some(custom) => (RawObject::parse(custom), "input"),
+                        None => (call.get("function").and_then(RawObject::parse), "arguments"),
+                    };
+                    let name = spec.as_ref().and_then(|f| f.str("name")).unwrap_or_default();
+                    let arguments = spec.as_ref().and_then(|f| f.str(input)).unwrap_or_default();
+                    items.push(item(Some(b), Kind::ToolCall { id: Some(call.str("id")?), name, arguments }));
                 }
-                if let Some(refusal) = object.str("refusal") {
-                    items.push(item(None, Kind::Text { role, text: refusal }));
-                }
-                if let Some(calls) = object.get("tool_calls").filter(|c| *c != "null") {
-                    for (b, call) in json::as_array(calls)?.into_iter().enumerate() {
-                        let call = RawObject::parse(call)?;
-                        // A function call's name and arguments, or a custom tool's name and input.
-                        let (spec, input) = match call.get("custom") {
-                            Some(custom) => (RawObject::parse(custom), "input"),
-                            None => (call.get("function").and_then(RawObject::parse), "arguments"),
-                        };
-                        let name = spec.as_ref().and_then(|f| f.str("name")).unwrap_or_default();
-                        let arguments = spec.as_ref().and_then(|f| f.str(input)).unwrap_or_default();
-                        items.push(item(Some(b), Kind::ToolCall { id: Some(call.str("id")?), name, arguments }));
-                    }
-                }
-                if let Some(function) = object.get("function_call").and_then(RawObject::parse) {
-                    let name = function.str("name").unwrap_or_default();
-                    let arguments = function.str("arguments").unwrap_or_default();
-                    items.push(item(None, Kind::ToolCall { id: None, name, arguments }));
-                }
+            }
+            if let Some(function) = object.get("function_call").and_then(RawObject::parse) {
+                let name = function.str("name").unwrap_or_default();
+                let arguments = function.str("arguments").unwrap_or_default();
+                items.push(item(None, Kind::ToolCall { id: None, name, arguments }));
             }
         }
-        parsed.messages.push(Message { raw, object, role, blocks });
     }
+    parsed.messages.push(Message { raw, object, role, blocks });
     Some(())
 }
 

@@ -4,9 +4,12 @@
 pub mod anthropic;
 pub mod breakpoints;
 pub mod chat;
+pub mod prefix;
 pub mod responses;
 
 use std::borrow::Cow;
+
+use serde_json::value::RawValue;
 
 use crate::conversation::{Conversation, Kind, Pairing, Role};
 use crate::json::{self, RawObject};
@@ -86,35 +89,166 @@ pub struct ParsedRequest<'a> {
     pub tools: Option<&'a str>,
     /// A cache breakpoint of compactor's own to render (Anthropic; see [`breakpoints`]).
     pub marker: Option<breakpoints::Marker>,
+    /// Where the parse found things, for the next turn's reuse ([`prefix`]).
+    pub layout: Layout,
+}
+
+/// Where a parse found the history, and which system texts each message gave.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// Byte offset of the history array's `[`.
+    pub history_start: usize,
+    /// For each message, how many of the in-message system texts (`system` after the top-level
+    /// ones) come from it and the messages before it.
+    pub system_ends: Vec<usize>,
+}
+
+/// Reads one top-level `"key": value`; the history array is read element by element, each
+/// message once, as an object.
+fn read_field<'a>(
+    scan: &mut json::Scanner<'a>,
+    history_field: &str,
+    fields: &mut json::UniqueFields<'a>,
+    elements: &mut Vec<(&'a str, RawObject<'a>)>,
+    history_start: &mut Option<usize>,
+) -> Option<()> {
+    let (_, json::CowStr(key)) = scan.next::<json::CowStr<'a>>()?;
+    if !scan.eat(b':') {
+        return None;
+    }
+    if key == history_field && history_start.is_none() {
+        let start = scan.start();
+        if !scan.eat(b'[') {
+            return None;
+        }
+        scan_elements(scan, true, elements)?;
+        *history_start = Some(start);
+        return fields.push(key, scan.since(start)?).ok();
+    }
+    let (value, _) = scan.next::<&'a RawValue>()?;
+    fields.push(key, value).ok()
+}
+
+/// Reads the history array's elements from after its `[` (`first`) or after an element, through
+/// its `]`. Every element must be an object.
+fn scan_elements<'a>(
+    scan: &mut json::Scanner<'a>,
+    first: bool,
+    elements: &mut Vec<(&'a str, RawObject<'a>)>,
+) -> Option<()> {
+    if scan.eat(b']') {
+        return Some(());
+    }
+    if !first && !scan.eat(b',') {
+        return None;
+    }
+    loop {
+        elements.push(scan.next::<RawObject<'a>>()?);
+        if scan.eat(b']') {
+            return Some(());
+        }
+        if !scan.eat(b',') {
+            return None;
+        }
+    }
 }
 
 impl<'a> ParsedRequest<'a> {
     /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
     /// the request is forwarded untouched.
     pub fn parse(dialect: Dialect, body: &'a [u8]) -> Option<Self> {
-        let top: RawObject<'a> = serde_json::from_slice(body).ok()?;
-        let messages_raw = top.get(dialect.history_field())?;
-        let raw_messages = json::as_array(messages_raw)?;
+        Self::parse_after(dialect, body, None)
+    }
+
+    /// Parses `body`, taking its head (the top-level fields before the history and the first
+    /// messages) from `head` when given, re-made from an earlier parse of the same bytes
+    /// ([`prefix`]); the rest is read in one pass: the top level and each new message once.
+    pub(crate) fn parse_after(dialect: Dialect, body: &'a [u8], head: Option<prefix::Head<'a>>) -> Option<Self> {
+        let text = std::str::from_utf8(body).ok()?;
+        let history_field = dialect.history_field();
+        let mut fields = json::UniqueFields::with_capacity(16);
+        let mut elements: Vec<(&'a str, RawObject<'a>)> = Vec::new();
+        let mut history_start = None;
+        let mut scan;
+        let mut reused = prefix::Head::default();
+        match head {
+            Some(mut head) => {
+                for (key, value) in std::mem::take(&mut head.fields) {
+                    fields.push(key, value).ok()?;
+                }
+                scan = json::Scanner::new(text, head.resume);
+                let start = head.history_start;
+                scan_elements(&mut scan, head.messages.is_empty(), &mut elements)?;
+                let key = std::mem::take(&mut head.history_key);
+                fields.push(key, text.get(start..scan.at())?).ok()?;
+                history_start = Some(start);
+                reused = head;
+            }
+            None => {
+                scan = json::Scanner::new(text, 0);
+                if !scan.eat(b'{') {
+                    return None;
+                }
+                if scan.eat(b'}') {
+                    return None;
+                }
+                read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start)?;
+            }
+        }
+        while !scan.eat(b'}') {
+            if !scan.eat(b',') {
+                return None;
+            }
+            read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start)?;
+        }
+        if !scan.at_end() {
+            return None;
+        }
+        let history_start = history_start?;
+        let top = RawObject { fields: fields.fields };
         let model = top.str("model");
         let stream = top.get("stream").is_some_and(|v| v == "true");
         let tools = top.get("tools");
+        let count = reused.messages.len() + elements.len();
         let mut parsed = ParsedRequest {
             dialect,
             body,
             top,
             model,
             stream,
-            messages: Vec::with_capacity(raw_messages.len()),
+            messages: Vec::with_capacity(count),
             conversation: Conversation::default(),
             system: Vec::new(),
             top_system: Vec::new(),
             tools,
             marker: None,
+            layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
         };
-        match dialect {
-            Dialect::ChatCompletions => chat::parse_messages(&mut parsed, raw_messages)?,
-            Dialect::AnthropicMessages => anthropic::parse_messages(&mut parsed, raw_messages)?,
-            Dialect::Responses => responses::parse_messages(&mut parsed, raw_messages)?,
+        match reused.top_system.take() {
+            Some(top_system) => {
+                parsed.system.clone_from(&top_system);
+                parsed.top_system = top_system;
+            }
+            None => match dialect {
+                Dialect::ChatCompletions => {}
+                Dialect::AnthropicMessages => anthropic::parse_top(&mut parsed)?,
+                Dialect::Responses => responses::parse_top(&mut parsed)?,
+            },
+        }
+        let top_system = parsed.system.len();
+        parsed.messages.append(&mut reused.messages);
+        parsed.conversation.items.append(&mut reused.items);
+        parsed.system.append(&mut reused.system);
+        parsed.layout.system_ends.extend(reused.system_ends.iter().map(|end| end + top_system));
+        let first_new = parsed.messages.len();
+        for (offset, (raw, object)) in elements.into_iter().enumerate() {
+            let index = first_new + offset;
+            match dialect {
+                Dialect::ChatCompletions => chat::parse_message(&mut parsed, index, raw, object)?,
+                Dialect::AnthropicMessages => anthropic::parse_message(&mut parsed, index, raw, object)?,
+                Dialect::Responses => responses::parse_message(&mut parsed, index, raw, object)?,
+            }
+            parsed.layout.system_ends.push(parsed.system.len() - top_system);
         }
         parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
         parsed.conversation.pairing = dialect.pairing();

@@ -21,175 +21,178 @@ use crate::json::{self, RawObject};
 /// Parts a function or custom tool output may hold and still be replaced by one text.
 const MEDIA_PARTS: &[&str] = &["input_image", "input_file"];
 
-pub(super) fn parse_messages<'a>(parsed: &mut ParsedRequest<'a>, raw_items: Vec<&'a str>) -> Option<()> {
+/// Reads `instructions` into `parsed`.
+pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
     if let Some(instructions) = parsed.top.str("instructions") {
         parsed.system.push(instructions.clone());
         parsed.top_system.push(instructions);
     }
-    for (index, raw) in raw_items.into_iter().enumerate() {
-        let object = RawObject::parse(raw)?;
-        let kind_name = object.str("type");
-        let items = &mut parsed.conversation.items;
-        let item = |block, kind| Item::new(index, block, kind);
-        let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Cow<'a, str>| {
-            Item::new(index, Some(0), Kind::ToolCall { id: Some(id), name, arguments }).provider_run()
-        };
-        let result = |id: Cow<'a, str>, text: Cow<'a, str>, attachments: u32| {
-            let kind = Kind::ToolResult { call_id: Some(id), text, attachments };
-            Item::new(index, Some(1), kind).provider_run().shortenable(false)
-        };
-        let raw_of = |key: &str| object.get(key).map(|v| Cow::Borrowed(v)).unwrap_or_default();
-        let name = |fallback: &'static str| object.str("name").unwrap_or(Cow::Borrowed(fallback));
-        let role = match kind_name.as_deref() {
-            // An item reference may leave out its type: only a role makes it a message.
-            None if object.get("role").is_none() => {
-                items.push(item(None, Kind::Other { raw: raw }));
-                Role::Assistant
-            }
-            None | Some("message") => {
-                let role = match object.str("role")?.as_ref() {
-                    "system" | "developer" => Role::System,
-                    "user" => Role::User,
-                    "assistant" => Role::Assistant,
-                    _ => return None,
-                };
-                let content = object.get("content")?;
-                let first_part = items.len();
-                if content.starts_with('[') {
-                    for (b, part) in json::as_array(content)?.into_iter().enumerate() {
-                        items.push(item(Some(b), part_kind(role, part)));
-                    }
-                } else {
-                    items.push(item(None, string_kind(role, json::as_str(content)?, &mut parsed.system)));
+    Some(())
+}
+
+/// Reads item `index` (`raw`, already read as `object`) into `parsed`.
+pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, raw: &'a str, object: RawObject<'a>) -> Option<()> {
+    let kind_name = object.str("type");
+    let items = &mut parsed.conversation.items;
+    let item = |block, kind| Item::new(index, block, kind);
+    let call = |id: Cow<'a, str>, name: Cow<'a, str>, arguments: Cow<'a, str>| {
+        Item::new(index, Some(0), Kind::ToolCall { id: Some(id), name, arguments }).provider_run()
+    };
+    let result = |id: Cow<'a, str>, text: Cow<'a, str>, attachments: u32| {
+        let kind = Kind::ToolResult { call_id: Some(id), text, attachments };
+        Item::new(index, Some(1), kind).provider_run().shortenable(false)
+    };
+    let raw_of = |key: &str| object.get(key).map(|v| Cow::Borrowed(v)).unwrap_or_default();
+    let name = |fallback: &'static str| object.str("name").unwrap_or(Cow::Borrowed(fallback));
+    let role = match kind_name.as_deref() {
+        // An item reference may leave out its type: only a role makes it a message.
+        None if object.get("role").is_none() => {
+            items.push(item(None, Kind::Other { raw: raw }));
+            Role::Assistant
+        }
+        None | Some("message") => {
+            let role = match object.str("role")?.as_ref() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                _ => return None,
+            };
+            let content = object.get("content")?;
+            let first_part = items.len();
+            if content.starts_with('[') {
+                for (b, part) in json::as_array(content)?.into_iter().enumerate() {
+                    items.push(item(Some(b), part_kind(role, part)));
                 }
-                if role == Role::System && content.starts_with('[') {
-                    // This message's parts are the items just pushed.
-                    let texts: Vec<String> = items[first_part..]
-                        .iter()
-                        .filter_map(|i| match &i.kind {
-                            Kind::System { text } => Some(text.to_string()),
-                            _ => None,
-                        })
-                        .collect();
-                    parsed.system.push(Cow::Owned(texts.join("\n")));
+            } else {
+                items.push(item(None, string_kind(role, json::as_str(content)?, &mut parsed.system)));
+            }
+            if role == Role::System && content.starts_with('[') {
+                // This message's parts are the items just pushed.
+                let texts: Vec<String> = items[first_part..]
+                    .iter()
+                    .filter_map(|i| match &i.kind {
+                        Kind::System { text } => Some(text.to_string()),
+                        _ => None,
+                    })
+                    .collect();
+                parsed.system.push(Cow::Owned(texts.join("\n")));
+            }
+            role
+        }
+        Some("function_call") | Some("custom_tool_call") | Some("local_shell_call") => {
+            let arguments = match kind_name.as_deref() {
+                Some("function_call") => object.str("arguments").unwrap_or_default(),
+                Some("custom_tool_call") => object.str("input").unwrap_or_default(),
+                _ => raw_of("action"),
+            };
+            let kind = Kind::ToolCall { id: Some(object.str("call_id")?), name: name("local_shell"), arguments };
+            items.push(item(None, kind));
+            Role::Assistant
+        }
+        Some("function_call_output") | Some("custom_tool_call_output") | Some("local_shell_call_output") => {
+            let call_id = object.str("call_id").or_else(|| object.str("id"))?;
+            let (text, attachments, shortenable) = match object.get("output") {
+                Some(output) if output.starts_with('[') => {
+                    let parts = json::as_array(output)?;
+                    let (text, attachments) = text_of_parts(&parts);
+                    (text, attachments, only_text_and_media(&parts, MEDIA_PARTS))
                 }
-                role
-            }
-            Some("function_call") | Some("custom_tool_call") | Some("local_shell_call") => {
-                let arguments = match kind_name.as_deref() {
-                    Some("function_call") => object.str("arguments").unwrap_or_default(),
-                    Some("custom_tool_call") => object.str("input").unwrap_or_default(),
-                    _ => raw_of("action"),
-                };
-                let kind = Kind::ToolCall { id: Some(object.str("call_id")?), name: name("local_shell"), arguments };
-                items.push(item(None, kind));
-                Role::Assistant
-            }
-            Some("function_call_output") | Some("custom_tool_call_output") | Some("local_shell_call_output") => {
-                let call_id = object.str("call_id").or_else(|| object.str("id"))?;
-                let (text, attachments, shortenable) = match object.get("output") {
-                    Some(output) if output.starts_with('[') => {
-                        let parts = json::as_array(output)?;
-                        let (text, attachments) = text_of_parts(&parts);
-                        (text, attachments, only_text_and_media(&parts, MEDIA_PARTS))
-                    }
-                    Some(output) => (json::as_str(output).unwrap_or(Cow::Borrowed(output)), 0, true),
-                    None => (Cow::Borrowed(""), 0, true),
-                };
-                let kind = Kind::ToolResult { call_id: Some(call_id), text, attachments };
-                items.push(item(None, kind).shortenable(shortenable));
-                Role::Tool
-            }
-            // Client-run tools whose outputs compactor cannot write, and pairs that join by id.
-            Some("shell_call") | Some("apply_patch_call") | Some("computer_call") | Some("program") => {
-                let (fallback, arguments) = match kind_name.as_deref() {
-                    Some("shell_call") => ("shell", raw_of("action")),
-                    Some("apply_patch_call") => ("apply_patch", raw_of("operation")),
-                    Some("computer_call") => ("computer", raw_of("action")),
-                    _ => ("program", object.str("code").unwrap_or_default()),
-                };
-                items.push(call(object.str("call_id")?, name(fallback), arguments));
-                Role::Assistant
-            }
-            Some("shell_call_output") | Some("apply_patch_call_output") | Some("computer_call_output") => {
-                let attachments = u32::from(kind_name.as_deref() == Some("computer_call_output"));
-                let text = if attachments > 0 { Cow::Borrowed("") } else { raw_of("output") };
-                items.push(result(object.str("call_id")?, text, attachments));
-                Role::Tool
-            }
-            Some("program_output") => {
-                items.push(result(object.str("call_id")?, object.str("result").unwrap_or_default(), 0));
-                Role::Tool
-            }
-            Some("tool_search_call") if object.str("call_id").is_some() => {
-                items.push(call(object.str("call_id")?, Cow::Borrowed("tool_search"), raw_of("arguments")));
-                Role::Assistant
-            }
-            Some("tool_search_output") if object.str("call_id").is_some() => {
-                items.push(result(object.str("call_id")?, raw_of("tools"), 0));
-                Role::Tool
-            }
-            Some("mcp_approval_request") => {
-                items.push(call(object.str("id")?, name("mcp"), object.str("arguments").unwrap_or_default()));
-                Role::Assistant
-            }
-            Some("mcp_approval_response") => {
-                let verdict = raw_of("approve");
-                items.push(result(object.str("approval_request_id")?, verdict, 0));
-                Role::Tool
-            }
-            // Hosted tools: the call and the provider's result in one item.
-            Some("web_search_call") => {
-                items.push(call(object.str("id")?, Cow::Borrowed("web_search"), raw_of("action")));
-                Role::Assistant
-            }
-            Some("file_search_call") => {
-                let id = object.str("id")?;
-                items.push(call(id.clone(), Cow::Borrowed("file_search"), raw_of("queries")));
-                items.push(result(id, raw_of("results"), 0));
-                Role::Assistant
-            }
-            Some("image_generation_call") => {
-                let id = object.str("id")?;
-                items.push(call(id.clone(), Cow::Borrowed("image_generation"), Cow::Borrowed("")));
-                items.push(result(id, Cow::Borrowed(""), 1));
-                Role::Assistant
-            }
-            Some("code_interpreter_call") | Some("mcp_call") => {
-                let id = object.str("id")?;
-                let (name, arguments) = match kind_name.as_deref() {
-                    Some("mcp_call") => (name("mcp"), object.str("arguments").unwrap_or_default()),
-                    _ => (Cow::Borrowed("code_interpreter"), object.str("code").unwrap_or_default()),
-                };
-                items.push(call(id.clone(), name, arguments));
-                let output = match hosted_output(&object) {
-                    Some(field) => result(id, json::as_str(field)?, 0).shortenable(true),
-                    None => result(
-                        id,
-                        raw_of(if kind_name.as_deref() == Some("mcp_call") { "error" } else { "outputs" }),
-                        0,
-                    ),
-                };
-                items.push(output);
-                Role::Assistant
-            }
-            Some("reasoning") => {
-                let summary = object.get("summary").and_then(json::as_array).map(|parts| text_of_parts(&parts).0);
-                items.push(item(None, Kind::Thinking { text: summary.unwrap_or_default() }));
-                Role::Assistant
-            }
-            // Tools offered from here on: developer input, kept in place.
-            Some("additional_tools") => {
-                items.push(item(None, Kind::Other { raw: raw }));
-                Role::System
-            }
-            _ => {
-                items.push(item(None, Kind::Other { raw: raw }));
-                Role::Assistant
-            }
-        };
-        parsed.messages.push(Message { raw, object, role, blocks: None });
-    }
+                Some(output) => (json::as_str(output).unwrap_or(Cow::Borrowed(output)), 0, true),
+                None => (Cow::Borrowed(""), 0, true),
+            };
+            let kind = Kind::ToolResult { call_id: Some(call_id), text, attachments };
+            items.push(item(None, kind).shortenable(shortenable));
+            Role::Tool
+        }
+        // Client-run tools whose outputs compactor cannot write, and pairs that join by id.
+        Some("shell_call") | Some("apply_patch_call") | Some("computer_call") | Some("program") => {
+            let (fallback, arguments) = match kind_name.as_deref() {
+                Some("shell_call") => ("shell", raw_of("action")),
+                Some("apply_patch_call") => ("apply_patch", raw_of("operation")),
+                Some("computer_call") => ("computer", raw_of("action")),
+                _ => ("program", object.str("code").unwrap_or_default()),
+            };
+            items.push(call(object.str("call_id")?, name(fallback), arguments));
+            Role::Assistant
+        }
+        Some("shell_call_output") | Some("apply_patch_call_output") | Some("computer_call_output") => {
+            let attachments = u32::from(kind_name.as_deref() == Some("computer_call_output"));
+            let text = if attachments > 0 { Cow::Borrowed("") } else { raw_of("output") };
+            items.push(result(object.str("call_id")?, text, attachments));
+            Role::Tool
+        }
+        Some("program_output") => {
+            items.push(result(object.str("call_id")?, object.str("result").unwrap_or_default(), 0));
+            Role::Tool
+        }
+        Some("tool_search_call") if object.str("call_id").is_some() => {
+            items.push(call(object.str("call_id")?, Cow::Borrowed("tool_search"), raw_of("arguments")));
+            Role::Assistant
+        }
+        Some("tool_search_output") if object.str("call_id").is_some() => {
+            items.push(result(object.str("call_id")?, raw_of("tools"), 0));
+            Role::Tool
+        }
+        Some("mcp_approval_request") => {
+            items.push(call(object.str("id")?, name("mcp"), object.str("arguments").unwrap_or_default()));
+            Role::Assistant
+        }
+        Some("mcp_approval_response") => {
+            let verdict = raw_of("approve");
+            items.push(result(object.str("approval_request_id")?, verdict, 0));
+            Role::Tool
+        }
+        // Hosted tools: the call and the provider's result in one item.
+        Some("web_search_call") => {
+            items.push(call(object.str("id")?, Cow::Borrowed("web_search"), raw_of("action")));
+            Role::Assistant
+        }
+        Some("file_search_call") => {
+            let id = object.str("id")?;
+            items.push(call(id.clone(), Cow::Borrowed("file_search"), raw_of("queries")));
+            items.push(result(id, raw_of("results"), 0));
+            Role::Assistant
+        }
+        Some("image_generation_call") => {
+            let id = object.str("id")?;
+            items.push(call(id.clone(), Cow::Borrowed("image_generation"), Cow::Borrowed("")));
+            items.push(result(id, Cow::Borrowed(""), 1));
+            Role::Assistant
+        }
+        Some("code_interpreter_call") | Some("mcp_call") => {
+            let id = object.str("id")?;
+            let (name, arguments) = match kind_name.as_deref() {
+                Some("mcp_call") => (name("mcp"), object.str("arguments").unwrap_or_default()),
+                _ => (Cow::Borrowed("code_interpreter"), object.str("code").unwrap_or_default()),
+            };
+            items.push(call(id.clone(), name, arguments));
+            let output = match hosted_output(&object) {
+                Some(field) => result(id, json::as_str(field)?, 0).shortenable(true),
+                None => result(
+                    id,
+                    raw_of(if kind_name.as_deref() == Some("mcp_call") { "error" } else { "outputs" }),
+                    0,
+                ),
+            };
+            items.push(output);
+            Role::Assistant
+        }
+        Some("reasoning") => {
+            let summary = object.get("summary").and_then(json::as_array).map(|parts| text_of_parts(&parts).0);
+            items.push(item(None, Kind::Thinking { text: summary.unwrap_or_default() }));
+            Role::Assistant
+        }
+        // Tools offered from here on: developer input, kept in place.
+        Some("additional_tools") => {
+            items.push(item(None, Kind::Other { raw: raw }));
+            Role::System
+        }
+        _ => {
+            items.push(item(None, Kind::Other { raw: raw }));
+            Role::Assistant
+        }
+    };
+    parsed.messages.push(Message { raw, object, role, blocks: None });
     Some(())
 }
 

@@ -1,0 +1,486 @@
+//! Prefix reuse across turns: an agent resends its whole conversation every turn, and everything
+//! but the last few messages is byte for byte what compactor parsed one turn ago. A [`Skeleton`]
+//! remembers where the last parse found each thing (as byte ranges of its body); when the next
+//! body starts with the same bytes, the messages inside that common prefix are re-made from the
+//! new body by slicing it at the same offsets, and only the rest is read. Nothing of the old body
+//! is trusted beyond the bytes compared: the result is the parse of the new body, the same as a
+//! fresh one (`tests/library/prefix_reuse.rs` proves it).
+//!
+//! Skeletons live in process memory only, in a cache bounded in bytes
+//! (`limits.prefix_cache_bytes`), under a key of the client's credential and session header: a
+//! collision or a stale entry only costs the reuse, never the result.
+
+use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{Dialect, Layout, Message, ParsedRequest};
+use crate::conversation::{Edit, Item, Kind, Role};
+use crate::json;
+
+/// Earlier bodies kept per key: parallel conversations of one client (subagents) under the same
+/// credential each keep theirs.
+const CANDIDATES: usize = 4;
+
+/// A text of the earlier parse: where it lay in the body, or its own text when it was not a slice
+/// of the body (an unescaped string, a constant).
+#[derive(Debug, Clone)]
+enum Piece {
+    At(Range<usize>),
+    Owned(Box<str>),
+}
+
+impl Piece {
+    fn of(body: &[u8], text: &Cow<str>) -> Self {
+        match text {
+            Cow::Borrowed(text) => match json::span_in(body, text) {
+                Some(span) => Self::At(span),
+                None => Self::Owned((*text).into()),
+            },
+            Cow::Owned(text) => Self::Owned(text.as_str().into()),
+        }
+    }
+
+    fn make<'a>(&self, text: &'a str) -> Option<Cow<'a, str>> {
+        match self {
+            Self::At(span) => text.get(span.clone()).map(Cow::Borrowed),
+            Self::Owned(owned) => Some(Cow::Owned(owned.to_string())),
+        }
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of::<Self>() + if let Self::Owned(text) = self { text.len() } else { 0 }
+    }
+}
+
+fn make_opt<'a>(piece: &Option<Piece>, text: &'a str) -> Option<Option<Cow<'a, str>>> {
+    match piece {
+        Some(piece) => Some(Some(piece.make(text)?)),
+        None => Some(None),
+    }
+}
+
+/// [`Kind`] with its texts as pieces.
+#[derive(Debug, Clone)]
+enum KindSkeleton {
+    System { text: Piece },
+    Text { role: Role, text: Piece },
+    ToolCall { id: Option<Piece>, name: Piece, arguments: Piece },
+    ToolResult { call_id: Option<Piece>, text: Piece, attachments: u32 },
+    Attachment,
+    Thinking { text: Piece },
+    Other { raw: Range<usize> },
+}
+
+#[derive(Debug, Clone)]
+struct ItemSkeleton {
+    message: usize,
+    block: Option<usize>,
+    kind: KindSkeleton,
+    tokens: u32,
+    edit: Edit,
+    repairable: bool,
+    shortenable: bool,
+}
+
+#[derive(Debug, Clone)]
+struct MessageSkeleton {
+    raw: Range<usize>,
+    fields: Vec<(Piece, Range<usize>)>,
+    role: Role,
+    blocks: Option<Vec<Range<usize>>>,
+}
+
+/// Where one parse found everything, by byte range of its body (kept, refcounted).
+#[derive(Debug)]
+pub struct Skeleton {
+    dialect: Dialect,
+    body: Bytes,
+    /// Top-level fields before the history.
+    fields: Vec<(Piece, Range<usize>)>,
+    history_key: Piece,
+    history_start: usize,
+    /// The top-level system texts, when their field comes before the history.
+    top_system: Option<Vec<Piece>>,
+    messages: Vec<MessageSkeleton>,
+    items: Vec<ItemSkeleton>,
+    /// The in-message system texts.
+    system: Vec<Piece>,
+    system_ends: Vec<usize>,
+    /// Where the first message ends: bodies that agree up to here are one conversation.
+    opening: usize,
+    /// Bytes held, for the cache's bound.
+    size: usize,
+}
+
+/// The head of a body re-made from a [`Skeleton`]: what [`ParsedRequest::parse_after`] starts from.
+#[derive(Debug, Default)]
+pub(crate) struct Head<'a> {
+    pub fields: Vec<(Cow<'a, str>, &'a str)>,
+    pub history_key: Cow<'a, str>,
+    pub history_start: usize,
+    /// Where reading resumes: after the last re-made message, or after the history's `[`.
+    pub resume: usize,
+    pub top_system: Option<Vec<Cow<'a, str>>>,
+    pub messages: Vec<Message<'a>>,
+    pub items: Vec<Item<'a>>,
+    pub system: Vec<Cow<'a, str>>,
+    pub system_ends: Vec<usize>,
+}
+
+/// The key of the field holding the top-level system texts.
+fn system_field(dialect: Dialect) -> Option<&'static str> {
+    match dialect {
+        Dialect::ChatCompletions => None,
+        Dialect::AnthropicMessages => Some("system"),
+        Dialect::Responses => Some("instructions"),
+    }
+}
+
+impl Skeleton {
+    /// The skeleton of a fresh parse (before any policy touched it) of `body`; `None` when
+    /// something in it is not where a skeleton can say (it is then simply not reused).
+    pub fn of(parsed: &ParsedRequest, body: Bytes) -> Option<Self> {
+        let bytes: &[u8] = &body;
+        if parsed.body.as_ptr() != bytes.as_ptr() || parsed.body.len() != bytes.len() {
+            return None;
+        }
+        let span = |text: &str| json::span_in(bytes, text);
+        let piece = |text: &Cow<str>| Piece::of(bytes, text);
+        let history = parsed.top.fields.iter().position(|(key, _)| key == parsed.dialect.history_field())?;
+        let fields: Vec<(Piece, Range<usize>)> = parsed.top.fields[..history]
+            .iter()
+            .map(|(key, value)| Some((piece(key), span(value)?)))
+            .collect::<Option<_>>()?;
+        let history_key = piece(&parsed.top.fields[history].0);
+        let system_before = system_field(parsed.dialect)
+            .is_some_and(|name| parsed.top.fields[..history].iter().any(|(key, _)| key == name));
+        let top_system = system_before.then(|| parsed.top_system.iter().map(piece).collect());
+        let messages: Vec<MessageSkeleton> = parsed
+            .messages
+            .iter()
+            .map(|message| {
+                Some(MessageSkeleton {
+                    raw: span(message.raw)?,
+                    fields: message
+                        .object
+                        .fields
+                        .iter()
+                        .map(|(key, value)| Some((piece(key), span(value)?)))
+                        .collect::<Option<_>>()?,
+                    role: message.role,
+                    blocks: match &message.blocks {
+                        Some(blocks) => Some(blocks.iter().map(|b| span(b)).collect::<Option<_>>()?),
+                        None => None,
+                    },
+                })
+            })
+            .collect::<Option<_>>()?;
+        let items: Vec<ItemSkeleton> = parsed
+            .conversation
+            .items
+            .iter()
+            .map(|item| {
+                let kind = match &item.kind {
+                    Kind::System { text } => KindSkeleton::System { text: piece(text) },
+                    Kind::Text { role, text } => KindSkeleton::Text { role: *role, text: piece(text) },
+                    Kind::ToolCall { id, name, arguments } => KindSkeleton::ToolCall {
+                        id: id.as_ref().map(piece),
+                        name: piece(name),
+                        arguments: piece(arguments),
+                    },
+                    Kind::ToolResult { call_id, text, attachments } => KindSkeleton::ToolResult {
+                        call_id: call_id.as_ref().map(piece),
+                        text: piece(text),
+                        attachments: *attachments,
+                    },
+                    Kind::Attachment => KindSkeleton::Attachment,
+                    Kind::Thinking { text } => KindSkeleton::Thinking { text: piece(text) },
+                    Kind::Other { raw } => KindSkeleton::Other { raw: span(raw)? },
+                };
+                Some(ItemSkeleton {
+                    message: item.message,
+                    block: item.block,
+                    kind,
+                    tokens: item.tokens,
+                    edit: item.edit.clone(),
+                    repairable: item.repairable,
+                    shortenable: item.shortenable,
+                })
+            })
+            .collect::<Option<_>>()?;
+        let system: Vec<Piece> = parsed.system[parsed.top_system.len()..].iter().map(piece).collect();
+        let opening = messages.first().map_or(parsed.layout.history_start + 1, |m| m.raw.end);
+        let Layout { history_start, system_ends } = parsed.layout.clone();
+        let mut skeleton = Self {
+            dialect: parsed.dialect,
+            body,
+            fields,
+            history_key,
+            history_start,
+            top_system,
+            messages,
+            items,
+            system,
+            system_ends,
+            opening,
+            size: 0,
+        };
+        skeleton.size = skeleton.weigh();
+        Some(skeleton)
+    }
+
+    fn weigh(&self) -> usize {
+        let ranges = |n: usize| n * std::mem::size_of::<Range<usize>>();
+        let kind = |kind: &KindSkeleton| match kind {
+            KindSkeleton::System { text } | KindSkeleton::Text { text, .. } | KindSkeleton::Thinking { text } => {
+                text.size()
+            }
+            KindSkeleton::ToolCall { id, name, arguments } => {
+                id.as_ref().map_or(0, Piece::size) + name.size() + arguments.size()
+            }
+            KindSkeleton::ToolResult { call_id, text, .. } => call_id.as_ref().map_or(0, Piece::size) + text.size(),
+            KindSkeleton::Attachment | KindSkeleton::Other { .. } => 0,
+        };
+        std::mem::size_of::<Self>()
+            + self.body.len()
+            + self.fields.iter().map(|(key, _)| key.size() + ranges(1)).sum::<usize>()
+            + self.top_system.iter().flatten().map(Piece::size).sum::<usize>()
+            + self
+                .messages
+                .iter()
+                .map(|m| {
+                    std::mem::size_of::<MessageSkeleton>()
+                        + m.fields.iter().map(|(key, _)| key.size() + ranges(1)).sum::<usize>()
+                        + m.blocks.as_ref().map_or(0, |b| ranges(b.len()))
+                })
+                .sum::<usize>()
+            + self.items.iter().map(|i| std::mem::size_of::<ItemSkeleton>() + kind(&i.kind)).sum::<usize>()
+            + self.system.iter().map(Piece::size).sum::<usize>()
+            + self.system_ends.len() * std::mem::size_of::<usize>()
+    }
+
+    /// The bytes this skeleton holds (its body included).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// How many leading bytes `body` shares with this skeleton's body.
+    fn common_prefix(&self, body: &[u8]) -> usize {
+        common_prefix(&self.body, body)
+    }
+
+    /// The head of `text` (a body whose first `common` bytes are this skeleton's): the fields
+    /// before the history and every message that ends inside the common bytes, re-made by slicing
+    /// `text`. `None` when not even the history's opening lies inside them.
+    pub(crate) fn head<'a>(&self, text: &'a str, mut common: usize) -> Option<Head<'a>> {
+        while !text.is_char_boundary(common) {
+            common -= 1;
+        }
+        if self.history_start >= common {
+            return None;
+        }
+        // Everything re-made is sliced from the common bytes only, whatever the skeleton says.
+        let text = text.get(..common)?;
+        let reused = self.messages.partition_point(|m| m.raw.end <= common);
+        let slice = |span: &Range<usize>| text.get(span.clone());
+        let fields = self
+            .fields
+            .iter()
+            .map(|(key, value)| Some((key.make(text)?, slice(value)?)))
+            .collect::<Option<_>>()?;
+        let top_system = match &self.top_system {
+            Some(pieces) => Some(pieces.iter().map(|p| p.make(text)).collect::<Option<_>>()?),
+            None => None,
+        };
+        let messages = self.messages[..reused]
+            .iter()
+            .map(|m| {
+                Some(Message {
+                    raw: slice(&m.raw)?,
+                    object: json::RawObject {
+                        fields: m
+                            .fields
+                            .iter()
+                            .map(|(key, value)| Some((key.make(text)?, slice(value)?)))
+                            .collect::<Option<_>>()?,
+                    },
+                    role: m.role,
+                    blocks: match &m.blocks {
+                        Some(blocks) => Some(blocks.iter().map(slice).collect::<Option<_>>()?),
+                        None => None,
+                    },
+                })
+            })
+            .collect::<Option<_>>()?;
+        let item_count = self.items.partition_point(|i| i.message < reused);
+        let items = self.items[..item_count]
+            .iter()
+            .map(|i| {
+                let kind = match &i.kind {
+                    KindSkeleton::System { text: t } => Kind::System { text: t.make(text)? },
+                    KindSkeleton::Text { role, text: t } => Kind::Text { role: *role, text: t.make(text)? },
+                    KindSkeleton::ToolCall { id, name, arguments } => Kind::ToolCall {
+                        id: make_opt(id, text)?,
+                        name: name.make(text)?,
+                        arguments: arguments.make(text)?,
+                    },
+                    KindSkeleton::ToolResult { call_id, text: t, attachments } => Kind::ToolResult {
+                        call_id: make_opt(call_id, text)?,
+                        text: t.make(text)?,
+                        attachments: *attachments,
+                    },
+                    KindSkeleton::Attachment => Kind::Attachment,
+                    KindSkeleton::Thinking { text: t } => Kind::Thinking { text: t.make(text)? },
+                    KindSkeleton::Other { raw } => Kind::Other { raw: slice(raw)? },
+                };
+                Some(Item {
+                    message: i.message,
+                    block: i.block,
+                    kind,
+                    tokens: i.tokens,
+                    edit: i.edit.clone(),
+                    repairable: i.repairable,
+                    shortenable: i.shortenable,
+                })
+            })
+            .collect::<Option<_>>()?;
+        let system_ends = self.system_ends[..reused].to_vec();
+        let system_count = system_ends.last().copied().unwrap_or(0);
+        let system = self.system.get(..system_count)?.iter().map(|p| p.make(text)).collect::<Option<_>>()?;
+        Some(Head {
+            fields,
+            history_key: self.history_key.make(text)?,
+            history_start: self.history_start,
+            resume: if reused == 0 { self.history_start + 1 } else { self.messages[reused - 1].raw.end },
+            top_system,
+            messages,
+            items,
+            system,
+            system_ends,
+        })
+    }
+
+    /// Whether `other` opens the same conversation (the same bytes through the first message).
+    fn same_opening(&self, other: &Skeleton) -> bool {
+        self.opening == other.opening && self.body.get(..self.opening) == other.body.get(..other.opening)
+    }
+}
+
+/// How many leading bytes `a` and `b` share: slices compared a chunk at a time, then the first
+/// differing chunk byte by byte.
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const CHUNK: usize = 4096;
+    let len = a.len().min(b.len());
+    let mut at = 0;
+    while at + CHUNK <= len && a[at..at + CHUNK] == b[at..at + CHUNK] {
+        at += CHUNK;
+    }
+    at + a[at..len].iter().zip(&b[at..len]).take_while(|(x, y)| x == y).count()
+}
+
+/// Parses `body` reusing `earlier` (a skeleton of an earlier body) when the two share a head.
+/// Returns the parse and how many messages were re-made (0: a full parse).
+pub fn parse_reusing<'a>(dialect: Dialect, body: &'a [u8], earlier: &Skeleton) -> (Option<ParsedRequest<'a>>, usize) {
+    if earlier.dialect == dialect
+        && let Ok(text) = std::str::from_utf8(body)
+        && let Some(head) = earlier.head(text, earlier.common_prefix(body))
+    {
+        let reused = head.messages.len();
+        if let Some(parsed) = ParsedRequest::parse_after(dialect, body, Some(head)) {
+            return (Some(parsed), reused);
+        }
+    }
+    (ParsedRequest::parse(dialect, body), 0)
+}
+
+/// What a parse through the cache did, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// Messages of an earlier turn were re-made.
+    Hit,
+    /// Nothing earlier matched: a full parse.
+    Miss,
+    /// The cache is off.
+    Off,
+}
+
+impl Reuse {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Miss => "miss",
+            Self::Off => "off",
+        }
+    }
+}
+
+/// The key skeletons are kept under: the dialect and whatever the request carries that stays the
+/// same across a conversation's turns (credential, session header), hashed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrefixKey(u64);
+
+impl PrefixKey {
+    pub fn new<'v>(dialect: Dialect, parts: impl IntoIterator<Item = &'v [u8]>) -> Self {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (dialect as u8).hash(&mut hasher);
+        for part in parts {
+            part.hash(&mut hasher);
+        }
+        Self(hasher.finish())
+    }
+}
+
+/// The last parses, bounded in bytes (bodies included); `None` inside when turned off.
+#[derive(Clone)]
+pub struct PrefixCache {
+    cache: Option<moka::sync::Cache<PrefixKey, Arc<[Arc<Skeleton>]>>>,
+}
+
+impl PrefixCache {
+    /// A cache holding at most `max_bytes`; 0 turns reuse off.
+    pub fn new(max_bytes: u64) -> Self {
+        let cache = (max_bytes > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(max_bytes)
+                .weigher(|_, candidates: &Arc<[Arc<Skeleton>]>| {
+                    let bytes: usize = candidates.iter().map(|c| c.size()).sum();
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                })
+                .build()
+        });
+        Self { cache }
+    }
+
+    /// Parses `body`, re-making the head it shares with an earlier body under `key`, and keeps this
+    /// parse for the next turn.
+    pub fn parse<'a>(&self, key: PrefixKey, dialect: Dialect, body: &'a Bytes) -> (Option<ParsedRequest<'a>>, Reuse) {
+        let Some(cache) = &self.cache else { return (ParsedRequest::parse(dialect, body), Reuse::Off) };
+        let candidates = cache.get(&key);
+        let best = candidates
+            .iter()
+            .flat_map(|c| c.iter())
+            .filter(|c| c.dialect == dialect)
+            .map(|c| (c.common_prefix(body), c))
+            .max_by_key(|(common, _)| *common);
+        let (parsed, reused) = match best {
+            Some((_, earlier)) => parse_reusing(dialect, body, earlier),
+            None => (ParsedRequest::parse(dialect, body), 0),
+        };
+        if let Some(parsed) = &parsed
+            && let Some(skeleton) = Skeleton::of(parsed, body.clone())
+        {
+            let skeleton = Arc::new(skeleton);
+            // This conversation's earlier turn gives way; other conversations under the key stay.
+            let kept: Vec<Arc<Skeleton>> = std::iter::once(skeleton.clone())
+                .chain(candidates.iter().flat_map(|c| c.iter()).filter(|c| !c.same_opening(&skeleton)).cloned())
+                .take(CANDIDATES)
+                .collect();
+            cache.insert(key, kept.into());
+        }
+        (parsed, if reused > 0 { Reuse::Hit } else { Reuse::Miss })
+    }
+}
