@@ -38,7 +38,12 @@ pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
 }
 
 /// Reads message `index` (`raw`, already read as `object`) into `parsed`.
-pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, raw: &'a str, object: RawObject<'a>) -> Option<()> {
+pub(super) fn parse_message<'a>(
+    parsed: &mut ParsedRequest<'a>,
+    index: usize,
+    raw: &'a str,
+    object: RawObject<'a>,
+) -> Option<()> {
     let role = match object.str("role")?.as_ref() {
         "user" => Role::User,
         "assistant" => Role::Assistant,

@@ -12,7 +12,12 @@ use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
 /// Reads message `index` (`raw`, already read as `object`) into `parsed`.
-pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, raw: &'a str, object: RawObject<'a>) -> Option<()> {
+pub(super) fn parse_message<'a>(
+    parsed: &mut ParsedRequest<'a>,
+    index: usize,
+    raw: &'a str,
+    object: RawObject<'a>,
+) -> Option<()> {
     let role_name = object.str("role")?;
     let content = object.get("content");
     let blocks = content.filter(|c| c.starts_with('[')).and_then(json::as_array);

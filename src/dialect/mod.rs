@@ -239,7 +239,7 @@ impl<'a> ParsedRequest<'a> {
         parsed.messages.append(&mut reused.messages);
         parsed.conversation.items.append(&mut reused.items);
         parsed.system.append(&mut reused.system);
-        parsed.layout.system_ends.extend(reused.system_ends.iter().map(|end| end + top_system));
+        parsed.layout.system_ends.append(&mut reused.system_ends);
         let first_new = parsed.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
             let index = first_new + offset;

@@ -287,11 +287,8 @@ impl Skeleton {
         let text = text.get(..common)?;
         let reused = self.messages.partition_point(|m| m.raw.end <= common);
         let slice = |span: &Range<usize>| text.get(span.clone());
-        let fields = self
-            .fields
-            .iter()
-            .map(|(key, value)| Some((key.make(text)?, slice(value)?)))
-            .collect::<Option<_>>()?;
+        let fields =
+            self.fields.iter().map(|(key, value)| Some((key.make(text)?, slice(value)?))).collect::<Option<_>>()?;
         let top_system = match &self.top_system {
             Some(pieces) => Some(pieces.iter().map(|p| p.make(text)).collect::<Option<_>>()?),
             None => None,

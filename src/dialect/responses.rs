@@ -31,7 +31,12 @@ pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
 }
 
 /// Reads item `index` (`raw`, already read as `object`) into `parsed`.
-pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, raw: &'a str, object: RawObject<'a>) -> Option<()> {
+pub(super) fn parse_message<'a>(
+    parsed: &mut ParsedRequest<'a>,
+    index: usize,
+    raw: &'a str,
+    object: RawObject<'a>,
+) -> Option<()> {
     let kind_name = object.str("type");
     let items = &mut parsed.conversation.items;
     let item = |block, kind| Item::new(index, block, kind);
@@ -168,11 +173,9 @@ pub(super) fn parse_message<'a>(parsed: &mut ParsedRequest<'a>, index: usize, ra
             items.push(call(id.clone(), name, arguments));
             let output = match hosted_output(&object) {
                 Some(field) => result(id, json::as_str(field)?, 0).shortenable(true),
-                None => result(
-                    id,
-                    raw_of(if kind_name.as_deref() == Some("mcp_call") { "error" } else { "outputs" }),
-                    0,
-                ),
+                None => {
+                    result(id, raw_of(if kind_name.as_deref() == Some("mcp_call") { "error" } else { "outputs" }), 0)
+                }
             };
             items.push(output);
             Role::Assistant

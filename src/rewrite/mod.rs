@@ -131,10 +131,14 @@ impl Rewriter {
 
     /// [`Rewriter::rewrite_body`] knowing the conversation's history upstream.
     pub fn rewrite_body_in(&self, dialect: Dialect, body: &[u8], history: &History) -> Option<Rewritten> {
-        let mut parsed = ParsedRequest::parse(dialect, body)?;
+        Some(self.rewrite_parsed(&mut ParsedRequest::parse(dialect, body)?, history))
+    }
+
+    /// Counts and rewrites a parsed request on the calling thread (tests, benchmarks).
+    pub fn rewrite_parsed(&self, parsed: &mut ParsedRequest, history: &History) -> Rewritten {
         let model = self.models.lookup(parsed.model.as_deref().unwrap_or(""));
-        self.count_items(&mut parsed, model.encoding);
-        Some(self.apply(&mut parsed, model, history, &self.settings))
+        self.count_items(parsed, model.encoding);
+        self.apply(parsed, model, history, &self.settings)
     }
 
     /// Runs the policies on a counted request.

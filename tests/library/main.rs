@@ -9,6 +9,7 @@ mod common;
 
 mod agent_compaction;
 mod overflow_fixtures;
+mod prefix_reuse;
 mod prompt_cache;
 mod rewrite_policies;
 mod rewrite_properties;

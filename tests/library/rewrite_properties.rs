@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::common::Settings;
 
 #[derive(Debug, Clone)]
-enum Turn {
+pub(crate) enum Turn {
     User(String),
     Assistant(String),
     /// Tool calls with output sizes; `None` = the result is missing.
@@ -24,7 +24,7 @@ enum Turn {
     Server(usize),
 }
 
-fn turn() -> impl Strategy<Value = Turn> {
+pub(crate) fn turn() -> impl Strategy<Value = Turn> {
     prop_oneof![
         3 => "[a-z ]{1,40}".prop_map(Turn::User),
         2 => "[a-z ]{1,40}".prop_map(Turn::Assistant),
@@ -48,7 +48,7 @@ fn call_ids(call: &mut usize, prefix: &str, count: usize) -> Vec<String> {
         .collect()
 }
 
-fn chat_body(turns: &[Turn]) -> Value {
+pub(crate) fn chat_body(turns: &[Turn]) -> Value {
     let mut messages = vec![json!({"role": "system", "content": "sys"})];
     let mut call = 0;
     for turn in turns {
@@ -78,7 +78,7 @@ fn chat_body(turns: &[Turn]) -> Value {
     json!({"model": "gpt-4o", "messages": messages})
 }
 
-fn anthropic_body(turns: &[Turn]) -> Value {
+pub(crate) fn anthropic_body(turns: &[Turn]) -> Value {
     let mut messages: Vec<Value> = Vec::new();
     let mut call = 0;
     for turn in turns {
@@ -117,7 +117,7 @@ fn anthropic_body(turns: &[Turn]) -> Value {
     json!({"model": "claude-sonnet-4-5", "max_tokens": 1000, "messages": messages})
 }
 
-fn responses_body(turns: &[Turn]) -> Value {
+pub(crate) fn responses_body(turns: &[Turn]) -> Value {
     let mut input =
         vec![json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sys"}]})];
     let mut call = 0;
@@ -293,7 +293,7 @@ fn texts(body: &Value) -> Vec<String> {
     out
 }
 
-fn rewriter() -> Rewriter {
+pub(crate) fn rewriter() -> Rewriter {
     Settings::defaults()
         .prune_window(500, 300)
         .placeholder("[cleared]")

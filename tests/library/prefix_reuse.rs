@@ -1,0 +1,225 @@
+//! Prefix reuse across turns gives exactly what a fresh parse gives: for generated conversations
+//! in every dialect, an earlier turn (a prefix of the messages, or an edited, re-spaced or
+//! otherwise different body) is parsed and kept as a skeleton, the next turn is parsed reusing it,
+//! and the parse, the rewritten bytes and the report all equal those of a fresh parse.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use compactor::dialect::prefix::{self, PrefixCache, PrefixKey, Reuse, Skeleton};
+use compactor::dialect::{Dialect, ParsedRequest};
+use compactor::rewrite::History;
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+use crate::rewrite_properties::{Turn, anthropic_body, chat_body, responses_body, rewriter, turn};
+
+/// How the next turn's body differs from the earlier one, besides the messages added.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// Only messages appended.
+    Appended,
+    /// One earlier message edited.
+    EditedHistory(usize),
+    /// The system prompt changed.
+    ChangedSystem,
+    /// The tool definitions (after the messages) changed.
+    ChangedToolsAfter,
+    /// Both bodies pretty-printed: whitespace everywhere the scanner reads.
+    Pretty,
+    /// The earlier body compact, the next one pretty-printed.
+    Respaced,
+    /// The next body cut short (not JSON).
+    Truncated(usize),
+    /// The next body repeats a top-level key after the history.
+    DuplicateKeyAfter,
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        4 => Just(Change::Appended),
+        2 => (0usize..100).prop_map(Change::EditedHistory),
+        1 => Just(Change::ChangedSystem),
+        1 => Just(Change::ChangedToolsAfter),
+        2 => Just(Change::Pretty),
+        1 => Just(Change::Respaced),
+        1 => (0usize..10_000).prop_map(Change::Truncated),
+        1 => Just(Change::DuplicateKeyAfter),
+    ]
+}
+
+/// A body of `dialect` with a system prompt before the history and tools after it.
+fn body(dialect: Dialect, turns: &[Turn], system: &str, tools: usize) -> Value {
+    let generated = match dialect {
+        Dialect::ChatCompletions => chat_body(turns),
+        Dialect::AnthropicMessages => anthropic_body(turns),
+        Dialect::Responses => responses_body(turns),
+    };
+    let Value::Object(generated) = generated else { unreachable!() };
+    let mut out = Map::new();
+    for (key, value) in generated {
+        if key == dialect.history_field() && dialect == Dialect::AnthropicMessages {
+            out.insert(
+                "system".into(),
+                json!([{"type": "text", "text": "billing"}, {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]),
+            );
+        }
+        match key.as_str() {
+            "instructions" => out.insert(key, json!(system)),
+            "messages" if dialect == Dialect::ChatCompletions => {
+                let mut messages = value;
+                messages[0]["content"] = json!(system);
+                out.insert(key, messages)
+            }
+            _ => out.insert(key, value),
+        };
+    }
+    let tools: Vec<Value> =
+        (0..tools).map(|i| json!({"name": format!("tool_{i}"), "description": "runs\nit"})).collect();
+    out.insert("tools".into(), json!(tools));
+    Value::Object(out)
+}
+
+fn message_count(dialect: Dialect, bytes: &[u8]) -> usize {
+    ParsedRequest::parse(dialect, bytes).map_or(0, |p| p.messages.len())
+}
+
+/// The earlier body, the next body, and how many messages the reuse must re-make (when known).
+fn turns_of(dialect: Dialect, turns: &[Turn], cut: usize, change: Change) -> (Vec<u8>, Vec<u8>, Option<usize>) {
+    let cut = cut % (turns.len() + 1);
+    let old = body(dialect, &turns[..cut], "sys", 2);
+    let mut next_turns = turns.to_vec();
+    let (mut system, mut tools) = ("sys", 2);
+    match change {
+        Change::EditedHistory(at) if cut > 0 => next_turns[at % cut] = Turn::User("edited".into()),
+        Change::ChangedSystem => system = "sys changed",
+        Change::ChangedToolsAfter => tools = 3,
+        _ => {}
+    }
+    let mut new = body(dialect, &next_turns, system, tools);
+    if let Change::DuplicateKeyAfter = change {
+        new.as_object_mut().unwrap().insert("tools".into(), json!(null));
+    }
+    let pretty = |v: &Value| serde_json::to_vec_pretty(v).unwrap();
+    let compact = |v: &Value| serde_json::to_vec(v).unwrap();
+    let (old, mut new) = match change {
+        Change::Pretty => (pretty(&old), pretty(&new)),
+        Change::Respaced => (compact(&old), pretty(&new)),
+        _ => (compact(&old), compact(&new)),
+    };
+    if let Change::DuplicateKeyAfter = change {
+        // serde_json's map has one "tools": repeat a key by hand.
+        let close = new.iter().rposition(|b| *b == b'}').unwrap();
+        new.splice(close..close, br#","model":"again""#.iter().copied());
+    }
+    if let Change::Truncated(at) = change {
+        new.truncate(at % new.len());
+    }
+    let reused = match change {
+        Change::Appended | Change::ChangedToolsAfter | Change::Pretty => Some(message_count(dialect, &old)),
+        _ => None,
+    };
+    (old, new, reused)
+}
+
+/// Parses `new` reusing the skeleton of `old`, and checks it against a fresh parse of `new`:
+/// the same structures, then the same rewritten bytes and report.
+fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>) {
+    let old = Bytes::copy_from_slice(old);
+    let earlier = ParsedRequest::parse(dialect, &old).expect("the earlier turn parses");
+    let skeleton = Skeleton::of(&earlier, old.clone()).expect("a fresh parse has a skeleton");
+    let (reused, count) = prefix::parse_reusing(dialect, new, &skeleton);
+    let fresh = ParsedRequest::parse(dialect, new);
+    assert_same(format!("{reused:?}"), format!("{fresh:?}"), "the reusing parse must equal a fresh one");
+    if let Some(expected) = expect_reused {
+        assert_eq!(count, expected, "every message of the earlier turn is re-made");
+    }
+    let (Some(mut reused), Some(mut fresh)) = (reused, fresh) else { return };
+    let rewriter = rewriter();
+    let pruned = BTreeSet::new();
+    let history = History::eager(&pruned);
+    let from_reused = rewriter.rewrite_parsed(&mut reused, &history);
+    let from_fresh = rewriter.rewrite_parsed(&mut fresh, &history);
+    assert_eq!(from_reused.body, from_fresh.body, "the same bytes go upstream");
+    assert_eq!(from_reused.report, from_fresh.report);
+    assert_same(format!("{reused:?}"), format!("{fresh:?}"), "after the rewrite");
+}
+
+/// Asserts two Debug renderings are equal, showing where they part (they are long).
+fn assert_same(reused: String, fresh: String, what: &str) {
+    if reused != fresh {
+        let at = prefix::common_prefix(reused.as_bytes(), fresh.as_bytes());
+        let around = |s: &str| s.get(at.saturating_sub(200)..(at + 200).min(s.len())).unwrap_or("").to_string();
+        panic!("{what}: they part at {at}\nreused: …{}…\nfresh:  …{}…", around(&reused), around(&fresh));
+    }
+}
+
+fn dialect() -> impl Strategy<Value = Dialect> {
+    prop_oneof![Just(Dialect::ChatCompletions), Just(Dialect::AnthropicMessages), Just(Dialect::Responses)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_parse_reusing_the_last_turn_equals_a_fresh_parse_byte_for_byte(
+        dialect in dialect(),
+        turns in prop::collection::vec(turn(), 1..16),
+        cut in 0usize..16,
+        change in change(),
+    ) {
+        let (old, new, reused) = turns_of(dialect, &turns, cut, change);
+        check(dialect, &old, &new, reused);
+    }
+
+    #[test]
+    fn the_cache_reuses_a_conversations_last_turn_and_keeps_parallel_ones_apart(
+        dialect in dialect(),
+        turns in prop::collection::vec(turn(), 2..12),
+        other in prop::collection::vec(turn(), 1..6),
+    ) {
+        let cache = PrefixCache::new(64 << 20);
+        let key = PrefixKey::new(dialect, [b"credential".as_slice()]);
+        let first = Bytes::from(serde_json::to_vec(&body(dialect, &turns[..1], "sys", 1)).unwrap());
+        let (_, reuse) = cache.parse(key, dialect, &first);
+        prop_assert_eq!(reuse, Reuse::Miss);
+        // A subagent under the same key, with its own opening message.
+        let mut side = vec![Turn::User("subagent task".into())];
+        side.extend(other);
+        let side = Bytes::from(serde_json::to_vec(&body(dialect, &side, "sys", 1)).unwrap());
+        cache.parse(key, dialect, &side);
+        let next = Bytes::from(serde_json::to_vec(&body(dialect, &turns, "sys", 1)).unwrap());
+        let (parsed, reuse) = cache.parse(key, dialect, &next);
+        prop_assert_eq!(reuse, Reuse::Hit);
+        assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, &next)), "through the cache");
+    }
+}
+
+#[test]
+fn a_cache_of_zero_bytes_is_off() {
+    let cache = PrefixCache::new(0);
+    let body = Bytes::from(serde_json::to_vec(&chat_body(&[Turn::User("hi".into())])).unwrap());
+    let key = PrefixKey::new(Dialect::ChatCompletions, []);
+    assert_eq!(cache.parse(key, Dialect::ChatCompletions, &body).1, Reuse::Off);
+    assert_eq!(cache.parse(key, Dialect::ChatCompletions, &body).1, Reuse::Off);
+}
+
+#[test]
+fn bodies_a_fresh_parse_refuses_are_refused_when_reusing_too() {
+    let old = br#"{"model":"m","messages":[{"role":"user","content":"a"}],"x":1}"#;
+    for new in [
+        r#"{"model":"m","messages":[{"role":"user","content":"a"},]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"} {"role":"user","content":"b"}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"}],"x":1} trailing"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"}],"model":"n"}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"}],"messages":[]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"},"text"]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"}],}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"a"}]"#,
+    ] {
+        check(Dialect::ChatCompletions, old, new.as_bytes(), None);
+        assert!(ParsedRequest::parse(Dialect::ChatCompletions, new.as_bytes()).is_none(), "{new}");
+    }
+    let fine = r#"{"model":"m","messages":[{"role":"user","content":"a"} , {"role":"user","content":"b"}] ,"x":1 }  "#;
+    check(Dialect::ChatCompletions, old, fine.as_bytes(), Some(1));
+}
