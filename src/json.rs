@@ -222,7 +222,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The next value (after whitespace) read as `T`, with its JSON text.
-    pub fn next<T: Deserialize<'a>>(&mut self) -> Option<(&'a str, T)> {
+    pub fn value<T: Deserialize<'a>>(&mut self) -> Option<(&'a str, T)> {
         self.skip_whitespace();
         let start = self.at;
         let mut values = serde_json::Deserializer::from_str(self.text.get(start..)?).into_iter::<T>();

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::config::Config;
+use crate::dialect::prefix::{PrefixCache, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
 use crate::overflow::Overflow;
@@ -51,6 +52,8 @@ pub struct Compactor {
     agent_markers: agent::AgentMarkers,
     rewriter: Rewriter,
     identifier: Identifier,
+    /// Each conversation's last parse, so the next turn parses only what it added.
+    prefixes: PrefixCache,
     store: Store,
     summarizer: Summarizer,
 }
@@ -123,6 +126,7 @@ impl Compactor {
                 config.model_table(),
             ),
             identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
+            prefixes: PrefixCache::new(config.limits.prefix_cache_bytes),
             store,
             summarizer: Summarizer::new(&config.compaction, upstreams),
         }
@@ -138,9 +142,15 @@ impl Compactor {
     pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
-        let parsed = match work::step(|| ParsedRequest::parse(dialect, &body)).await {
-            Ok(Some(parsed)) => parsed,
-            Ok(None) => {
+        let key = self.identifier.prefix_key(dialect, &head.headers);
+        let parsed = match work::step(|| self.prefixes.parse(key, dialect, &body)).await {
+            Ok((Some(parsed), reuse)) => {
+                if reuse != Reuse::Off {
+                    metric::prefix_reuse(route, reuse.label());
+                }
+                parsed
+            }
+            Ok((None, _)) => {
                 metric::rewrite_skipped(route, "unparsed");
                 return Prepared::untouched(body);
             }
@@ -248,7 +258,8 @@ impl Compactor {
     /// for (a count of a tool list, of a file, of a session it never saw), and anything it cannot
     /// parse or rewrite, is counted as sent.
     pub async fn count(&self, head: &RequestHead, dialect: Dialect, body: Bytes) -> Prepared {
-        let Ok(Some(parsed)) = work::step(|| ParsedRequest::parse(dialect, &body)).await else {
+        let key = self.identifier.prefix_key(dialect, &head.headers);
+        let Ok((Some(parsed), _)) = work::step(|| self.prefixes.parse(key, dialect, &body)).await else {
             return Prepared::untouched(body);
         };
         if is_stateful(&parsed)

@@ -82,6 +82,7 @@ impl Config {
                     d.limits.client_body_timeout,
                     positive_ms,
                 ),
+                prefix_cache_bytes: r.get("limits.prefix_cache_bytes", d.limits.prefix_cache_bytes),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),

@@ -163,6 +163,9 @@ pub struct LimitsConfig {
     /// 408, a streamed one breaks off its upstream request.
     #[serde(rename = "client_body_timeout_ms", serialize_with = "millis")]
     pub client_body_timeout: Duration,
+    /// Memory, in bytes, for the last parse of each conversation (its body included), so the next
+    /// turn parses only what it added; 0 turns the reuse off.
+    pub prefix_cache_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -302,6 +305,7 @@ impl Default for Config {
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,
                 client_body_timeout: Duration::from_millis(60_000),
+                prefix_cache_bytes: 64 * 1024 * 1024,
             },
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },

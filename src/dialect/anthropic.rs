@@ -301,7 +301,7 @@ fn replace_result_text(block: &str, text: &str) -> Option<String> {
             // A client's cache breakpoint inside the replaced content moves up to the block, so
             // the prefix it marks is still cached.
             if object.get("cache_control").is_none()
-                && let Some(marker) = object.get("content").and_then(|c| nested_cache_control(c))
+                && let Some(marker) = object.get("content").and_then(nested_cache_control)
             {
                 rendered.pop();
                 rendered.push_str(&format!(r#","cache_control":{marker}}}"#));

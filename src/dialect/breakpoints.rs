@@ -68,7 +68,7 @@ pub fn summary_message<'r>(text: &str, elsewhere: usize, after: impl IntoIterato
 /// Markers in `body` outside its `messages` (tools, system).
 pub fn outside_messages(parsed: &ParsedRequest) -> usize {
     let whole = std::str::from_utf8(parsed.body).map_or(MAX_MARKERS, count);
-    let messages = parsed.top.get("messages").map_or(0, |m| count(m));
+    let messages = parsed.top.get("messages").map_or(0, count);
     whole.saturating_sub(messages)
 }
 

@@ -112,7 +112,7 @@ fn read_field<'a>(
     elements: &mut Vec<(&'a str, RawObject<'a>)>,
     history_start: &mut Option<usize>,
 ) -> Option<()> {
-    let (_, json::CowStr(key)) = scan.next::<json::CowStr<'a>>()?;
+    let (_, json::CowStr(key)) = scan.value::<json::CowStr<'a>>()?;
     if !scan.eat(b':') {
         return None;
     }
@@ -125,7 +125,7 @@ fn read_field<'a>(
         *history_start = Some(start);
         return fields.push(key, scan.since(start)?).ok();
     }
-    let (value, _) = scan.next::<&'a RawValue>()?;
+    let (value, _) = scan.value::<&'a RawValue>()?;
     fields.push(key, value).ok()
 }
 
@@ -143,7 +143,7 @@ fn scan_elements<'a>(
         return None;
     }
     loop {
-        elements.push(scan.next::<RawObject<'a>>()?);
+        elements.push(scan.value::<RawObject<'a>>()?);
         if scan.eat(b']') {
             return Some(());
         }

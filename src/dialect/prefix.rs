@@ -34,6 +34,8 @@ enum Piece {
 }
 
 impl Piece {
+    // A borrowed text may be a slice of the body; an owned one never is.
+    #[allow(clippy::ptr_arg)]
     fn of(body: &[u8], text: &Cow<str>) -> Self {
         match text {
             Cow::Borrowed(text) => match json::span_in(body, text) {

@@ -47,12 +47,12 @@ pub(super) fn parse_message<'a>(
         let kind = Kind::ToolResult { call_id: Some(id), text, attachments };
         Item::new(index, Some(1), kind).provider_run().shortenable(false)
     };
-    let raw_of = |key: &str| object.get(key).map(|v| Cow::Borrowed(v)).unwrap_or_default();
+    let raw_of = |key: &str| object.get(key).map(Cow::Borrowed).unwrap_or_default();
     let name = |fallback: &'static str| object.str("name").unwrap_or(Cow::Borrowed(fallback));
     let role = match kind_name.as_deref() {
         // An item reference may leave out its type: only a role makes it a message.
         None if object.get("role").is_none() => {
-            items.push(item(None, Kind::Other { raw: raw }));
+            items.push(item(None, Kind::Other { raw }));
             Role::Assistant
         }
         None | Some("message") => {
@@ -187,11 +187,11 @@ pub(super) fn parse_message<'a>(
         }
         // Tools offered from here on: developer input, kept in place.
         Some("additional_tools") => {
-            items.push(item(None, Kind::Other { raw: raw }));
+            items.push(item(None, Kind::Other { raw }));
             Role::System
         }
         _ => {
-            items.push(item(None, Kind::Other { raw: raw }));
+            items.push(item(None, Kind::Other { raw }));
             Role::Assistant
         }
     };

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_128, xxh3_128_with_seed};
 
-use crate::dialect::ParsedRequest;
+use crate::dialect::prefix::PrefixKey;
+use crate::dialect::{Dialect, ParsedRequest};
 use crate::json::RawObject;
 
 /// Session headers agents send, after the configured one: Claude Code, Codex CLI (two spellings,
@@ -100,6 +101,14 @@ impl Identifier {
             None => "anonymous".to_string(),
             Some(credential) => self.tenant_of(credential).to_string(),
         }
+    }
+
+    /// The key a conversation's last parse is kept under ([`PrefixKey`]): the credential and the
+    /// session header, both known before the body is read and the same on every turn.
+    pub fn prefix_key(&self, dialect: Dialect, headers: &HeaderMap) -> PrefixKey {
+        let session = std::iter::once(self.header.as_str()).chain(AGENT_HEADERS).find_map(|name| headers.get(name));
+        let credential = self.credential(headers).unwrap_or_default();
+        PrefixKey::new(dialect, [credential, session.map_or(&[][..], |v| v.as_bytes())])
     }
 
     fn credential<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {

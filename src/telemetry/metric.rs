@@ -144,6 +144,11 @@ pub fn rewrite_skipped(route: &'static str, reason: &'static str) {
     counter!("compactor_rewrites_total", "route" => route, "outcome" => reason).increment(1);
 }
 
+/// A request parse that re-made the last turn's messages (`hit`) or read the whole body (`miss`).
+pub fn prefix_reuse(route: &'static str, outcome: &'static str) {
+    counter!("compactor_prefix_reuse_total", "route" => route, "outcome" => outcome).increment(1);
+}
+
 pub fn overflow_seen(route: &'static str) {
     counter!("compactor_overflows_total", "route" => route).increment(1);
 }
@@ -265,6 +270,9 @@ pub fn present_at_start() {
         }
         counter!("compactor_overflows_total", "route" => route).absolute(0);
         counter!("compactor_retries_total", "route" => route).absolute(0);
+        for outcome in ["hit", "miss"] {
+            counter!("compactor_prefix_reuse_total", "route" => route, "outcome" => outcome).absolute(0);
+        }
         counter!("compactor_cache_read_tokens_total", "route" => route).absolute(0);
         counter!("compactor_cache_write_tokens_total", "route" => route).absolute(0);
     }

@@ -211,16 +211,16 @@ fn units(api: Api, body: &[u8]) -> Vec<(String, String)> {
     for message in json::as_array(top.get(api.history()).unwrap()).unwrap() {
         let object = RawObject::parse(message).unwrap();
         match api {
-            Api::Responses => out.push((object.str("type").unwrap_or_default().to_string(), message.get().to_string())),
-            Api::Chat => out.push((format!("role:{}", object.str("role").unwrap()), message.get().to_string())),
-            Api::Anthropic => match object.get("content").filter(|c| c.get().starts_with('[')) {
+            Api::Responses => out.push((object.str("type").unwrap_or_default().to_string(), message.to_string())),
+            Api::Chat => out.push((format!("role:{}", object.str("role").unwrap()), message.to_string())),
+            Api::Anthropic => match object.get("content").filter(|c| c.starts_with('[')) {
                 Some(content) => {
                     for block in json::as_array(content).unwrap() {
                         let kind = RawObject::parse(block).unwrap().str("type").unwrap_or_default().to_string();
-                        out.push((kind, block.get().to_string()));
+                        out.push((kind, block.to_string()));
                     }
                 }
-                None => out.push(("string".into(), message.get().to_string())),
+                None => out.push(("string".into(), message.to_string())),
             },
         }
     }
@@ -561,7 +561,7 @@ fn inject_unknown(api: Api, body: &[u8]) -> (Vec<u8>, Vec<String>) {
             }
             continue;
         }
-        if let Some(content) = object.get("content").filter(|c| c.get().starts_with('[') && c.get() != "[]") {
+        if let Some(content) = object.get("content").filter(|c| c.starts_with('[') && *c != "[]") {
             let close = json::span_in(body, content).unwrap().end - 1;
             inserts.push((close, format!(",{}", unknown(i))));
         }

@@ -217,3 +217,49 @@ async fn recorded_broken_pairs_are_repaired_for_a_strict_upstream() {
         assert_eq!(answer.status, 200, "{name}: {}", answer.text());
     }
 }
+
+/// The metric line of the prefix reuse counter for `route` and `outcome`.
+fn reuse_count(metrics: &str, route: &str, outcome: &str) -> Option<u64> {
+    let key = format!(r#"compactor_prefix_reuse_total{{route="{route}",outcome="{outcome}"}} "#);
+    metrics.lines().find_map(|line| line.strip_prefix(&key)).and_then(|n| n.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_sessions_next_turn_reuses_the_last_parse_and_the_upstream_gets_the_same_bytes() {
+    let fake = FakeUpstream::start().await;
+    let reusing = ProxyProcess::start(&fake, SMALL_WINDOWS);
+    let fresh = ProxyProcess::start(&fake, &format!("{SMALL_WINDOWS}[limits]\nprefix_cache_bytes = 0\n"));
+    let at_start = send(request("GET", &reusing.url("/metrics"), &[], "")).await.text();
+    assert_eq!(reuse_count(&at_start, "chat_completions", "hit"), Some(0), "{at_start}");
+    assert_eq!(reuse_count(&at_start, "messages", "miss"), Some(0), "{at_start}");
+
+    let ids = ["call_1", "call_2", "call_3", "call_4", "call_5", "call_6"];
+    let outputs: Vec<(&str, String)> = ids.iter().map(|id| (*id, tool_output(id, 400))).collect();
+    for turn in 1..=outputs.len() {
+        let openai = chat(&outputs[..turn]);
+        let mut anthropic =
+            json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "system": "Be brief.", "messages": []});
+        for (id, text) in &outputs[..turn] {
+            let messages = anthropic["messages"].as_array_mut().unwrap();
+            messages.push(json!({"role": "user", "content": format!("run {id}")}));
+            messages.push(json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "ls"}}]}));
+            messages.push(
+                json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": text}]}),
+            );
+        }
+        for (path, body) in [("/v1/chat/completions", &openai), ("/v1/messages", &anthropic)] {
+            assert_eq!(post(&reusing, path, "reuse", body).await.status, 200);
+            let through_reuse = fake.last().body;
+            assert_eq!(post(&fresh, path, "reuse", body).await.status, 200);
+            assert_eq!(through_reuse, fake.last().body, "turn {turn} of {path}: the same bytes upstream");
+        }
+    }
+
+    let metrics = send(request("GET", &reusing.url("/metrics"), &[], "")).await.text();
+    for route in ["chat_completions", "messages"] {
+        assert_eq!(reuse_count(&metrics, route, "miss"), Some(1), "only the first turn is parsed whole: {metrics}");
+        assert_eq!(reuse_count(&metrics, route, "hit"), Some(5), "{metrics}");
+    }
+    let metrics = send(request("GET", &fresh.url("/metrics"), &[], "")).await.text();
+    assert_eq!(reuse_count(&metrics, "chat_completions", "hit"), Some(0), "a cache of 0 bytes is off: {metrics}");
+}
