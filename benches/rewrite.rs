@@ -1,15 +1,19 @@
 //! Criterion benchmarks of the rewrite stage on long recorded agent conversations: parse, count,
 //! truncate, dedupe, prune, repair and render, with the token cache warm (the usual next turn) and
-//! cold (limited by the tokenizer), against tiktoken-rs alone.
+//! cold (limited by the tokenizer), against tiktoken-rs alone; and the parse of the same session's
+//! next turn, which re-makes the previous turn's messages from its skeleton (prefix reuse).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::hint::black_box;
 
+use bytes::Bytes;
 use compactor::compaction::plan;
 use compactor::config::Config;
+use compactor::dialect::prefix::{self, Skeleton};
 use compactor::dialect::{Dialect, ParsedRequest};
-use compactor::rewrite::{RewriteSettings, Rewriter};
+use compactor::json;
+use compactor::rewrite::{History, RewriteSettings, Rewriter};
 use compactor::session::state::CompactionRecord;
 use compactor::tokens::{Encoding, ModelTable, TokenCounter, tokenize_len};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -46,6 +50,17 @@ fn texts(dialect: Dialect, body: &[u8]) -> Vec<String> {
             Kind::Attachment => vec![],
         })
         .collect()
+}
+
+/// `body` as the agent sent it `drop` messages earlier: the same bytes without its last messages.
+fn without_last(dialect: Dialect, body: &[u8], drop: usize) -> Vec<u8> {
+    let parsed = ParsedRequest::parse(dialect, body).unwrap();
+    let kept = parsed.messages.len() - drop;
+    let last_kept = json::span_in(body, parsed.messages[kept - 1].raw).unwrap();
+    let history = json::span_in(body, parsed.top.get(dialect.history_field()).unwrap()).unwrap();
+    let mut out = body[..last_kept.end].to_vec();
+    out.extend_from_slice(&body[history.end - 1..]);
+    out
 }
 
 fn bench(c: &mut Criterion) {
@@ -88,7 +103,30 @@ fn bench(c: &mut Criterion) {
         group.bench_function("tiktoken_alone", |b| {
             b.iter(|| all.iter().map(|t| tokenize_len(Encoding::O200kBase, t)).sum::<u32>())
         });
-        group.bench_function("parse_only", |b| b.iter(|| black_box(ParsedRequest::parse(dialect, &body))));
+        group.bench_function("parse_cold", |b| b.iter(|| black_box(ParsedRequest::parse(dialect, &body))));
+
+        // The same session's next turn: the previous request was this one without its last 3
+        // messages; its skeleton is re-made from the new body, the added messages are read, and
+        // the new skeleton is kept for the turn after (what `PrefixCache::parse` does on a hit).
+        let previous = Bytes::from(without_last(dialect, &body, 3));
+        let earlier = Skeleton::of(&ParsedRequest::parse(dialect, &previous).unwrap(), previous.clone()).unwrap();
+        let body = Bytes::from(body);
+        let (reused, count) = prefix::parse_reusing(dialect, &body, &earlier);
+        assert!(count > 0 && reused.is_some(), "the previous turn is reused");
+        let warm_parse = || {
+            let (parsed, _) = prefix::parse_reusing(dialect, &body, &earlier);
+            let parsed = parsed.unwrap();
+            let next = Skeleton::of(&parsed, body.clone());
+            (parsed, next)
+        };
+        group.bench_function("parse_warm_prefix_hit", |b| b.iter(|| black_box(warm_parse())));
+        let history = History::eager(&none);
+        group.bench_function("rewrite_warm_prefix_hit", |b| {
+            b.iter(|| {
+                let (mut parsed, next) = warm_parse();
+                black_box((warm.rewrite_parsed(&mut parsed, &history).body, next))
+            })
+        });
 
         // A stored compaction record covering all but the last ~20k tokens, re-applied as on every
         // later turn: hash the covered prefix, rebuild, then run the policies on the result.

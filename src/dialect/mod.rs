@@ -157,14 +157,14 @@ impl<'a> ParsedRequest<'a> {
     /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
     /// the request is forwarded untouched.
     pub fn parse(dialect: Dialect, body: &'a [u8]) -> Option<Self> {
-        Self::parse_after(dialect, body, None)
+        Self::parse_after(dialect, json::utf8(body).ok()?, None)
     }
 
     /// Parses `body`, taking its head (the top-level fields before the history and the first
     /// messages) from `head` when given, re-made from an earlier parse of the same bytes
     /// ([`prefix`]); the rest is read in one pass: the top level and each new message once.
-    pub(crate) fn parse_after(dialect: Dialect, body: &'a [u8], head: Option<prefix::Head<'a>>) -> Option<Self> {
-        let text = std::str::from_utf8(body).ok()?;
+    pub(crate) fn parse_after(dialect: Dialect, text: &'a str, head: Option<prefix::Head<'a>>) -> Option<Self> {
+        let body = text.as_bytes();
         let history_field = dialect.history_field();
         let mut fields = json::UniqueFields::with_capacity(16);
         let mut elements: Vec<(&'a str, RawObject<'a>)> = Vec::new();

@@ -384,16 +384,17 @@ pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 /// Parses `body` reusing `earlier` (a skeleton of an earlier body) when the two share a head.
 /// Returns the parse and how many messages were re-made (0: a full parse).
 pub fn parse_reusing<'a>(dialect: Dialect, body: &'a [u8], earlier: &Skeleton) -> (Option<ParsedRequest<'a>>, usize) {
+    // Validated once, whatever follows: a body that is not UTF-8 is no JSON.
+    let Ok(text) = json::utf8(body) else { return (None, 0) };
     if earlier.dialect == dialect
-        && let Ok(text) = std::str::from_utf8(body)
         && let Some(head) = earlier.head(text, earlier.common_prefix(body))
     {
         let reused = head.messages.len();
-        if let Some(parsed) = ParsedRequest::parse_after(dialect, body, Some(head)) {
+        if let Some(parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
             return (Some(parsed), reused);
         }
     }
-    (ParsedRequest::parse(dialect, body), 0)
+    (ParsedRequest::parse_after(dialect, text, None), 0)
 }
 
 /// What a parse through the cache did, for the metrics.
