@@ -198,9 +198,9 @@ impl Compactor {
             let prompt = budget::prompt_tokens(&pressure, ctx.conversation(), ladder.message_count, &report, true);
             if requested || prompt > pressure.budget() {
                 let trigger = if requested { "admin" } else { "threshold" };
-                // A compaction is worth its summary call only when what it leaves, and the next
-                // turn, land under the budget; when they cannot (the fixed part leaves room for a
-                // turn or less), only a request that would overflow is compacted: the rebuild is
+                // A compaction is worth its summary call only when what it leaves, and two more
+                // turns, land under the budget; when they cannot (the fixed part leaves room for a
+                // turn or two), only a request that would overflow is compacted: the rebuild is
                 // the same, a turn or more later, so the session pays fewer summary calls.
                 let worth = requested
                     || prompt > pressure.limit()
@@ -211,7 +211,7 @@ impl Compactor {
                         session = %ctx.key().as_str(),
                         prompt,
                         budget = pressure.budget(),
-                        "compaction ahead of time skipped: it would not leave room for the next turn under the budget"
+                        "compaction ahead of time skipped: it would not leave room for the next turns under the budget"
                     );
                 } else if let Some(compacted) =
                     self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).instrument(rewrite.clone()).await
@@ -321,7 +321,7 @@ impl Compactor {
     }
 
     /// Whether a compaction of `report`'s conversation would land under the budget with margin,
-    /// with room left for the next turn (see [`budget::compaction_frees_room`]).
+    /// with room left for the next turns (see [`budget::compaction_frees_room`]).
     fn frees_room(
         &self,
         ladder: &Ladder,
