@@ -140,9 +140,18 @@ async fn agent_shapes_on_small_windows_keep_every_fact_with_few_summary_calls() 
     // The windows issue 15 tried each agent on (Codex with OpenCode's), and its target: at most
     // three summary calls. OpenCode's 6.6k fixed part leaves room on 15k for about two turns of
     // 2k: one summary after the first overflow, then one when the room is used up, not one per
-    // turn at the threshold (a rebuild with no room for the next turn is not worth a call).
-    let cases =
-        [(Agent::ClaudeCode, 28_672), (Agent::QwenCode, 26_624), (Agent::OpenCode, 15_360), (Agent::Codex, 15_360)];
+    // turn at the threshold (a rebuild with no room for the next turns is not worth a call).
+    // These sessions are smaller than the real agents' were: eight turns never fill 28k or 26k, so
+    // Claude Code and Qwen Code are also tried where their fixed part leaves room for about three
+    // turns (22k, 20k), as OpenCode's does on 15k.
+    let cases = [
+        (Agent::ClaudeCode, 28_672),
+        (Agent::ClaudeCode, 22_528),
+        (Agent::QwenCode, 26_624),
+        (Agent::QwenCode, 20_480),
+        (Agent::OpenCode, 15_360),
+        (Agent::Codex, 15_360),
+    ];
     for (agent, window) in cases {
         for errors in [Errors::Named, Errors::Unnamed] {
             let spec = ProviderSpec { window, errors, ..ProviderSpec::default() };
