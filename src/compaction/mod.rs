@@ -261,8 +261,9 @@ impl Compactor {
     /// for (a count of a tool list, of a file, of a session it never saw), and anything it cannot
     /// parse or rewrite, is counted as sent.
     pub async fn count(&self, head: &RequestHead, dialect: Dialect, body: Bytes) -> Prepared {
-        let key = self.identifier.prefix_key(dialect, &head.headers);
-        let Ok((Some(parsed), _)) = work::step(|| self.prefixes.parse(key, dialect, &body)).await else {
+        // Parsed whole, and not kept: a client's counts of tool lists and files would take the
+        // places of its conversations in the prefix cache.
+        let Ok(Some(parsed)) = work::step(|| ParsedRequest::parse(dialect, &body)).await else {
             return Prepared::untouched(body);
         };
         if is_stateful(&parsed)
