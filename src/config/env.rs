@@ -37,6 +37,7 @@ impl KnownKeys {
             keys.model_fields = model.keys().cloned().collect();
         }
         keys.tables.insert("models".into());
+        keys.leaves.extend(super::DEPRECATED_KEYS.iter().map(|key| (*key).to_string()));
         keys
     }
 

@@ -1,12 +1,17 @@
-//! The in-process session store: bounded (sessions, and conversations per session, the least
-//! recently used dropped first), with time-to-idle expiry.
+//! The in-process session store: bounded in bytes (by an estimate of each session's size) and in
+//! sessions, and in conversations per session, the least recently used dropped first; with
+//! time-to-idle expiry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::state::{ConversationState, ConversationView, SessionState, SessionUpdate, SessionView, Update};
+use super::state::{
+    CompactionRecord, ConversationState, ConversationView, SessionState, SessionUpdate, SessionView, Update,
+};
+use crate::tokens::CacheSize;
 
 /// Compaction locks by (session, conversation): owner and expiry.
 type Locks = HashMap<(String, String), (String, Instant)>;
@@ -16,7 +21,7 @@ type Index = HashMap<String, std::collections::BTreeSet<String>>;
 
 #[derive(Clone)]
 pub struct MemoryStore {
-    sessions: moka::sync::Cache<String, Arc<Mutex<MemorySession>>>,
+    sessions: moka::sync::Cache<String, Arc<Held>>,
     /// Keys by session hash, for the admin API's lookup by agent session id; an entry goes when
     /// its session leaves the cache.
     index: Arc<Mutex<Index>>,
@@ -24,6 +29,20 @@ pub struct MemoryStore {
     max_conversations: usize,
     /// Orders uses: two uses in the same millisecond still have an order.
     uses: Arc<AtomicU64>,
+}
+
+/// A session in the cache, and the size it was last weighed at: moka weighs an entry when it is
+/// inserted, so a session whose size changed is inserted again.
+struct Held {
+    session: Mutex<MemorySession>,
+    bytes: AtomicU32,
+}
+
+impl Held {
+    fn new(key: &str) -> Self {
+        let bytes = MemorySession::default().estimated_bytes(key);
+        Self { session: Mutex::default(), bytes: AtomicU32::new(bytes) }
+    }
 }
 
 #[derive(Default)]
@@ -42,13 +61,24 @@ struct Kept {
 }
 
 impl MemoryStore {
-    pub fn new(max_sessions: u64, max_conversations: usize, ttl: Duration) -> Self {
+    /// A store of at most `max_sessions` sessions and `memory_bytes` of estimated size, whichever
+    /// is reached first: each session is charged at least `memory_bytes / max_sessions`.
+    pub fn new(max_sessions: u64, memory_bytes: u64, max_conversations: usize, ttl: Duration) -> Self {
         let index: Arc<Mutex<Index>> = Arc::default();
         let evicted = index.clone();
+        let least = u32::try_from(memory_bytes / max_sessions.max(1)).unwrap_or(u32::MAX);
         let sessions = moka::sync::Cache::builder()
-            .max_capacity(max_sessions)
+            .weigher(move |_: &String, held: &Arc<Held>| held.bytes.load(Ordering::Relaxed).max(least))
+            .max_capacity(memory_bytes)
+            // Least recently used first: a new session is always admitted, never refused in favour
+            // of an old one (moka's default, TinyLFU, may refuse it).
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
             .time_to_idle(ttl)
-            .eviction_listener(move |key: Arc<String>, _, _| {
+            .eviction_listener(move |key: Arc<String>, _, cause| {
+                // A session inserted again to be weighed again stays indexed.
+                if cause == moka::notification::RemovalCause::Replaced {
+                    return;
+                }
                 if let (Some(hash), Ok(mut index)) = (session_part(&key), evicted.lock())
                     && let Some(keys) = index.get_mut(hash)
                 {
@@ -71,17 +101,30 @@ impl MemoryStore {
     /// The session's state and its conversation's; empty when unknown.
     pub fn load(&self, key: &str, conversation: &str) -> (SessionState, Arc<ConversationState>) {
         let Some(entry) = self.sessions.get(key) else { return Default::default() };
-        let Ok(session) = entry.lock() else { return Default::default() };
+        let Ok(session) = entry.session.lock() else { return Default::default() };
         let kept = session.conversations.get(conversation).map(|kept| kept.state.clone());
         (session.state.clone(), kept.unwrap_or_default())
     }
 
     /// Applies a request's changes and marks its conversation as the most recently used, dropping
-    /// the least recently used one beyond the bound.
+    /// the least recently used one beyond the bound. A session that grew or shrank is weighed
+    /// again, and the least recently used sessions leave until the store fits its bound again.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
-        let entry = self.sessions.get_with(key.to_string(), Arc::default);
+        let entry = self.sessions.get_with(key.to_string(), || Arc::new(Held::new(key)));
         self.index_key(key);
-        let Ok(mut session) = entry.lock() else { return };
+        let bytes = {
+            let Ok(mut session) = entry.session.lock() else { return };
+            self.apply(&mut session, conversation, update);
+            session.estimated_bytes(key)
+        };
+        if entry.bytes.swap(bytes, Ordering::Relaxed) != bytes {
+            self.sessions.insert(key.to_string(), entry);
+            // Evict now rather than at moka's next housekeeping, so the bound holds at once.
+            self.sessions.run_pending_tasks();
+        }
+    }
+
+    fn apply(&self, session: &mut MemorySession, conversation: &str, update: &Update) {
         session.state.apply(&update.session);
         let use_order = self.uses.fetch_add(1, Ordering::Relaxed);
         let kept = session.conversations.entry(conversation.to_string()).or_insert_with(|| Kept {
@@ -122,9 +165,9 @@ impl MemoryStore {
 
     /// Changes the session's own state only (the admin API's requests).
     pub fn update_session(&self, key: &str, update: &SessionUpdate) {
-        let entry = self.sessions.get_with(key.to_string(), Arc::default);
+        let entry = self.sessions.get_with(key.to_string(), || Arc::new(Held::new(key)));
         self.index_key(key);
-        if let Ok(mut session) = entry.lock() {
+        if let Ok(mut session) = entry.session.lock() {
             session.state.apply(update);
         }
     }
@@ -132,7 +175,7 @@ impl MemoryStore {
     /// The session with every conversation it keeps, most recently used first.
     pub fn view(&self, key: &str) -> SessionView {
         let Some(entry) = self.sessions.get(key) else { return SessionView::default() };
-        let Ok(session) = entry.lock() else { return SessionView::default() };
+        let Ok(session) = entry.session.lock() else { return SessionView::default() };
         let mut kept: Vec<(&String, &Kept)> = session.conversations.iter().collect();
         kept.sort_by_key(|(_, kept)| std::cmp::Reverse(kept.use_order));
         let conversations = kept
@@ -142,6 +185,12 @@ impl MemoryStore {
             })
             .collect();
         SessionView::new(session.state.clone(), conversations)
+    }
+
+    /// The store's estimated size, once pending evictions are applied.
+    pub fn size(&self) -> CacheSize {
+        self.sessions.run_pending_tasks();
+        CacheSize { bytes: self.sessions.weighted_size(), entries: self.sessions.entry_count() }
     }
 
     pub fn forget(&self, key: &str) -> bool {
@@ -178,6 +227,43 @@ impl MemoryStore {
     }
 }
 
+/// What moka keeps per entry besides the key and value (its map bucket, deque node, entry info):
+/// measured with a counting allocator at 250-260 bytes per entry (moka 0.12).
+const ENTRY_OVERHEAD: usize = 256;
+
+/// A B-tree or hash map slot's share of its node beyond the element itself.
+const SLOT_OVERHEAD: usize = 16;
+
+impl MemorySession {
+    /// An estimate of the memory the session holds, key and index entry included: the fixed parts
+    /// by their type sizes, strings and collections by their lengths and capacities.
+    fn estimated_bytes(&self, key: &str) -> u32 {
+        let string = |text: &str| size_of::<String>() + text.len();
+        // The cache's key, the index's copy of it and the index's session hash.
+        let keys = 2 * string(key) + string(session_part(key).unwrap_or_default()) + 2 * SLOT_OVERHEAD;
+        let held = 2 * size_of::<usize>() + size_of::<Held>();
+        let table = self.conversations.capacity() * (size_of::<(String, Kept)>() + 1);
+        let conversations: usize =
+            self.conversations.iter().map(|(id, kept)| id.len() + conversation_bytes(&kept.state)).sum();
+        let total = ENTRY_OVERHEAD + keys + held + table + conversations;
+        u32::try_from(total).unwrap_or(u32::MAX)
+    }
+}
+
+/// An estimate of the memory one conversation's state holds, its `Arc` included.
+fn conversation_bytes(state: &ConversationState) -> usize {
+    let pruned: usize = state.pruned.iter().map(|id| size_of::<String>() + id.len() + SLOT_OVERHEAD).sum();
+    let records = state.compactions.capacity() * size_of::<CompactionRecord>();
+    let record_text: usize = state
+        .compactions
+        .iter()
+        .map(|r| {
+            r.summary.len() + r.covered_hash.len() + r.trigger.len() + r.model.len() + r.user_messages.capacity() * 4
+        })
+        .sum();
+    2 * size_of::<usize>() + size_of::<ConversationState>() + pruned + records + record_text
+}
+
 /// The session part of a key, `<session hash>` of `<tenant>.<session hash>`.
 pub(super) fn session_part(key: &str) -> Option<&str> {
     key.split_once('.').map(|(_, hash)| hash).filter(|hash| !hash.is_empty())
@@ -195,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_session_keeps_its_most_recently_used_conversations() {
-        let store = MemoryStore::new(10, 2, Duration::from_secs(60));
+        let store = MemoryStore::new(10, 1 << 20, 2, Duration::from_secs(60));
         store.update("s", "a", &request(1));
         store.update("s", "b", &request(2));
         store.update("s", "a", &request(3));
@@ -208,7 +294,7 @@ mod tests {
 
     #[test]
     fn locks_are_per_conversation() {
-        let store = MemoryStore::new(10, 2, Duration::from_secs(60));
+        let store = MemoryStore::new(10, 1 << 20, 2, Duration::from_secs(60));
         let hold = Duration::from_secs(5);
         assert!(store.try_lock("s", "a", "one", hold));
         assert!(store.locked("s", "a"));
