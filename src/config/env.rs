@@ -160,6 +160,12 @@ mod tests {
     }
 
     #[test]
+    fn a_deprecated_key_may_still_be_set_by_a_variable() {
+        assert!(KnownKeys::of(&Config::default()).is_known("tokens.cache_entries"));
+        assert!(warnings_for(&["COMPACTOR_TOKENS__CACHE_ENTRIES", "COMPACTOR_TOKENS__CACHE_BYTES"]).is_empty());
+    }
+
+    #[test]
     fn kubernetes_service_links_are_ignored_without_a_word() {
         let links = [
             "COMPACTOR_PORT",

@@ -58,6 +58,11 @@ struct Kept {
     /// Shared with the requests that loaded it (no copy per request); an update copies it only
     /// while one of them still holds it.
     state: Arc<ConversationState>,
+    /// The estimated bytes of its id and state ([`conversation_bytes`]), kept up to date by each
+    /// update so that weighing a session never walks its pruned ids.
+    bytes: usize,
+    /// The pruned ids' share of `bytes`, grown by the ids each update adds.
+    pruned_bytes: usize,
 }
 
 impl MemoryStore {
@@ -131,10 +136,21 @@ impl MemoryStore {
             use_order,
             last_used_unix_ms: 0,
             state: Arc::default(),
+            bytes: 0,
+            pruned_bytes: 0,
         });
         kept.use_order = use_order;
         kept.last_used_unix_ms = super::unix_ms();
+        let added: usize = update
+            .conversation
+            .pruned
+            .iter()
+            .filter(|id| !kept.state.pruned.contains(id.as_str()))
+            .map(|id| pruned_id_bytes(id))
+            .sum();
         Arc::make_mut(&mut kept.state).apply(&update.conversation);
+        kept.pruned_bytes += added;
+        kept.bytes = conversation.len() + conversation_bytes(&kept.state, kept.pruned_bytes);
         while session.conversations.len() > self.max_conversations {
             let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
             let Some(oldest) = oldest else { break };
@@ -243,16 +259,20 @@ impl MemorySession {
         let keys = 2 * string(key) + string(session_part(key).unwrap_or_default()) + 2 * SLOT_OVERHEAD;
         let held = 2 * size_of::<usize>() + size_of::<Held>();
         let table = self.conversations.capacity() * (size_of::<(String, Kept)>() + 1);
-        let conversations: usize =
-            self.conversations.iter().map(|(id, kept)| id.len() + conversation_bytes(&kept.state)).sum();
+        let conversations: usize = self.conversations.values().map(|kept| kept.bytes).sum();
         let total = ENTRY_OVERHEAD + keys + held + table + conversations;
         u32::try_from(total).unwrap_or(u32::MAX)
     }
 }
 
-/// An estimate of the memory one conversation's state holds, its `Arc` included.
-fn conversation_bytes(state: &ConversationState) -> usize {
-    let pruned: usize = state.pruned.iter().map(|id| size_of::<String>() + id.len() + SLOT_OVERHEAD).sum();
+/// One pruned id in a conversation's set.
+fn pruned_id_bytes(id: &str) -> usize {
+    size_of::<String>() + id.len() + SLOT_OVERHEAD
+}
+
+/// An estimate of the memory one conversation's state holds, its `Arc` included, given what its
+/// pruned ids hold (at most [`super::state::MAX_RECORDS`] records are walked).
+fn conversation_bytes(state: &ConversationState, pruned: usize) -> usize {
     let records = state.compactions.capacity() * size_of::<CompactionRecord>();
     let record_text: usize = state
         .compactions
@@ -290,6 +310,50 @@ mod tests {
         assert_eq!(ids, ["c", "a"], "b was the least recently used");
         assert_eq!(store.load("s", "a").1.messages, 3);
         assert!(store.load("s", "b").1.is_empty());
+    }
+
+    fn pruning(ids: &[&str]) -> Update {
+        let conversation = ConversationUpdate {
+            pruned: ids.iter().map(|id| (*id).to_string()).collect(),
+            request_messages: Some(1),
+            ..ConversationUpdate::default()
+        };
+        Update { conversation, ..Update::default() }
+    }
+
+    #[test]
+    fn a_sessions_weight_grows_with_what_it_keeps_and_is_kept_up_to_date_without_walking_it() {
+        // A count bound that charges every session at least 1 byte: the weights are the estimates.
+        let store = MemoryStore::new(1 << 20, 1 << 20, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &request(1));
+        let empty = store.size().bytes;
+        let long_id = "x".repeat(1_000);
+        store.update("t.s", "a", &pruning(&["call_1", &long_id]));
+        store.update("t.s", "a", &pruning(&["call_1", "call_2"]));
+        store.update("t.s", "b", &pruning(&["call_3"]));
+        let grown = store.size().bytes;
+        assert!(grown > empty + 1_000, "{empty} -> {grown}");
+        // The estimate kept by updates equals the one walked from scratch.
+        let entry = store.sessions.get("t.s").unwrap();
+        let session = entry.session.lock().unwrap();
+        for (id, kept) in &session.conversations {
+            let walked: usize = kept.state.pruned.iter().map(|id| pruned_id_bytes(id)).sum();
+            assert_eq!(kept.bytes, id.len() + conversation_bytes(&kept.state, walked), "{id}");
+        }
+        assert_eq!(u64::from(session.estimated_bytes("t.s")), grown);
+    }
+
+    #[test]
+    fn max_sessions_still_caps_the_count_and_the_least_recently_used_go_first() {
+        let store = MemoryStore::new(2, 1 << 20, 4, Duration::from_secs(60));
+        store.update("t.a", "x", &request(1));
+        store.update("t.b", "x", &request(1));
+        store.load("t.a", "x");
+        store.update("t.c", "x", &request(1));
+        assert_eq!(store.size().entries, 2);
+        assert!(store.load("t.b", "x").1.is_empty(), "b was the least recently used");
+        assert!(!store.load("t.a", "x").1.is_empty() && !store.load("t.c", "x").1.is_empty());
+        assert!(store.find("b").is_empty() && store.find("a") == ["t.a"], "the index follows");
     }
 
     #[test]
