@@ -401,7 +401,7 @@ mod tests {
         let read = |text: &str| Config::read(&Figment::new().merge(Toml::string(text))).unwrap();
         let (config, warnings) = read("[tokens]\ncache_entries = 1000\n");
         assert_eq!(config.tokens.cache_bytes, 1000 * u64::from(TOKEN_ENTRY_BYTES));
-        assert!(warnings.len() == 1 && warnings[0].contains("`tokens.cache_bytes = 256000`"), "{warnings:?}");
+        assert!(warnings.len() == 1 && warnings[0].contains("`tokens.cache_bytes = 384000`"), "{warnings:?}");
         let (config, warnings) = read("[tokens]\ncache_entries = 1000\ncache_bytes = 4096\n");
         assert_eq!(config.tokens.cache_bytes, 4096, "the new key wins");
         assert!(warnings[0].contains("ignored"), "{warnings:?}");
