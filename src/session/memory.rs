@@ -27,6 +27,8 @@ pub struct MemoryStore {
     index: Arc<Mutex<Index>>,
     locks: Arc<Mutex<Locks>>,
     max_conversations: usize,
+    /// The store's bound in bytes: a session that alone outweighs it is not kept.
+    memory_bytes: u64,
     /// Orders uses: two uses in the same millisecond still have an order.
     uses: Arc<AtomicU64>,
 }
@@ -99,6 +101,7 @@ impl MemoryStore {
             index,
             locks: Arc::default(),
             max_conversations: max_conversations.max(1),
+            memory_bytes,
             uses: Arc::default(),
         }
     }
@@ -113,7 +116,8 @@ impl MemoryStore {
 
     /// Applies a request's changes and marks its conversation as the most recently used, dropping
     /// the least recently used one beyond the bound. A session that grew or shrank is weighed
-    /// again, and the least recently used sessions leave until the store fits its bound again.
+    /// again, and the least recently used sessions leave until the store fits its bound again; one
+    /// that alone outweighs the bound leaves instead.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
         let entry = self.sessions.get_with(key.to_string(), || Arc::new(Held::new(key)));
         self.index_key(key);
@@ -122,6 +126,11 @@ impl MemoryStore {
             self.apply(&mut session, conversation, update);
             session.estimated_bytes(key)
         };
+        if u64::from(bytes) > self.memory_bytes {
+            // Weighed again, it would push every other session out and still not fit.
+            self.sessions.invalidate(key);
+            return;
+        }
         if entry.bytes.swap(bytes, Ordering::Relaxed) != bytes {
             self.sessions.insert(key.to_string(), entry);
             // Evict now rather than at moka's next housekeeping, so the bound holds at once.
@@ -366,6 +375,19 @@ mod tests {
         assert!(store.load("t.b", "x").1.is_empty(), "b was the least recently used");
         assert!(!store.load("t.a", "x").1.is_empty() && !store.load("t.c", "x").1.is_empty());
         assert!(store.find("b").is_empty() && store.find("a") == ["t.a"], "the index follows");
+    }
+
+    #[test]
+    fn a_session_bigger_than_the_whole_store_is_not_kept() {
+        let store = MemoryStore::new(1 << 20, 8 * 1024, 4, Duration::from_secs(60));
+        store.update("t.small", "x", &request(1));
+        let ids: Vec<String> = (0..200).map(|i| format!("call_{i}")).collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        store.update("t.huge", "x", &pruning(&ids));
+        let size = store.size();
+        assert!(size.bytes <= 8 * 1024, "{size:?}");
+        assert!(store.load("t.huge", "x").1.is_empty(), "the huge one starts afresh every time");
+        assert!(!store.load("t.small", "x").1.is_empty(), "and pushes nobody out: {size:?}");
     }
 
     #[test]
