@@ -196,14 +196,14 @@ fn token_cache_bytes(r: &mut Reader, default: u64) -> u64 {
     let entries: Option<u64> = r.parse("tokens.cache_entries", None, |n: u64| positive(n).map(Some));
     let Some(entries) = entries else { return bytes };
     if bytes_set {
-        r.warn("tokens.cache_entries", "is deprecated and ignored because `tokens.cache_bytes` is set; remove it");
+        r.warn("tokens.cache_entries", "deprecated and ignored because `tokens.cache_bytes` is set; remove it");
         return bytes;
     }
     let converted = entries.saturating_mul(u64::from(TOKEN_ENTRY_BYTES));
     r.warn(
         "tokens.cache_entries",
         &format!(
-            "is deprecated: read as `tokens.cache_bytes = {converted}` ({entries} counts of {TOKEN_ENTRY_BYTES} bytes); set that key instead"
+            "deprecated, read as `tokens.cache_bytes = {converted}` ({entries} counts of {TOKEN_ENTRY_BYTES} bytes); set that key instead"
         ),
     );
     converted
