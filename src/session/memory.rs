@@ -29,6 +29,8 @@ pub struct MemoryStore {
     max_conversations: usize,
     /// The store's bound in bytes: a session that alone outweighs it is not kept.
     memory_bytes: u64,
+    /// What each session is charged at least (`memory_bytes / max_sessions`).
+    least_charge: u32,
     /// Orders uses: two uses in the same millisecond still have an order.
     uses: Arc<AtomicU64>,
 }
@@ -73,9 +75,9 @@ impl MemoryStore {
     pub fn new(max_sessions: u64, memory_bytes: u64, max_conversations: usize, ttl: Duration) -> Self {
         let index: Arc<Mutex<Index>> = Arc::default();
         let evicted = index.clone();
-        let least = u32::try_from(memory_bytes / max_sessions.max(1)).unwrap_or(u32::MAX);
+        let least_charge = u32::try_from(memory_bytes / max_sessions.max(1)).unwrap_or(u32::MAX);
         let sessions = moka::sync::Cache::builder()
-            .weigher(move |_: &String, held: &Arc<Held>| held.bytes.load(Ordering::Relaxed).max(least))
+            .weigher(move |_: &String, held: &Arc<Held>| held.bytes.load(Ordering::Relaxed).max(least_charge))
             .max_capacity(memory_bytes)
             // Least recently used first: a new session is always admitted, never refused in favour
             // of an old one (moka's default, TinyLFU, may refuse it).
@@ -102,6 +104,7 @@ impl MemoryStore {
             locks: Arc::default(),
             max_conversations: max_conversations.max(1),
             memory_bytes,
+            least_charge,
             uses: Arc::default(),
         }
     }
@@ -119,7 +122,9 @@ impl MemoryStore {
     /// again, and the least recently used sessions leave until the store fits its bound again; one
     /// that alone outweighs the bound leaves instead.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
-        let entry = self.sessions.get_with(key.to_string(), || Arc::new(Held::new(key)));
+        let found = self.sessions.entry_by_ref(key).or_insert_with(|| Arc::new(Held::new(key)));
+        let fresh = found.is_fresh();
+        let entry = found.into_value();
         self.index_key(key);
         let bytes = {
             let Ok(mut session) = entry.session.lock() else { return };
@@ -131,9 +136,14 @@ impl MemoryStore {
             self.sessions.invalidate(key);
             return;
         }
-        if entry.bytes.swap(bytes, Ordering::Relaxed) != bytes {
+        let before = entry.bytes.swap(bytes, Ordering::Relaxed);
+        // Below the count bound's least charge a change weighs nothing.
+        let reweigh = before.max(self.least_charge) != bytes.max(self.least_charge);
+        if reweigh {
             self.sessions.insert(key.to_string(), entry);
-            // Evict now rather than at moka's next housekeeping, so the bound holds at once.
+        }
+        if reweigh || fresh {
+            // Evict now rather than at moka's next housekeeping, so the bounds hold at once.
             self.sessions.run_pending_tasks();
         }
     }
