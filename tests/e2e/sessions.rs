@@ -243,7 +243,16 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     for session in ["s1", "s2", "s3", "s4"] {
         post(&one, "key", session, &history(3)).await;
     }
-    assert!(eventually(async || cluster.keys().len() >= 8).await, "{:?}", cluster.keys());
+    // Each request's state is written after its answer: wait for the four sessions' own keys.
+    let tags = || {
+        let keys = cluster.keys();
+        let state = keys.iter().filter(|(_, key)| !key.contains(":by-session:") && key.contains('{'));
+        state
+            .filter_map(|(_, key)| key.split('{').nth(1)?.split('}').next().map(str::to_string))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    assert!(eventually(async || tags() >= 4).await, "{:?}", cluster.keys());
     // Every key of one session sits on the same node; sessions spread over nodes.
     let keys = cluster.keys();
     let mut by_session: std::collections::HashMap<String, std::collections::HashSet<usize>> = Default::default();
