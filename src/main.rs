@@ -9,6 +9,10 @@ use clap::{Parser, Subcommand};
 use compactor::config::Config;
 use compactor::server::{self, AppState};
 
+// mimalloc: fewer instructions per allocation than glibc's malloc on the request path.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about = "A context-managing reverse proxy for LLM agents")]
 struct Cli {

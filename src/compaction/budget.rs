@@ -136,12 +136,26 @@ pub fn prompt_tokens(
     }
 }
 
-/// What a compaction would leave of the prompt, in the provider's tokens: the part it cannot
-/// shrink (`fixed`: system, tools, the summary it carries) plus the tail it keeps verbatim and a
-/// summary. A compaction is worth its call only when this lands under the budget with margin.
-pub fn compaction_frees_room(pressure: &Pressure, fixed: u64, keep: u64, summary: u64) -> bool {
-    let after = fixed + pressure.calibrated(keep + summary);
+/// Turns like the newest a compaction ahead of time must leave room for under the budget.
+const ROOM_TURNS: u64 = 2;
+
+/// Whether a compaction ahead of time is worth its summary call. What it leaves, in the provider's
+/// tokens, is the part it cannot shrink (`fixed`: system, tools, the summary it carries), a summary
+/// and the tail it keeps verbatim: about `keep`, but never less than the newest turn (`growth`:
+/// what this request added, in compactor's tokens; the cut keeps whole turns). It is worth the
+/// call only when that, plus [`ROOM_TURNS`] more turns like the newest, lands under the budget with
+/// margin: a compaction that frees room for a turn or less is followed by another a turn later, so
+/// the session would pay a summary call per turn. When it is not worth it, compaction waits for
+/// the request that would not fit (`limit`): the rebuild is the same, a turn or more later.
+pub fn compaction_frees_room(pressure: &Pressure, fixed: u64, keep: u64, summary: u64, growth: u64) -> bool {
+    let after = fixed + pressure.calibrated(keep.max(growth) + summary + ROOM_TURNS * growth);
     (after as f64) < pressure.budget() as f64 * 0.9
+}
+
+/// What this request added since the last prompt size the upstream reported, in compactor's
+/// tokens: the session's newest turn. 0 when there is no usable report.
+pub fn turn_growth(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
+    reported_and_added(conversation, message_count, report).map_or(0, |(_, added)| added)
 }
 
 /// How many recent tokens a compaction keeps verbatim and the budget for the user's own
@@ -266,8 +280,13 @@ mod tests {
     fn a_compaction_frees_room_only_when_the_fixed_part_leaves_some() {
         let p = pressure(&Learned::default(), &report(0, vec![]));
         // Budget 7200: a 6,500-token system prompt and tools leave no room worth a summary.
-        assert!(!compaction_frees_room(&p, 6_500, 300, 300));
-        assert!(compaction_frees_room(&p, 3_000, 1_000, 500));
+        assert!(!compaction_frees_room(&p, 6_500, 300, 300, 0));
+        assert!(compaction_frees_room(&p, 3_000, 1_000, 500, 0));
+        // Room for the rebuild (3000 + 2000 + 500) but not for two more 2,000-token turns: a
+        // compaction now would be followed by another a turn later.
+        assert!(!compaction_frees_room(&p, 3_000, 1_000, 500, 2_000));
+        // 3000 + 1000 + 500 + 2 x 800 = 6100, under 90 % of 7200.
+        assert!(compaction_frees_room(&p, 3_000, 1_000, 500, 800));
         let (keep, user) = kept_sizes(&CompactionSettings::default(), &p, 3_000, false);
         assert_eq!((keep, user), (700, 700), "a sixth of the room above the fixed part");
     }

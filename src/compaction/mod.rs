@@ -29,7 +29,7 @@ use crate::error::Chain;
 use crate::overflow::Overflow;
 use crate::rewrite::{CachePricing, History, Reason, RewriteReport, RewriteSettings, Rewriter};
 use crate::route::ApiFamily;
-use crate::session::{ConversationId, Identifier, ModelKey, SessionCtx, SessionKey, Store};
+use crate::session::{ConversationId, ConversationState, Identifier, ModelKey, SessionCtx, SessionKey, Store};
 use crate::telemetry::{metric, trace};
 use crate::tokens::TokenCounter;
 use crate::upstream::{RequestHead, Upstreams};
@@ -208,17 +208,20 @@ impl Compactor {
             let prompt = budget::prompt_tokens(&pressure, ctx.conversation(), ladder.message_count, &report, true);
             if requested || prompt > pressure.budget() {
                 let trigger = if requested { "admin" } else { "threshold" };
-                // A compaction is worth its summary call only when what it leaves lands under the
-                // budget; when the fixed part alone leaves no room, only a request that would
-                // overflow is compacted.
-                let worth = requested || prompt > pressure.limit() || self.frees_room(&ladder, &pressure, &report);
+                // A compaction is worth its summary call only when what it leaves, and two more
+                // turns, land under the budget; when they cannot (the fixed part leaves room for a
+                // turn or two), only a request that would overflow is compacted: the rebuild is
+                // the same, a turn or more later, so the session pays fewer summary calls.
+                let worth = requested
+                    || prompt > pressure.limit()
+                    || self.frees_room(&ladder, &pressure, &report, ctx.conversation());
                 if !worth {
                     metric::futile_compaction_avoided();
                     tracing::debug!(
                         session = %ctx.key().as_str(),
                         prompt,
                         budget = pressure.budget(),
-                        "compaction ahead of time skipped: it could not bring the prompt under the budget"
+                        "compaction ahead of time skipped: it would not leave room for the next turns under the budget"
                     );
                 } else if let Some(compacted) =
                     self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).instrument(rewrite.clone()).await
@@ -327,12 +330,20 @@ impl Compactor {
         pressure.calibrated(u64::from(report.tokens_after.saturating_sub(history)))
     }
 
-    /// Whether a compaction of `report`'s conversation would land under the budget with margin.
-    fn frees_room(&self, ladder: &Ladder, pressure: &Pressure, report: &RewriteReport) -> bool {
+    /// Whether a compaction of `report`'s conversation would land under the budget with margin,
+    /// with room left for the next turns (see [`budget::compaction_frees_room`]).
+    fn frees_room(
+        &self,
+        ladder: &Ladder,
+        pressure: &Pressure,
+        report: &RewriteReport,
+        conversation: &ConversationState,
+    ) -> bool {
         let fixed = self.fixed_tokens(ladder, pressure, report);
         let (keep, _) = budget::kept_sizes(&self.settings, pressure, fixed, false);
         let summary = ladder.record.as_ref().map_or(u64::from(keep), |r| (r.summary.len() / 4) as u64);
-        budget::compaction_frees_room(pressure, fixed, u64::from(keep), summary)
+        let growth = budget::turn_growth(conversation, ladder.message_count, report);
+        budget::compaction_frees_room(pressure, fixed, u64::from(keep), summary, growth)
     }
 
     fn sizing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport) -> Sizing {

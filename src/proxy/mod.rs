@@ -123,9 +123,11 @@ impl Proxy {
         let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
         let _stop_when_gone = budget.stop_on_drop();
 
+        // Boxed: these futures are large (a summary call lives in them), and a future is copied
+        // each time it is moved; a box moves as one pointer.
         let prepared = match counted {
-            Some(dialect) => budget.scope(self.compactor.count(&head, dialect, body)).await,
-            None => budget.scope(self.compactor.prepare(&head, body)).await,
+            Some(dialect) => budget.scope(Box::pin(self.compactor.count(&head, dialect, body))).await,
+            None => budget.scope(Box::pin(self.compactor.prepare(&head, body))).await,
         };
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         // A compressed body compactor did not change goes as the client sent it.
@@ -145,7 +147,7 @@ impl Proxy {
         finish.log.forwarded_at = Some(forwarded_at);
         let recovery = ladder.as_mut().zip(finish.ctx());
         let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage);
-        let forwarded = match budget.scope(forwarding).await {
+        let forwarded = match budget.scope(Box::pin(forwarding)).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),
         };

@@ -174,7 +174,8 @@ pub fn recovery(outcome: &'static str) {
     counter!("compactor_recoveries_total", "outcome" => outcome).increment(1);
 }
 
-/// A compaction ahead of time not made because it could not bring the prompt under the budget.
+/// A compaction ahead of time not made because it would not leave room for the next turns under
+/// the budget.
 pub fn futile_compaction_avoided() {
     counter!("compactor_futile_compactions_avoided_total").increment(1);
 }
