@@ -264,14 +264,14 @@ impl MemoryStore {
 
 /// What one cache entry costs beyond its key and value: moka's bookkeeping (map bucket, deque
 /// node, entry info, their share of the map's table) and the allocator's headers. Measured as the
-/// resident memory of a million token counts: 384 bytes an entry ([`crate::tokens::TOKEN_ENTRY_BYTES`]).
+/// resident memory of a million token counts ([`crate::tokens::TOKEN_ENTRY_BYTES`]).
 const ENTRY_OVERHEAD: usize = crate::tokens::TOKEN_ENTRY_BYTES as usize;
 
 /// What the allocator adds to each heap allocation (header and rounding).
 const ALLOCATION: usize = 16;
 
 /// A B-tree set's nodes beyond their elements, per element: partly filled nodes and node headers.
-const BTREE_SLACK: usize = 32;
+const BTREE_SLACK: usize = 16;
 
 /// The one leaf node (11 slots) a B-tree set of a single element allocates.
 const BTREE_LEAF: usize = 11 * size_of::<String>() + 16 + ALLOCATION;
@@ -279,8 +279,8 @@ const BTREE_LEAF: usize = 11 * size_of::<String>() + 16 + ALLOCATION;
 impl MemorySession {
     /// An estimate of the memory the session holds, its key and index entry included: fixed parts
     /// by their type sizes, strings and collections by their lengths and capacities, each heap
-    /// allocation with the allocator's overhead. Checked against resident memory: 94 % of it for
-    /// sessions of one conversation, 103 % for agent sessions with hundreds of pruned ids.
+    /// allocation with the allocator's overhead. Checked against resident memory with mimalloc: 97 %
+    /// of it for sessions of one conversation, 98 % for agent sessions with 600 pruned ids.
     fn estimated_bytes(&self, key: &str) -> u32 {
         let string = |text: &str| size_of::<String>() + text.len() + ALLOCATION;
         let hash = session_part(key).unwrap_or_default();
