@@ -75,7 +75,7 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.sample_size(20);
 
-        let warm = Rewriter::new(settings(), TokenCounter::new(1_000_000), ModelTable::default());
+        let warm = Rewriter::new(settings(), TokenCounter::new(256 << 20), ModelTable::default());
         let first = warm.rewrite_body(dialect, &body, &none).unwrap();
         eprintln!(
             "{label}: {} bytes, {} messages, tokens {} -> {} (pruned {}, truncated {}, deduped {})",
@@ -93,7 +93,7 @@ fn bench(c: &mut Criterion) {
 
         group.bench_function("rewrite_cold_cache", |b| {
             b.iter_batched(
-                || Rewriter::new(settings(), TokenCounter::new(1_000_000), ModelTable::default()),
+                || Rewriter::new(settings(), TokenCounter::new(256 << 20), ModelTable::default()),
                 |cold| black_box(cold.rewrite_body(dialect, &body, &none)),
                 criterion::BatchSize::PerIteration,
             )

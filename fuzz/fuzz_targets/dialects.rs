@@ -21,7 +21,7 @@ static REWRITER: LazyLock<Rewriter> = LazyLock::new(|| {
     settings.prune.minimum_tokens = 10;
     settings.tool_output_max_tokens = 60;
     settings.blocking_tokenize_bytes = usize::MAX;
-    Rewriter::new(settings, TokenCounter::new(100_000), ModelTable::default())
+    Rewriter::new(settings, TokenCounter::new(32 << 20), ModelTable::default())
 });
 
 fuzz_target!(|body: &[u8]| {

@@ -122,7 +122,7 @@ impl Compactor {
             agent_markers: agent::AgentMarkers::new(&config.compaction.agent_markers),
             rewriter: Rewriter::new(
                 config.rewrite_settings(),
-                TokenCounter::new(config.tokens.cache_entries),
+                TokenCounter::new(config.tokens.cache_bytes),
                 config.model_table(),
             ),
             identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
@@ -134,6 +134,16 @@ impl Compactor {
 
     pub fn settings(&self) -> &CompactionSettings {
         &self.settings
+    }
+
+    /// The in-process caches' estimated sizes, by their gauge label ([`metric::CACHES`]).
+    pub fn cache_sizes(&self) -> Vec<(&'static str, crate::tokens::CacheSize)> {
+        let mut sizes =
+            vec![("tokens", self.rewriter.counter.size()), ("tenants", self.identifier.tenant_cache_size())];
+        if let Some(size) = self.store.memory_size() {
+            sizes.push(("sessions", size));
+        }
+        sizes
     }
 
     /// Before forwarding: identifies the session and rewrites the body when the endpoint is one

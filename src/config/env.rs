@@ -37,6 +37,7 @@ impl KnownKeys {
             keys.model_fields = model.keys().cloned().collect();
         }
         keys.tables.insert("models".into());
+        keys.leaves.extend(super::DEPRECATED_KEYS.iter().map(|key| (*key).to_string()));
         keys
     }
 
@@ -156,6 +157,12 @@ mod tests {
         assert!(keys.is_known("models.my-model.context_window"));
         assert!(!keys.is_known("models.my-model.window"));
         assert!(!keys.is_known("limits"));
+    }
+
+    #[test]
+    fn a_deprecated_key_may_still_be_set_by_a_variable() {
+        assert!(KnownKeys::of(&Config::default()).is_known("tokens.cache_entries"));
+        assert!(warnings_for(&["COMPACTOR_TOKENS__CACHE_ENTRIES", "COMPACTOR_TOKENS__CACHE_BYTES"]).is_empty());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::env;
 use super::*;
 use crate::compaction::ladder::Rung;
 use crate::overflow::OverflowDetector;
-use crate::tokens::{Encoding, ModelInfo, ModelTable};
+use crate::tokens::{Encoding, ModelInfo, ModelTable, TOKEN_ENTRY_BYTES};
 
 /// Which file to read: the explicit one (it must exist), else the default one if present.
 pub fn config_path(explicit: Option<&Path>) -> Option<(PathBuf, bool)> {
@@ -39,11 +39,19 @@ impl Config {
         let variables = std::env::vars_os().map(|(name, _)| name.to_string_lossy().into_owned());
         let (environment, warnings) = env::environment(env::KnownKeys::of(&Config::default()), variables);
         figment = figment.merge(environment);
-        Ok((Self::from_figment(&figment)?, warnings))
+        let (config, mut deprecated) = Self::read(&figment)?;
+        deprecated.extend(warnings);
+        Ok((config, deprecated))
     }
 
     /// Validates an already layered figment; used by `load` and by tests.
     pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        Self::read(figment).map(|(config, _)| config)
+    }
+
+    /// Validates an already layered figment, with warnings about keys that still work but should
+    /// be changed.
+    pub fn read(figment: &Figment) -> Result<(Self, Vec<String>), ConfigError> {
         let root: Dict = figment.extract().map_err(Box::new)?;
         let mut r = Reader::new(figment, root);
         let d = Config::default();
@@ -117,7 +125,7 @@ impl Config {
                 queue_size: r.parse("trace.queue_size", d.trace.queue_size, positive_u32),
             },
             tokens: TokensConfig {
-                cache_entries: r.parse("tokens.cache_entries", d.tokens.cache_entries, positive),
+                cache_bytes: token_cache_bytes(&mut r, d.tokens.cache_bytes),
                 image_tokens: r.get("tokens.image_tokens", d.tokens.image_tokens),
                 blocking_tokenize_bytes: r.get("tokens.blocking_tokenize_bytes", d.tokens.blocking_tokenize_bytes),
             },
@@ -161,6 +169,7 @@ impl Config {
                 key_prefix: r.get("session.key_prefix", d.session.key_prefix),
                 ttl: r.parse("session.ttl_secs", d.session.ttl, |s: u64| positive(s).map(Duration::from_secs)),
                 max_sessions: r.parse("session.max_sessions", d.session.max_sessions, positive),
+                memory_bytes: r.parse("session.memory_bytes", d.session.memory_bytes, positive),
                 max_conversations: r.parse("session.max_conversations", d.session.max_conversations, positive_u32),
                 redis_timeout: r.parse("session.redis_timeout_ms", d.session.redis_timeout, positive_ms),
                 tenant_secret: r.get("session.tenant_secret", d.session.tenant_secret),
@@ -171,9 +180,34 @@ impl Config {
             compaction: compaction_settings(&mut r, d.compaction),
             models: model_entries(&mut r, figment),
         };
+        let warnings = r.warnings();
         let problems = r.finish();
-        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
+        if problems.is_empty() { Ok((config, warnings)) } else { Err(ConfigError::Invalid(problems)) }
     }
+}
+
+/// Keys that are still read but replaced by others; environment variables may name them too.
+pub const DEPRECATED_KEYS: [&str; 1] = ["tokens.cache_entries"];
+
+/// `tokens.cache_bytes`, or the deprecated `tokens.cache_entries` converted to bytes (every count
+/// costs the same, so the conversion keeps exactly the cache the operator had).
+fn token_cache_bytes(r: &mut Reader, default: u64) -> u64 {
+    let bytes_set = r.is_set("tokens.cache_bytes");
+    let bytes = r.parse("tokens.cache_bytes", default, positive);
+    let entries: Option<u64> = r.parse("tokens.cache_entries", None, |n: u64| positive(n).map(Some));
+    let Some(entries) = entries else { return bytes };
+    if bytes_set {
+        r.warn("tokens.cache_entries", "deprecated and ignored because `tokens.cache_bytes` is set; remove it");
+        return bytes;
+    }
+    let converted = entries.saturating_mul(u64::from(TOKEN_ENTRY_BYTES));
+    r.warn(
+        "tokens.cache_entries",
+        &format!(
+            "deprecated, read as `tokens.cache_bytes = {converted}` ({entries} counts of {TOKEN_ENTRY_BYTES} bytes); set that key instead"
+        ),
+    );
+    converted
 }
 
 /// `[models.NAME]` entries over the built-in table, each field checked like a top-level key.
@@ -361,6 +395,23 @@ mod tests {
         assert!(toml.contains("extra_overflow_patterns = [\"way too big\"]"), "{toml}");
         assert!(config.compaction.overflow.detect(400, br#"{"error":{"message":"way too big"}}"#).is_some());
         assert!(from_toml("[compaction]\nextra_overflow_patterns = [\"(\"]\n").is_err());
+    }
+
+    #[test]
+    fn the_deprecated_token_cache_entries_key_converts_to_bytes_with_a_warning() {
+        let read = |text: &str| Config::read(&Figment::new().merge(Toml::string(text))).unwrap();
+        let (config, warnings) = read("[tokens]\ncache_entries = 1000\n");
+        assert_eq!(config.tokens.cache_bytes, 1000 * u64::from(TOKEN_ENTRY_BYTES));
+        assert!(warnings.len() == 1 && warnings[0].contains("`tokens.cache_bytes = 384000`"), "{warnings:?}");
+        let (config, warnings) = read("[tokens]\ncache_entries = 1000\ncache_bytes = 4096\n");
+        assert_eq!(config.tokens.cache_bytes, 4096, "the new key wins");
+        assert!(warnings[0].contains("ignored"), "{warnings:?}");
+        let (config, warnings) = read("");
+        assert_eq!(config.tokens.cache_bytes, 64 * 1024 * 1024);
+        assert_eq!(config.session.memory_bytes, 256 * 1024 * 1024);
+        assert!(warnings.is_empty());
+        assert!(!config.to_toml().contains("cache_entries"), "the effective configuration shows the new key");
+        assert!(from_toml("[tokens]\ncache_entries = 0\n").unwrap_err().to_string().contains("`tokens.cache_entries`"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::compaction::settings::CompactionSettings;
 use crate::rewrite::{CachePricing, PruneSettings, RewriteSettings};
 use crate::tokens::{ModelInfo, ModelTable};
 
-pub use load::config_path;
+pub use load::{DEPRECATED_KEYS, config_path};
 pub use reader::Reader;
 pub use secret::{REDACTED, RedisUrls, Secret};
 
@@ -58,8 +58,9 @@ pub struct Config {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct TokensConfig {
-    /// Token counts remembered by content hash.
-    pub cache_entries: u64,
+    /// The most memory the token-count cache may hold, in bytes (each count costs
+    /// [`crate::tokens::TOKEN_ENTRY_BYTES`]). Replaces `cache_entries`, still read: it converts.
+    pub cache_bytes: u64,
     /// Fixed estimate for one image or document.
     pub image_tokens: u32,
     /// Uncached text above this many bytes is tokenized on a blocking thread.
@@ -106,7 +107,12 @@ pub struct SessionConfig {
     pub key_prefix: String,
     #[serde(rename = "ttl_secs", serialize_with = "secs")]
     pub ttl: Duration,
+    /// The most sessions the in-memory store keeps (with `memory_bytes`, whichever is reached
+    /// first; the least recently used go first).
     pub max_sessions: u64,
+    /// The most memory the in-memory store may hold, in bytes, by an estimate of each session's
+    /// size (its conversations, pruned ids, compaction records and summaries).
+    pub memory_bytes: u64,
     /// Conversations kept per session (an agent's main loop, its subagents, its side requests), in
     /// memory and in Redis; the least recently used go first, with their records.
     pub max_conversations: u32,
@@ -318,7 +324,11 @@ impl Default for Config {
                 export_timeout: Duration::from_millis(10_000),
                 queue_size: 2_048,
             },
-            tokens: TokensConfig { cache_entries: 200_000, image_tokens: 1_000, blocking_tokenize_bytes: 65_536 },
+            tokens: TokensConfig {
+                cache_bytes: 64 * 1024 * 1024,
+                image_tokens: 1_000,
+                blocking_tokenize_bytes: 65_536,
+            },
             prune: PruneConfig {
                 enabled: true,
                 protect_tokens: 40_000,
@@ -338,6 +348,7 @@ impl Default for Config {
                 key_prefix: "compactor".into(),
                 ttl: Duration::from_secs(7 * 24 * 3600),
                 max_sessions: 100_000,
+                memory_bytes: 256 * 1024 * 1024,
                 max_conversations: 32,
                 redis_timeout: Duration::from_millis(250),
                 tenant_secret: Secret::default(),

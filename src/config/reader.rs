@@ -10,13 +10,15 @@ pub struct Reader<'a> {
     figment: &'a Figment,
     root: Dict,
     problems: Vec<String>,
+    /// Keys that still work but should be changed (deprecated ones), to log at start.
+    warnings: Vec<String>,
     /// Problems by bare key, for sub-table readers.
     relative: Vec<(String, String)>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(figment: &'a Figment, root: Dict) -> Self {
-        Self { figment, root, problems: Vec::new(), relative: Vec::new() }
+        Self { figment, root, problems: Vec::new(), warnings: Vec::new(), relative: Vec::new() }
     }
 
     /// The value at `path` (dot separated), or `default` when absent. A value of the wrong type is
@@ -77,6 +79,31 @@ impl<'a> Reader<'a> {
         self.relative.push((path.to_string(), reason.to_string()));
         let source = self.source_of(path);
         self.problems.push(format!("`{path}`{source}: {reason}"));
+    }
+
+    /// Records a warning about a key that is read but should be changed, naming where it came from.
+    pub fn warn(&mut self, path: &str, reason: &str) {
+        let source = self.source_of(path);
+        self.warnings.push(format!("`{path}`{source}: {reason}"));
+    }
+
+    /// Whether the configuration sets `path` (without taking it).
+    pub fn is_set(&self, path: &str) -> bool {
+        let mut segments = path.split('.').peekable();
+        let mut dict = &self.root;
+        while let Some(segment) = segments.next() {
+            match (dict.get(segment), segments.peek()) {
+                (Some(_), None) => return true,
+                (Some(Value::Dict(_, inner)), Some(_)) => dict = inner,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// The warnings recorded so far.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
     }
 
     /// Every problem found, unknown keys included; empty means the configuration is valid.

@@ -63,6 +63,13 @@ impl Proxy {
         })
     }
 
+    /// Sets the gauges of the in-process caches' sizes (before a scrape).
+    pub fn record_cache_sizes(&self) {
+        for (cache, size) in self.compactor.cache_sizes() {
+            crate::telemetry::metric::cache_size(cache, size);
+        }
+    }
+
     /// Waits until every request's finisher is done; requests that start later are not waited for.
     pub async fn finished(&self) {
         self.finishers.close();

@@ -24,6 +24,7 @@ pub async fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Respons
         "/healthz" => Some(json(StatusCode::OK, serde_json::json!({"status": "ok"}))),
         "/readyz" => Some(readiness(state).await),
         "/metrics" => {
+            state.proxy.record_cache_sizes();
             let text = state.metrics.as_ref().map(|handle| handle.render()).unwrap_or_default();
             let mut response = Response::new(ResponseBody::full(text));
             response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));

@@ -139,6 +139,13 @@ impl Identifier {
         tenant
     }
 
+    /// The tenant-hash cache's size: its table's capacity, each slot a fixed-size pair.
+    pub fn tenant_cache_size(&self) -> crate::tokens::CacheSize {
+        let Ok(cache) = self.tenants.lock() else { return crate::tokens::CacheSize::default() };
+        let slot = std::mem::size_of::<(u128, TenantHash)>() + 1;
+        crate::tokens::CacheSize { bytes: (cache.capacity() * slot) as u64, entries: cache.len() as u64 }
+    }
+
     fn session_id<'p>(
         &self,
         headers: &'p HeaderMap,

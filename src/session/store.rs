@@ -34,6 +34,7 @@ impl Store {
             StoreKind::Memory => Self {
                 backend: Backend::Memory(MemoryStore::new(
                     config.max_sessions,
+                    config.memory_bytes,
                     config.max_conversations as usize,
                     config.ttl,
                 )),
@@ -50,6 +51,14 @@ impl Store {
         match self.backend {
             Backend::Memory(_) => "memory",
             Backend::Redis(_) => "redis",
+        }
+    }
+
+    /// The in-process store's estimated size; none for a shared store, which holds nothing here.
+    pub fn memory_size(&self) -> Option<crate::tokens::CacheSize> {
+        match &self.backend {
+            Backend::Memory(store) => Some(store.size()),
+            Backend::Redis(_) => None,
         }
     }
 

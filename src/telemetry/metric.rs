@@ -7,6 +7,7 @@ use std::time::Duration;
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::rewrite::RewriteReport;
+use crate::tokens::CacheSize;
 
 /// Histogram buckets in seconds, from sub-millisecond proxy overhead to minutes-long streams.
 pub const SECONDS_BUCKETS: [f64; 18] = [
@@ -44,6 +45,12 @@ pub fn describe() {
     describe_gauge!("compactor_active_streams", "Streamed (SSE) responses in flight.");
     describe_counter!("compactor_errors_total", "Errors compactor answered itself, by route and code.");
     describe_gauge!("compactor_open_connections", "Client connections being served.");
+    describe_gauge!(
+        "compactor_cache_bytes",
+        Unit::Bytes,
+        "Estimated bytes held by each in-process cache (tokens, sessions, tenants): the weighted size its byte bound applies to."
+    );
+    describe_gauge!("compactor_cache_entries", "Entries held by each in-process cache (tokens, sessions, tenants).");
     describe_counter!(
         "compactor_connections_refused_total",
         "Client connections refused (503 overloaded) past limits.max_connections."
@@ -234,6 +241,16 @@ pub fn store_corrupt() {
     counter!("compactor_session_store_corrupt_total").increment(1);
 }
 
+/// The in-process caches, by gauge label: token counts, the in-memory session store (empty with
+/// Redis), tenant hashes by credential.
+pub const CACHES: [&str; 3] = ["tokens", "sessions", "tenants"];
+
+/// One cache's size, set before each scrape.
+pub fn cache_size(cache: &'static str, size: CacheSize) {
+    gauge!("compactor_cache_bytes", "cache" => cache).set(size.bytes as f64);
+    gauge!("compactor_cache_entries", "cache" => cache).set(size.entries as f64);
+}
+
 /// Every route label ([`crate::route::Route::label`]).
 pub(super) const ROUTES: [&str; 10] = [
     "chat_completions",
@@ -314,5 +331,8 @@ pub fn present_at_start() {
     }
     gauge!("compactor_active_streams").set(0.0);
     gauge!("compactor_open_connections").set(0.0);
+    for cache in CACHES {
+        cache_size(cache, CacheSize::default());
+    }
     counter!("compactor_connections_refused_total").absolute(0);
 }

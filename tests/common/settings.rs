@@ -40,9 +40,9 @@ impl Settings {
         self.0
     }
 
-    /// A rewriter with these settings, the built-in model table and a token cache of `cache_entries`.
-    pub fn rewriter(self, cache_entries: u64) -> Rewriter {
-        Rewriter::new(self.0, TokenCounter::new(cache_entries), ModelTable::default())
+    /// A rewriter with these settings, the built-in model table and a token cache of `cache_bytes`.
+    pub fn rewriter(self, cache_bytes: u64) -> Rewriter {
+        Rewriter::new(self.0, TokenCounter::new(cache_bytes), ModelTable::default())
     }
 }
 

@@ -111,6 +111,9 @@ async fn health_readiness_and_metrics_are_answered_locally() {
     ] {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
+    // The caches' sizes are read at the scrape: the credential's tenant hash is cached by now.
+    let tenants = metrics.lines().find_map(|l| l.strip_prefix(r#"compactor_cache_entries{cache="tenants"} "#));
+    assert!(tenants.is_some_and(|n| n.parse::<f64>().unwrap() >= 1.0), "{metrics}");
     assert!(
         fake.received().iter().all(|r| !r.path_and_query.contains("healthz") && !r.path_and_query.contains("metrics"))
     );
@@ -281,4 +284,8 @@ async fn a_scrape_right_after_start_shows_every_family_with_its_series_at_zero()
     assert!(metrics.contains(r#"compactor_requests_total{route="chat_completions",status="200"} 0"#), "{metrics}");
     assert!(metrics.contains(r#"compactor_compactions_total{trigger="overflow",outcome="summarized"} 0"#), "{metrics}");
     assert!(metrics.contains("compactor_session_store_breaker_open 0"), "{metrics}");
+    for cache in ["tokens", "sessions", "tenants"] {
+        assert!(metrics.contains(&format!("compactor_cache_bytes{{cache=\"{cache}\"}} 0")), "{metrics}");
+        assert!(metrics.contains(&format!("compactor_cache_entries{{cache=\"{cache}\"}} 0")), "{metrics}");
+    }
 }

@@ -243,7 +243,16 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     for session in ["s1", "s2", "s3", "s4"] {
         post(&one, "key", session, &history(3)).await;
     }
-    assert!(eventually(async || cluster.keys().len() >= 8).await, "{:?}", cluster.keys());
+    // Each request's state is written after its answer: wait for the four sessions' own keys.
+    let tags = || {
+        let keys = cluster.keys();
+        let state = keys.iter().filter(|(_, key)| !key.contains(":by-session:") && key.contains('{'));
+        state
+            .filter_map(|(_, key)| key.split('{').nth(1)?.split('}').next().map(str::to_string))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    assert!(eventually(async || tags() >= 4).await, "{:?}", cluster.keys());
     // Every key of one session sits on the same node; sessions spread over nodes.
     let keys = cluster.keys();
     let mut by_session: std::collections::HashMap<String, std::collections::HashSet<usize>> = Default::default();
@@ -392,4 +401,87 @@ async fn an_operator_finds_an_agents_sessions_by_its_session_id_across_tenants()
         assert_eq!(proxy.get_with_token(&path, "wrong").await.status, 401);
     })
     .await;
+}
+
+/// A history of `calls` tool calls whose ids are `id_len` characters long: once pruned, the ids
+/// are what the session keeps, so they make it weigh.
+fn history_with_long_ids(calls: usize, id_len: usize) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": "Fix the build."})];
+    for i in 0..calls {
+        let id = format!("call_{i}_{}", "x".repeat(id_len));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": tool_output(&format!("call {i}"), 200)}));
+    }
+    json!({"model": "gpt-4o", "messages": messages})
+}
+
+/// The in-memory store's size gauge, once two scrapes in a row agree (the request's state is
+/// stored after its answer) and it holds `sessions` sessions.
+async fn stored_bytes(proxy: &ProxyProcess, sessions: u64) -> u64 {
+    let gauge = async |name: &str| -> u64 {
+        let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+        let prefix = format!("{name}{{cache=\"sessions\"}} ");
+        let line = metrics.lines().find_map(|line| line.strip_prefix(prefix.as_str()).map(str::to_string));
+        line.unwrap_or_else(|| panic!("no {prefix}in:\n{metrics}")).parse::<f64>().unwrap() as u64
+    };
+    let mut last = 0;
+    let settled = eventually(async || {
+        let (bytes, entries) = (gauge("compactor_cache_bytes").await, gauge("compactor_cache_entries").await);
+        let settled = entries == sessions && bytes == last && bytes > 0;
+        last = bytes;
+        settled
+    })
+    .await;
+    let entries = gauge("compactor_cache_entries").await;
+    assert!(settled, "{sessions} sessions never settled (last {last} bytes, {entries} entries)");
+    last
+}
+
+/// Whether the admin API knows the session an agent calls `id`.
+async fn known(proxy: &ProxyProcess, id: &str) -> bool {
+    let found = proxy.get_with_token(&format!("/admin/sessions?id={id}"), "admin-secret").await.json();
+    !found["sessions"].as_array().unwrap().is_empty()
+}
+
+#[tokio::test]
+async fn a_small_memory_store_drops_the_least_recently_used_sessions_for_a_big_one_and_they_start_afresh() {
+    // What a small session and the big one weigh, on a store with room for all (and whose count
+    // bound charges next to nothing: 10 bytes a session). The store also keeps what was learned of
+    // the model, under a key of its own (one entry more).
+    let (_probe_fake, probe) = ProxyProcess::with_fake(&format!("{WINDOWS}[session]\nmemory_bytes = 1000000\n")).await;
+    post(&probe, "key", "small", &history(3)).await;
+    let first = stored_bytes(&probe, 2).await;
+    let answer = post(&probe, "key", "big", &history_with_long_ids(30, 300)).await;
+    assert!(answer.header("x-compactor-pruned").is_some_and(|n| n.parse::<u32>().unwrap() > 20));
+    let with_big = stored_bytes(&probe, 3).await;
+    post(&probe, "key", "small-2", &history(3)).await;
+    let small = stored_bytes(&probe, 4).await - with_big;
+    let (big, model) = (with_big - first, first - small);
+    assert!(big > 4 * small, "the pruned ids weigh: {big} vs {small}");
+
+    // Room for the model's entry, the big session and two small ones, not three.
+    let bound = model + big + 2 * small + small / 2;
+    let config = format!("{WINDOWS}[session]\nmemory_bytes = {bound}\n");
+    let (fake, proxy) = ProxyProcess::with_fake(&config).await;
+    for (id, sessions) in [("a", 1), ("b", 2), ("c", 3)] {
+        post(&proxy, "key", id, &history(3)).await;
+        assert_eq!(stored_bytes(&proxy, sessions + 1).await, model + sessions * small);
+    }
+    post(&proxy, "key", "a", &history(3)).await; // b is now the least recently used
+    post(&proxy, "key", "big", &history_with_long_ids(30, 300)).await;
+    assert!(eventually(async || known(&proxy, "big").await).await);
+    let held = stored_bytes(&proxy, 4).await;
+    assert!(held <= bound, "{held} over the bound {bound}");
+    assert!(!known(&proxy, "b").await, "the least recently used session went first");
+    for id in ["a", "c", "big"] {
+        assert!(known(&proxy, id).await, "{id} is kept");
+    }
+
+    // The dropped session starts afresh: its earlier decisions are gone, new ones are kept.
+    assert!(rewound_is_pruned(&fake, &proxy, "key", "a").await, "a kept session remembers");
+    assert!(!rewound_is_pruned(&fake, &proxy, "key", "b").await, "b remembers nothing");
+    let again = post(&proxy, "key", "b", &history(3)).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("x-compactor-pruned"), Some("2"));
+    assert!(eventually(async || known(&proxy, "b").await).await, "b is stored again");
 }

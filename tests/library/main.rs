@@ -8,6 +8,7 @@
 mod common;
 
 mod agent_compaction;
+mod caches;
 mod overflow_fixtures;
 mod prefix_reuse;
 mod prompt_cache;

@@ -13,7 +13,7 @@ const PLACEHOLDER: &str = "[Old tool result content cleared]";
 
 /// The shipped defaults (placeholder, protected `skill` tool) with small windows.
 fn rewriter() -> Rewriter {
-    Settings::defaults().prune_window(400, 200).tool_output_max_tokens(2_000).rewriter(10_000)
+    Settings::defaults().prune_window(400, 200).tool_output_max_tokens(2_000).rewriter(4 << 20)
 }
 
 fn rewrite(dialect: Dialect, body: &Value) -> (Rewritten, Value) {

@@ -299,7 +299,7 @@ pub(crate) fn rewriter() -> Rewriter {
         .placeholder("[cleared]")
         .protected_tools(&[])
         .tool_output_max_tokens(600)
-        .rewriter(100_000)
+        .rewriter(32 << 20)
 }
 
 fn check(dialect: Dialect, body: Value) {

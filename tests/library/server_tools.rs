@@ -29,7 +29,7 @@ fn repair_only(dialect: Dialect, body: &Value) -> (Rewritten, Value) {
 
 /// The rewrite of `body`, and what would go upstream: the new body, or the client's own bytes.
 fn rewrite(settings: RewriteSettings, dialect: Dialect, body: &Value) -> (Rewritten, Value) {
-    let rewriter = Settings::from(settings).rewriter(10_000);
+    let rewriter = Settings::from(settings).rewriter(4 << 20);
     let bytes = serde_json::to_vec(body).unwrap();
     let rewritten = rewriter.rewrite_body(dialect, &bytes, &BTreeSet::new()).expect("parses");
     let after = serde_json::from_slice(rewritten.body.as_deref().unwrap_or(&bytes)).unwrap();

@@ -191,7 +191,7 @@ static REWRITER: LazyLock<Rewriter> = LazyLock::new(|| {
     settings.prune.minimum_tokens = 100;
     settings.tool_output_max_tokens = 2_000;
     settings.blocking_tokenize_bytes = usize::MAX;
-    Rewriter::new(settings, TokenCounter::new(1_000_000), ModelTable::default())
+    Rewriter::new(settings, TokenCounter::new(256 << 20), ModelTable::default())
 });
 
 /// Parse, count, repair, truncate, dedupe, prune, repair and render; true when the body changed.
