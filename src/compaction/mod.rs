@@ -140,6 +140,7 @@ impl Compactor {
     pub fn cache_sizes(&self) -> Vec<(&'static str, crate::tokens::CacheSize)> {
         let mut sizes =
             vec![("tokens", self.rewriter.counter.size()), ("tenants", self.identifier.tenant_cache_size())];
+        sizes.push(("prefixes", self.prefixes.size()));
         if let Some(size) = self.store.memory_size() {
             sizes.push(("sessions", size));
         }

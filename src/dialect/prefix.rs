@@ -455,6 +455,18 @@ impl PrefixCache {
         Self { cache }
     }
 
+    /// The weighted size (bodies and skeletons, what `limits.prefix_cache_bytes` bounds) and the
+    /// keys held.
+    pub fn size(&self) -> crate::tokens::CacheSize {
+        match &self.cache {
+            Some(cache) => {
+                cache.run_pending_tasks();
+                crate::tokens::CacheSize { bytes: cache.weighted_size(), entries: cache.entry_count() }
+            }
+            None => crate::tokens::CacheSize { bytes: 0, entries: 0 },
+        }
+    }
+
     /// Parses `body`, re-making the head it shares with an earlier body under `key`, and keeps this
     /// parse for the next turn.
     pub fn parse<'a>(&self, key: PrefixKey, dialect: Dialect, body: &'a Bytes) -> (Option<ParsedRequest<'a>>, Reuse) {

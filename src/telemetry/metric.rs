@@ -242,8 +242,8 @@ pub fn store_corrupt() {
 }
 
 /// The in-process caches, by gauge label: token counts, the in-memory session store (empty with
-/// Redis), tenant hashes by credential.
-pub const CACHES: [&str; 3] = ["tokens", "sessions", "tenants"];
+/// Redis), tenant hashes by credential, each conversation's last parse.
+pub const CACHES: [&str; 4] = ["tokens", "sessions", "tenants", "prefixes"];
 
 /// One cache's size, set before each scrape.
 pub fn cache_size(cache: &'static str, size: CacheSize) {

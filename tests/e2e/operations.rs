@@ -284,7 +284,7 @@ async fn a_scrape_right_after_start_shows_every_family_with_its_series_at_zero()
     assert!(metrics.contains(r#"compactor_requests_total{route="chat_completions",status="200"} 0"#), "{metrics}");
     assert!(metrics.contains(r#"compactor_compactions_total{trigger="overflow",outcome="summarized"} 0"#), "{metrics}");
     assert!(metrics.contains("compactor_session_store_breaker_open 0"), "{metrics}");
-    for cache in ["tokens", "sessions", "tenants"] {
+    for cache in ["tokens", "sessions", "tenants", "prefixes"] {
         assert!(metrics.contains(&format!("compactor_cache_bytes{{cache=\"{cache}\"}} 0")), "{metrics}");
         assert!(metrics.contains(&format!("compactor_cache_entries{{cache=\"{cache}\"}} 0")), "{metrics}");
     }

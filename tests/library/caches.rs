@@ -19,3 +19,26 @@ fn the_token_cache_never_holds_more_than_its_byte_bound_after_counting_many_dist
     let text = "distinct text number 19999: the build failed at step 139993";
     assert_eq!(counter.count(Encoding::O200kBase, text), tokenize_len(Encoding::O200kBase, text));
 }
+
+#[test]
+fn the_prefix_cache_never_holds_more_than_its_byte_bound_whatever_the_conversations() {
+    use bytes::Bytes;
+    use compactor::dialect::Dialect;
+    use compactor::dialect::prefix::{PrefixCache, PrefixKey, Reuse};
+    let bound = 2 * 1024 * 1024;
+    let cache = PrefixCache::new(bound);
+    for i in 0..300 {
+        let output = format!("line {i}\n").repeat(2_000);
+        let body = serde_json::json!({"model": "gpt-4o", "messages": [
+            {"role": "user", "content": format!("task {i}")},
+            {"role": "tool", "tool_call_id": "c", "content": output}
+        ]});
+        let body = Bytes::from(serde_json::to_vec(&body).unwrap());
+        let key = PrefixKey::new(Dialect::ChatCompletions, [format!("key {}", i % 7).as_bytes()]);
+        let (parsed, reuse) = cache.parse(key, Dialect::ChatCompletions, &body);
+        assert!(parsed.is_some() && reuse != Reuse::Off);
+    }
+    let size = cache.size();
+    assert!(size.bytes <= bound, "{size:?} over {bound}");
+    assert!(size.bytes >= bound / 4, "the cache is used: {size:?}");
+}
