@@ -170,7 +170,8 @@ pub struct LimitsConfig {
     #[serde(rename = "client_body_timeout_ms", serialize_with = "millis")]
     pub client_body_timeout: Duration,
     /// Memory, in bytes, for the last parse of each conversation (its body included), so the next
-    /// turn parses only what it added; 0 turns the reuse off.
+    /// turn parses only the messages it added; kept in process memory only, never in the store.
+    /// 0 turns the reuse off.
     pub prefix_cache_bytes: u64,
 }
 
