@@ -223,3 +223,31 @@ fn bodies_a_fresh_parse_refuses_are_refused_when_reusing_too() {
     let fine = r#"{"model":"m","messages":[{"role":"user","content":"a"} , {"role":"user","content":"b"}] ,"x":1 }  "#;
     check(Dialect::ChatCompletions, old, fine.as_bytes(), Some(1));
 }
+
+/// `body` as the agent sent it `drop` messages earlier: the same bytes without its last messages.
+fn without_last(dialect: Dialect, body: &[u8], drop: usize) -> Vec<u8> {
+    let parsed = ParsedRequest::parse(dialect, body).unwrap();
+    let kept = parsed.messages.len() - drop;
+    let last_kept = compactor::json::span_in(body, parsed.messages[kept - 1].raw).unwrap();
+    let history = compactor::json::span_in(body, parsed.top.get(dialect.history_field()).unwrap()).unwrap();
+    let mut out = body[..last_kept.end].to_vec();
+    out.extend_from_slice(&body[history.end - 1..]);
+    out
+}
+
+#[test]
+fn the_recorded_agent_conversations_reuse_every_earlier_turn_and_parse_the_same() {
+    for (name, dialect) in [
+        ("anthropic_claude_code_long.json", Dialect::AnthropicMessages),
+        ("openai_chat_agent_long.json", Dialect::ChatCompletions),
+        ("responses_codex_long.json", Dialect::Responses),
+    ] {
+        let path = format!("{}/tests/fixtures/conversations/{name}", env!("CARGO_MANIFEST_DIR"));
+        let body = std::fs::read(&path).unwrap();
+        let messages = message_count(dialect, &body);
+        for drop in [1, 3, 20, messages - 1] {
+            let earlier = without_last(dialect, &body, drop);
+            check(dialect, &earlier, &body, Some(messages - drop));
+        }
+    }
+}
