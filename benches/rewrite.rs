@@ -10,7 +10,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use compactor::compaction::plan;
 use compactor::config::Config;
-use compactor::dialect::prefix::{self, Skeleton};
+use compactor::dialect::prefix::{self, PrefixCache, PrefixKey, Skeleton};
 use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::json;
 use compactor::rewrite::{History, RewriteSettings, Rewriter};
@@ -109,7 +109,13 @@ fn bench(c: &mut Criterion) {
         // messages; its skeleton is re-made from the new body, the added messages are read, and
         // the new skeleton is kept for the turn after (what `PrefixCache::parse` does on a hit).
         let previous = Bytes::from(without_last(dialect, &body, 3));
-        let earlier = Skeleton::of(&ParsedRequest::parse(dialect, &previous).unwrap(), previous.clone()).unwrap();
+        // Parsed through the cache and counted, as the proxy does: its skeleton keeps the counts.
+        let cache = PrefixCache::new(256 << 20);
+        let (earlier, _) = cache.parse(PrefixKey::new(dialect, [b"bench".as_slice()]), dialect, &previous);
+        let mut earlier = earlier.unwrap();
+        let encoding = ModelTable::default().lookup(earlier.model.as_deref().unwrap_or("")).encoding;
+        warm.count_items(&mut earlier, encoding);
+        let earlier = earlier.counts.own().cloned().unwrap();
         let body = Bytes::from(body);
         let (reused, count) = prefix::parse_reusing(dialect, &body, &earlier);
         assert!(count > 0 && reused.is_some(), "the previous turn is reused");

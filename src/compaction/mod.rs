@@ -126,7 +126,8 @@ impl Compactor {
                 config.model_table(),
             ),
             identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
-            prefixes: PrefixCache::new(config.limits.prefix_cache_bytes),
+            prefixes: PrefixCache::new(config.limits.prefix_cache_bytes)
+                .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,
             summarizer: Summarizer::new(&config.compaction, upstreams),
         }

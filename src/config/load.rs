@@ -91,6 +91,7 @@ impl Config {
                     positive_ms,
                 ),
                 prefix_cache_bytes: r.get("limits.prefix_cache_bytes", d.limits.prefix_cache_bytes),
+                prefix_min_bytes: r.get("limits.prefix_min_bytes", d.limits.prefix_min_bytes),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),

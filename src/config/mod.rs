@@ -173,6 +173,9 @@ pub struct LimitsConfig {
     /// turn parses only the messages it added; kept in process memory only, never in the store.
     /// 0 turns the reuse off.
     pub prefix_cache_bytes: u64,
+    /// Bodies smaller than this many bytes are parsed whole, never kept: they parse faster than a
+    /// cache lookup and insert cost.
+    pub prefix_min_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -313,6 +316,7 @@ impl Default for Config {
                 max_connections: 4_096,
                 client_body_timeout: Duration::from_millis(60_000),
                 prefix_cache_bytes: 64 * 1024 * 1024,
+                prefix_min_bytes: 16 * 1024,
             },
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },

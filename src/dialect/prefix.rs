@@ -13,13 +13,14 @@
 use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
 use super::{Dialect, Layout, Message, ParsedRequest};
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json;
+use crate::tokens::Encoding;
 
 /// Earlier bodies kept per key: parallel conversations of one client (subagents) under the same
 /// credential each keep theirs.
@@ -116,6 +117,63 @@ pub struct Skeleton {
     opening: usize,
     /// Bytes held, for the cache's bound.
     size: usize,
+    /// The token counts of its items' texts, once the request that made it has counted them: a
+    /// later turn re-making these items takes their counts from here instead of hashing and
+    /// looking up every text again.
+    counts: OnceLock<Counted>,
+}
+
+/// Token counts of a skeleton's items, two slots per item (the rewrite's countable texts, in
+/// order), with the encoding they were counted in.
+#[derive(Debug)]
+struct Counted {
+    encoding: Encoding,
+    slots: Vec<u32>,
+}
+
+/// What a parse through the cache knows of token counts: the counts of the items it re-made from
+/// an earlier turn, and its own skeleton, which keeps this turn's counts for the next one. Shown
+/// as nothing in `Debug`: a reusing parse and a fresh one are the same parse.
+#[derive(Default, Clone)]
+pub struct CountMemo {
+    earlier: Option<(Arc<Skeleton>, usize)>,
+    own: Option<Arc<Skeleton>>,
+}
+
+impl std::fmt::Debug for CountMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CountMemo")
+    }
+}
+
+impl CountMemo {
+    /// The counts, slot by slot, of the leading items re-made from an earlier turn counted in
+    /// `encoding` (empty when there are none).
+    pub fn known(&self, encoding: Encoding) -> &[u32] {
+        match &self.earlier {
+            Some((earlier, items)) => match earlier.counts.get() {
+                Some(counted) if counted.encoding == encoding => counted.slots.get(..items * 2).unwrap_or(&[]),
+                _ => &[],
+            },
+            None => &[],
+        }
+    }
+
+    /// The skeleton of this parse, kept in the cache for the next turn (benchmarks start a warm
+    /// turn from it).
+    pub fn own(&self) -> Option<&Arc<Skeleton>> {
+        self.own.as_ref()
+    }
+
+    /// Keeps this parse's item counts (`slots`, two per item, before any policy ran) for the
+    /// next turn.
+    pub fn remember(&self, encoding: Encoding, slots: &[u32]) {
+        if let Some(own) = &self.own
+            && slots.len() == own.items.len() * 2
+        {
+            let _ = own.counts.set(Counted { encoding, slots: slots.to_vec() });
+        }
+    }
 }
 
 /// The head of a body re-made from a [`Skeleton`]: what [`ParsedRequest::parse_after`] starts from.
@@ -230,6 +288,7 @@ impl Skeleton {
             system_ends,
             opening,
             size: 0,
+            counts: OnceLock::new(),
         };
         skeleton.size = skeleton.weigh();
         Some(skeleton)
@@ -263,6 +322,9 @@ impl Skeleton {
             + self.items.iter().map(|i| std::mem::size_of::<ItemSkeleton>() + kind(&i.kind)).sum::<usize>()
             + self.system.iter().map(Piece::size).sum::<usize>()
             + self.system_ends.len() * std::mem::size_of::<usize>()
+            // The counts kept once the request has counted (set after the cache weighed it).
+            + std::mem::size_of::<Counted>()
+            + self.items.len() * 2 * std::mem::size_of::<u32>()
     }
 
     /// The bytes this skeleton holds (its body included).
@@ -383,14 +445,21 @@ pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 
 /// Parses `body` reusing `earlier` (a skeleton of an earlier body) when the two share a head.
 /// Returns the parse and how many messages were re-made (0: a full parse).
-pub fn parse_reusing<'a>(dialect: Dialect, body: &'a [u8], earlier: &Skeleton) -> (Option<ParsedRequest<'a>>, usize) {
+pub fn parse_reusing<'a>(
+    dialect: Dialect,
+    body: &'a [u8],
+    earlier: &Arc<Skeleton>,
+) -> (Option<ParsedRequest<'a>>, usize) {
     // Validated once, whatever follows: a body that is not UTF-8 is no JSON.
     let Ok(text) = json::utf8(body) else { return (None, 0) };
     if earlier.dialect == dialect
         && let Some(head) = earlier.head(text, earlier.common_prefix(body))
     {
-        let reused = head.messages.len();
-        if let Some(parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
+        let (reused, items) = (head.messages.len(), head.items.len());
+        if let Some(mut parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
+            if reused > 0 {
+                parsed.counts.earlier = Some((earlier.clone(), items));
+            }
             return (Some(parsed), reused);
         }
     }
@@ -438,6 +507,8 @@ impl PrefixKey {
 #[derive(Clone)]
 pub struct PrefixCache {
     cache: Option<moka::sync::Cache<PrefixKey, Arc<[Arc<Skeleton>]>>>,
+    /// Smaller bodies are parsed whole and not kept (`limits.prefix_min_bytes`).
+    min_bytes: usize,
 }
 
 impl PrefixCache {
@@ -452,7 +523,14 @@ impl PrefixCache {
                 })
                 .build()
         });
-        Self { cache }
+        Self { cache, min_bytes: 0 }
+    }
+
+    /// The same cache, for bodies of `min_bytes` and more only: a small body parses faster than
+    /// the cache's lookup and insert.
+    pub fn for_bodies_from(mut self, min_bytes: usize) -> Self {
+        self.min_bytes = min_bytes;
+        self
     }
 
     /// The weighted size (bodies and skeletons, what `limits.prefix_cache_bytes` bounds) and the
@@ -470,7 +548,9 @@ impl PrefixCache {
     /// Parses `body`, re-making the head it shares with an earlier body under `key`, and keeps this
     /// parse for the next turn.
     pub fn parse<'a>(&self, key: PrefixKey, dialect: Dialect, body: &'a Bytes) -> (Option<ParsedRequest<'a>>, Reuse) {
-        let Some(cache) = &self.cache else { return (ParsedRequest::parse(dialect, body), Reuse::Off) };
+        let Some(cache) = self.cache.as_ref().filter(|_| body.len() >= self.min_bytes) else {
+            return (ParsedRequest::parse(dialect, body), Reuse::Off);
+        };
         let candidates = cache.get(&key);
         let best = candidates
             .iter()
@@ -478,14 +558,15 @@ impl PrefixCache {
             .filter(|c| c.dialect == dialect)
             .map(|c| (c.common_prefix(body), c))
             .max_by_key(|(common, _)| *common);
-        let (parsed, reused) = match best {
+        let (mut parsed, reused) = match best {
             Some((_, earlier)) => parse_reusing(dialect, body, earlier),
             None => (ParsedRequest::parse(dialect, body), 0),
         };
-        if let Some(parsed) = &parsed
+        if let Some(parsed) = &mut parsed
             && let Some(skeleton) = Skeleton::of(parsed, body.clone())
         {
             let skeleton = Arc::new(skeleton);
+            parsed.counts.own = Some(skeleton.clone());
             // This conversation's earlier turn gives way; other conversations under the key stay.
             let kept: Vec<Arc<Skeleton>> = std::iter::once(skeleton.clone())
                 .chain(candidates.iter().flat_map(|c| c.iter()).filter(|c| !c.same_opening(&skeleton)).cloned())

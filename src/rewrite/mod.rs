@@ -112,7 +112,7 @@ impl Rewriter {
         }
         work::step(|| {
             self.tokenize(parsed, model.encoding, &mut counts);
-            self.assign(parsed, &counts);
+            self.assign(parsed, model.encoding, &counts);
         })
         .await?;
         Ok(model)
@@ -220,13 +220,17 @@ impl Rewriter {
     pub fn count_items(&self, parsed: &mut ParsedRequest, encoding: Encoding) {
         let mut counts = self.look_up(parsed, encoding);
         self.tokenize(parsed, encoding, &mut counts);
-        self.assign(parsed, &counts);
+        self.assign(parsed, encoding, &counts);
     }
 
     /// Every countable text's count from the cache: each text hashed and looked up once.
     fn look_up(&self, parsed: &ParsedRequest, encoding: Encoding) -> Counts {
         let mut counts = Counts::default();
-        for (slot, text) in countable_texts(parsed).enumerate() {
+        // The items re-made from the last turn come with their counts: only what the agent added
+        // is hashed and looked up.
+        let known = parsed.counts.known(encoding);
+        counts.counts.extend_from_slice(known);
+        for (slot, text) in countable_texts(parsed).enumerate().skip(known.len()) {
             if text.is_empty() {
                 counts.counts.push(0);
                 continue;
@@ -310,7 +314,11 @@ impl Rewriter {
 
     /// Gives every item its tokens and the conversation its fixed cost from `counts` (in
     /// [`countable_texts`] order).
-    fn assign(&self, parsed: &mut ParsedRequest, counts: &Counts) {
+    fn assign(&self, parsed: &mut ParsedRequest, encoding: Encoding, counts: &Counts) {
+        // Every slot is counted by now; the items' slots are kept for the next turn.
+        if let Some(items) = counts.counts.get(..parsed.conversation.items.len() * 2) {
+            parsed.counts.remember(encoding, items);
+        }
         let image = self.settings.image_tokens;
         let mut slots = counts.counts.iter().copied();
         let mut next = || slots.next().unwrap_or(0);

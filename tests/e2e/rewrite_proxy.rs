@@ -227,7 +227,8 @@ fn reuse_count(metrics: &str, route: &str, outcome: &str) -> Option<u64> {
 #[tokio::test]
 async fn a_sessions_next_turn_reuses_the_last_parse_and_the_upstream_gets_the_same_bytes() {
     let fake = FakeUpstream::start().await;
-    let reusing = ProxyProcess::start(&fake, SMALL_WINDOWS);
+    // Every turn through the cache, however small its body.
+    let reusing = ProxyProcess::start(&fake, &format!("{SMALL_WINDOWS}[limits]\nprefix_min_bytes = 0\n"));
     let fresh = ProxyProcess::start(&fake, &format!("{SMALL_WINDOWS}[limits]\nprefix_cache_bytes = 0\n"));
     let at_start = send(request("GET", &reusing.url("/metrics"), &[], "")).await.text();
     assert_eq!(reuse_count(&at_start, "chat_completions", "hit"), Some(0), "{at_start}");

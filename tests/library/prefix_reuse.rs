@@ -4,6 +4,7 @@
 //! and the parse, the rewritten bytes and the report all equal those of a fresh parse.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use compactor::dialect::prefix::{self, PrefixCache, PrefixKey, Reuse, Skeleton};
@@ -127,22 +128,36 @@ fn turns_of(dialect: Dialect, turns: &[Turn], cut: usize, change: Change) -> (Ve
 fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>) {
     let old = Bytes::copy_from_slice(old);
     let earlier = ParsedRequest::parse(dialect, &old).expect("the earlier turn parses");
-    let skeleton = Skeleton::of(&earlier, old.clone()).expect("a fresh parse has a skeleton");
+    let skeleton = Arc::new(Skeleton::of(&earlier, old.clone()).expect("a fresh parse has a skeleton"));
     let (reused, count) = prefix::parse_reusing(dialect, new, &skeleton);
     let fresh = ParsedRequest::parse(dialect, new);
     assert_same(format!("{reused:?}"), format!("{fresh:?}"), "the reusing parse must equal a fresh one");
     if let Some(expected) = expect_reused {
         assert_eq!(count, expected, "every message of the earlier turn is re-made");
     }
-    let (Some(mut reused), Some(mut fresh)) = (reused, fresh) else { return };
     let rewriter = rewriter();
+    // As the proxy runs it: the earlier turn parsed and counted through the cache, so the next
+    // one also carries the re-made items' counts instead of looking them up.
+    let cache = PrefixCache::new(64 << 20);
+    let key = PrefixKey::new(dialect, [b"check".as_slice()]);
+    let (earlier, _) = cache.parse(key, dialect, &old);
+    let mut earlier = earlier.expect("the earlier turn parses");
+    let model = rewriter.models.lookup(earlier.model.as_deref().unwrap_or(""));
+    rewriter.count_items(&mut earlier, model.encoding);
+    let new_bytes = Bytes::copy_from_slice(new);
+    let (carried, _) = cache.parse(key, dialect, &new_bytes);
+    let (Some(mut reused), Some(mut fresh), Some(mut carried)) = (reused, fresh, carried) else { return };
     let pruned = BTreeSet::new();
     let history = History::eager(&pruned);
+    let from_carried = rewriter.rewrite_parsed(&mut carried, &history);
     let from_reused = rewriter.rewrite_parsed(&mut reused, &history);
     let from_fresh = rewriter.rewrite_parsed(&mut fresh, &history);
     assert_eq!(from_reused.body, from_fresh.body, "the same bytes go upstream");
     assert_eq!(from_reused.report, from_fresh.report);
     assert_same(format!("{reused:?}"), format!("{fresh:?}"), "after the rewrite");
+    assert_eq!(from_carried.body, from_fresh.body, "the same bytes go upstream with counts carried over");
+    assert_eq!(from_carried.report, from_fresh.report, "the same counts with counts carried over");
+    assert_same(format!("{carried:?}"), format!("{fresh:?}"), "after the rewrite, counts carried over");
 }
 
 /// Asserts two Debug renderings are equal, showing where they part (they are long).
@@ -250,4 +265,109 @@ fn the_recorded_agent_conversations_reuse_every_earlier_turn_and_parse_the_same(
             check(dialect, &earlier, &body, Some(messages - drop));
         }
     }
+}
+
+/// Work proportional to what the agent added: on the next turn of a recorded agent conversation,
+/// the re-made messages bring their token counts, so a counter that has never seen the
+/// conversation hashes, looks up and tokenizes only the texts of the added messages (and the
+/// tools and system prompt outside the history), and every count is what a fresh count gives.
+#[test]
+fn the_next_turn_counts_only_the_texts_the_agent_added() {
+    use compactor::rewrite::Rewriter;
+    use compactor::tokens::{ModelTable, TokenCounter};
+    let settings = compactor::config::Config::default().rewrite_settings();
+    let rewriter = || Rewriter::new(settings.clone(), TokenCounter::new(256 << 20), ModelTable::default());
+    for (name, dialect) in [
+        ("anthropic_claude_code_long.json", Dialect::AnthropicMessages),
+        ("openai_chat_agent_long.json", Dialect::ChatCompletions),
+        ("responses_codex_long.json", Dialect::Responses),
+    ] {
+        let path = format!("{}/tests/fixtures/conversations/{name}", env!("CARGO_MANIFEST_DIR"));
+        let body = Bytes::from(std::fs::read(&path).unwrap());
+        let earlier = Bytes::from(without_last(dialect, &body, 3));
+        let cache = PrefixCache::new(64 << 20);
+        let key = PrefixKey::new(dialect, [b"agent".as_slice()]);
+
+        // The earlier turn, counted as the proxy counts it.
+        let first = rewriter();
+        let (parsed, reuse) = cache.parse(key, dialect, &earlier);
+        assert_eq!(reuse, Reuse::Miss);
+        let mut parsed = parsed.unwrap();
+        let encoding = first.models.lookup(parsed.model.as_deref().unwrap_or("")).encoding;
+        first.count_items(&mut parsed, encoding);
+
+        // The next turn, counted by a counter that has seen nothing.
+        let next = rewriter();
+        let (carried, reuse) = cache.parse(key, dialect, &body);
+        assert_eq!(reuse, Reuse::Hit, "{name}");
+        let mut carried = carried.unwrap();
+        next.count_items(&mut carried, encoding);
+        let looked_up = next.counter.size().entries;
+
+        let fresh_counter = rewriter();
+        let mut fresh = ParsedRequest::parse(dialect, &body).unwrap();
+        fresh_counter.count_items(&mut fresh, encoding);
+        let all = fresh_counter.counter.size().entries;
+
+        let tokens = |p: &ParsedRequest| p.conversation.items.iter().map(|i| i.tokens).collect::<Vec<_>>();
+        assert_eq!(tokens(&carried), tokens(&fresh), "{name}: every item's count is the fresh one");
+        assert_eq!(carried.conversation.fixed_tokens, fresh.conversation.fixed_tokens, "{name}");
+        // Only the added messages' texts, the tools and the system prompt were counted.
+        let added: Vec<&str> = fresh
+            .conversation
+            .items
+            .iter()
+            .filter(|i| i.message >= fresh.messages.len() - 3)
+            .flat_map(|i| item_texts(&i.kind))
+            .filter(|t| !t.is_empty())
+            .collect();
+        let outside = usize::from(fresh.tools.is_some()) + fresh.top_system.len();
+        assert!(
+            looked_up as usize <= added.len() + outside,
+            "{name}: {looked_up} texts counted on the next turn, {} added (+{outside} outside the history), {all} in all",
+            added.len()
+        );
+        assert!(all > 10 * looked_up.max(1), "{name}: {looked_up} of {all} texts counted");
+    }
+}
+
+fn item_texts<'k>(kind: &'k compactor::conversation::Kind<'_>) -> Vec<&'k str> {
+    use compactor::conversation::Kind;
+    match kind {
+        Kind::System { text } | Kind::Text { text, .. } | Kind::Thinking { text } | Kind::ToolResult { text, .. } => {
+            vec![text]
+        }
+        Kind::ToolCall { name, arguments, .. } => vec![name, arguments],
+        Kind::Other { raw } => vec![raw],
+        Kind::Attachment => vec![],
+    }
+}
+
+/// A body below `limits.prefix_min_bytes` is parsed whole and not kept (it parses faster than the
+/// cache's lookup and insert); a larger one of the same conversation is kept and reused.
+#[test]
+fn bodies_below_the_minimum_are_parsed_whole_and_not_kept() {
+    let dialect = Dialect::ChatCompletions;
+    let body = |outputs: usize| {
+        let mut messages = vec![json!({"role": "system", "content": "Be brief."})];
+        for i in 0..outputs {
+            messages.push(json!({"role": "user", "content": format!("step {i}: {}", "x".repeat(500))}));
+        }
+        Bytes::from(serde_json::to_vec(&json!({"model": "gpt-4o", "messages": messages})).unwrap())
+    };
+    let cache = PrefixCache::new(64 << 20).for_bodies_from(4_000);
+    let key = PrefixKey::new(dialect, [b"small".as_slice()]);
+    let (small, next_small) = (body(2), body(3));
+    assert!(next_small.len() < 4_000);
+    for small in [&small, &next_small] {
+        let (parsed, reuse) = cache.parse(key, dialect, small);
+        assert_eq!(reuse, Reuse::Off, "a small body is parsed whole");
+        assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, small)), "small");
+    }
+    assert_eq!(cache.size().entries, 0, "and nothing is kept");
+    let (large, next_large) = (body(10), body(11));
+    assert_eq!(cache.parse(key, dialect, &large).1, Reuse::Miss);
+    let (parsed, reuse) = cache.parse(key, dialect, &next_large);
+    assert_eq!(reuse, Reuse::Hit, "a large body's next turn is reused");
+    assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, &next_large)), "large");
 }
