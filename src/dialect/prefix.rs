@@ -50,7 +50,8 @@ impl Piece {
     fn make<'a>(&self, text: &'a str) -> Option<Cow<'a, str>> {
         match self {
             Self::At(span) => text.get(span.clone()).map(Cow::Borrowed),
-            Self::Owned(owned) => Some(Cow::Owned(owned.to_string())),
+            // `String::from`, not `to_string`: no formatting machinery around a long copy.
+            Self::Owned(owned) => Some(Cow::Owned(String::from(&**owned))),
         }
     }
 
