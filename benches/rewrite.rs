@@ -111,7 +111,7 @@ fn bench(c: &mut Criterion) {
         let previous = Bytes::from(without_last(dialect, &body, 3));
         // Parsed through the cache and counted, as the proxy does: its skeleton keeps the counts.
         let cache = PrefixCache::new(256 << 20);
-        let (earlier, _) = cache.parse(PrefixKey::new(dialect, [b"bench".as_slice()]), dialect, &previous);
+        let (earlier, _) = cache.parse(|| PrefixKey::new(dialect, [b"bench".as_slice()]), dialect, &previous);
         let mut earlier = earlier.unwrap();
         let encoding = ModelTable::default().lookup(earlier.model.as_deref().unwrap_or("")).encoding;
         warm.count_items(&mut earlier, encoding);

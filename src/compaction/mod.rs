@@ -139,9 +139,11 @@ impl Compactor {
 
     /// The in-process caches' estimated sizes, by their gauge label ([`metric::CACHES`]).
     pub fn cache_sizes(&self) -> Vec<(&'static str, crate::tokens::CacheSize)> {
-        let mut sizes =
-            vec![("tokens", self.rewriter.counter.size()), ("tenants", self.identifier.tenant_cache_size())];
-        sizes.push(("prefixes", self.prefixes.size()));
+        let mut sizes = vec![
+            ("tokens", self.rewriter.counter.size()),
+            ("tenants", self.identifier.tenant_cache_size()),
+            ("prefixes", self.prefixes.size()),
+        ];
         if let Some(size) = self.store.memory_size() {
             sizes.push(("sessions", size));
         }
@@ -154,7 +156,7 @@ impl Compactor {
     pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
-        let key = self.identifier.prefix_key(dialect, &head.headers);
+        let key = || self.identifier.prefix_key(dialect, &head.headers);
         let parsed = match work::step(|| self.prefixes.parse(key, dialect, &body)).await {
             Ok((Some(parsed), reuse)) => {
                 if reuse != Reuse::Off {

@@ -26,12 +26,9 @@ pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
     if let Some(system) = parsed.top.get("system") {
         if system.starts_with('[') {
             let (text, _) = text_of_parts(&json::as_array(system)?);
-            parsed.system.push(text.clone());
-            parsed.top_system.push(text);
+            parsed.push_top_system(text);
         } else if system != "null" {
-            let text = json::as_str(system)?;
-            parsed.system.push(text.clone());
-            parsed.top_system.push(text);
+            parsed.push_top_system(json::as_str(system)?);
         }
     }
     Some(())

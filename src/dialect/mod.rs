@@ -303,6 +303,13 @@ impl<'a> ParsedRequest<'a> {
         Some(out)
     }
 
+    /// Adds a system text from outside the history (Anthropic `system`, Responses
+    /// `instructions`): a fixed cost, and part of the fingerprint.
+    fn push_top_system(&mut self, text: Cow<'a, str>) {
+        self.system.push(text.clone());
+        self.top_system.push(text);
+    }
+
     /// The number of leading system/developer messages, which every rebuild keeps first.
     pub fn lead(&self) -> usize {
         self.messages.iter().take_while(|m| m.role == Role::System).count()

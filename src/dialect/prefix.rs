@@ -546,12 +546,18 @@ impl PrefixCache {
         }
     }
 
-    /// Parses `body`, re-making the head it shares with an earlier body under `key`, and keeps this
-    /// parse for the next turn.
-    pub fn parse<'a>(&self, key: PrefixKey, dialect: Dialect, body: &'a Bytes) -> (Option<ParsedRequest<'a>>, Reuse) {
+    /// Parses `body`, re-making the head it shares with an earlier body under `key` (worked out
+    /// only for a body the cache takes), and keeps this parse for the next turn.
+    pub fn parse<'a>(
+        &self,
+        key: impl FnOnce() -> PrefixKey,
+        dialect: Dialect,
+        body: &'a Bytes,
+    ) -> (Option<ParsedRequest<'a>>, Reuse) {
         let Some(cache) = self.cache.as_ref().filter(|_| body.len() >= self.min_bytes) else {
             return (ParsedRequest::parse(dialect, body), Reuse::Off);
         };
+        let key = key();
         let candidates = cache.get(&key);
         let best = candidates
             .iter()

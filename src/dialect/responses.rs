@@ -24,8 +24,7 @@ const MEDIA_PARTS: &[&str] = &["input_image", "input_file"];
 /// Reads `instructions` into `parsed`.
 pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
     if let Some(instructions) = parsed.top.str("instructions") {
-        parsed.system.push(instructions.clone());
-        parsed.top_system.push(instructions);
+        parsed.push_top_system(instructions);
     }
     Some(())
 }

@@ -35,7 +35,7 @@ fn the_prefix_cache_never_holds_more_than_its_byte_bound_whatever_the_conversati
         ]});
         let body = Bytes::from(serde_json::to_vec(&body).unwrap());
         let key = PrefixKey::new(Dialect::ChatCompletions, [format!("key {}", i % 7).as_bytes()]);
-        let (parsed, reuse) = cache.parse(key, Dialect::ChatCompletions, &body);
+        let (parsed, reuse) = cache.parse(|| key, Dialect::ChatCompletions, &body);
         assert!(parsed.is_some() && reuse != Reuse::Off);
     }
     let size = cache.size();

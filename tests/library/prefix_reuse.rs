@@ -140,12 +140,12 @@ fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>)
     // one also carries the re-made items' counts instead of looking them up.
     let cache = PrefixCache::new(64 << 20);
     let key = PrefixKey::new(dialect, [b"check".as_slice()]);
-    let (earlier, _) = cache.parse(key, dialect, &old);
+    let (earlier, _) = cache.parse(|| key, dialect, &old);
     let mut earlier = earlier.expect("the earlier turn parses");
     let model = rewriter.models.lookup(earlier.model.as_deref().unwrap_or(""));
     rewriter.count_items(&mut earlier, model.encoding);
     let new_bytes = Bytes::copy_from_slice(new);
-    let (carried, _) = cache.parse(key, dialect, &new_bytes);
+    let (carried, _) = cache.parse(|| key, dialect, &new_bytes);
     let (Some(mut reused), Some(mut fresh), Some(mut carried)) = (reused, fresh, carried) else { return };
     let pruned = BTreeSet::new();
     let history = History::eager(&pruned);
@@ -196,15 +196,15 @@ proptest! {
         let cache = PrefixCache::new(64 << 20);
         let key = PrefixKey::new(dialect, [b"credential".as_slice()]);
         let first = Bytes::from(serde_json::to_vec(&body(dialect, &turns[..1], "sys", 1)).unwrap());
-        let (_, reuse) = cache.parse(key, dialect, &first);
+        let (_, reuse) = cache.parse(|| key, dialect, &first);
         prop_assert_eq!(reuse, Reuse::Miss);
         // A subagent under the same key, with its own opening message.
         let mut side = vec![Turn::User("subagent task".into())];
         side.extend(other);
         let side = Bytes::from(serde_json::to_vec(&body(dialect, &side, "sys", 1)).unwrap());
-        cache.parse(key, dialect, &side);
+        cache.parse(|| key, dialect, &side);
         let next = Bytes::from(serde_json::to_vec(&body(dialect, &turns, "sys", 1)).unwrap());
-        let (parsed, reuse) = cache.parse(key, dialect, &next);
+        let (parsed, reuse) = cache.parse(|| key, dialect, &next);
         prop_assert_eq!(reuse, Reuse::Hit);
         assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, &next)), "through the cache");
     }
@@ -215,8 +215,8 @@ fn a_cache_of_zero_bytes_is_off() {
     let cache = PrefixCache::new(0);
     let body = Bytes::from(serde_json::to_vec(&chat_body(&[Turn::User("hi".into())])).unwrap());
     let key = PrefixKey::new(Dialect::ChatCompletions, []);
-    assert_eq!(cache.parse(key, Dialect::ChatCompletions, &body).1, Reuse::Off);
-    assert_eq!(cache.parse(key, Dialect::ChatCompletions, &body).1, Reuse::Off);
+    assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body).1, Reuse::Off);
+    assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body).1, Reuse::Off);
 }
 
 #[test]
@@ -290,7 +290,7 @@ fn the_next_turn_counts_only_the_texts_the_agent_added() {
 
         // The earlier turn, counted as the proxy counts it.
         let first = rewriter();
-        let (parsed, reuse) = cache.parse(key, dialect, &earlier);
+        let (parsed, reuse) = cache.parse(|| key, dialect, &earlier);
         assert_eq!(reuse, Reuse::Miss);
         let mut parsed = parsed.unwrap();
         let encoding = first.models.lookup(parsed.model.as_deref().unwrap_or("")).encoding;
@@ -298,7 +298,7 @@ fn the_next_turn_counts_only_the_texts_the_agent_added() {
 
         // The next turn, counted by a counter that has seen nothing.
         let next = rewriter();
-        let (carried, reuse) = cache.parse(key, dialect, &body);
+        let (carried, reuse) = cache.parse(|| key, dialect, &body);
         assert_eq!(reuse, Reuse::Hit, "{name}");
         let mut carried = carried.unwrap();
         next.count_items(&mut carried, encoding);
@@ -360,14 +360,14 @@ fn bodies_below_the_minimum_are_parsed_whole_and_not_kept() {
     let (small, next_small) = (body(2), body(3));
     assert!(next_small.len() < 4_000);
     for small in [&small, &next_small] {
-        let (parsed, reuse) = cache.parse(key, dialect, small);
+        let (parsed, reuse) = cache.parse(|| key, dialect, small);
         assert_eq!(reuse, Reuse::Off, "a small body is parsed whole");
         assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, small)), "small");
     }
     assert_eq!(cache.size().entries, 0, "and nothing is kept");
     let (large, next_large) = (body(10), body(11));
-    assert_eq!(cache.parse(key, dialect, &large).1, Reuse::Miss);
-    let (parsed, reuse) = cache.parse(key, dialect, &next_large);
+    assert_eq!(cache.parse(|| key, dialect, &large).1, Reuse::Miss);
+    let (parsed, reuse) = cache.parse(|| key, dialect, &next_large);
     assert_eq!(reuse, Reuse::Hit, "a large body's next turn is reused");
     assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, &next_large)), "large");
 }
