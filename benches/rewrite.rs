@@ -115,7 +115,7 @@ fn bench(c: &mut Criterion) {
         let mut earlier = earlier.unwrap();
         let encoding = ModelTable::default().lookup(earlier.model.as_deref().unwrap_or("")).encoding;
         warm.count_items(&mut earlier, encoding);
-        let earlier = earlier.counts.own().cloned().unwrap();
+        let earlier = earlier.memo.own().cloned().unwrap();
         let body = Bytes::from(body);
         let (reused, count) = prefix::parse_reusing(dialect, &body, &earlier);
         assert!(count > 0 && reused.is_some(), "the previous turn is reused");

@@ -237,12 +237,18 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     let none: &[&InsertResult] = &[];
     let owed_after = |assistant: usize| owed_by.get(assistant).map_or(none, Vec::as_slice);
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
+    let mut renders = parsed.memo.renders();
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
         let owed = if index > 0 && message.role == Role::User { owed_after(index - 1) } else { none };
-        let marked = parsed.marker.as_ref().is_some_and(|m| m.message == index);
-        if conversation.message_changed(index) || !owed.is_empty() || marked {
+        let marker = parsed.marker.as_ref().filter(|m| m.message == index);
+        if !owed.is_empty() {
             if let Some(text) = render_message(parsed, index, message, owed) {
+                out.push(&text);
+            }
+        } else if conversation.message_changed(index) || marker.is_some() {
+            let items = conversation.items_of(index);
+            if let Some(text) = renders.message(index, items, marker, || render_message(parsed, index, message, none)) {
                 out.push(&text);
             }
         } else {
@@ -257,6 +263,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
             }
         }
     }
+    renders.keep();
     out.finish()
 }
 

@@ -43,7 +43,12 @@ fn finder() -> &'static memchr::memmem::Finder<'static> {
 /// The markers in raw JSON: every `"cache_control"` key. A key of that name elsewhere (a tool's
 /// schema, a tool call's input) is counted too, so compactor errs towards adding none.
 pub fn count(raw: &str) -> usize {
-    finder().find_iter(raw.as_bytes()).count()
+    count_bytes(raw.as_bytes())
+}
+
+/// [`count`] over bytes: a whole body, read as JSON already (and so UTF-8), needs no second check.
+fn count_bytes(raw: &[u8]) -> usize {
+    finder().find_iter(raw).count()
 }
 
 /// The marker to put before the raw JSON `following`: ephemeral, with the TTL of the first marker
@@ -77,7 +82,7 @@ pub fn summary_message<'r>(text: &str, elsewhere: usize, after: impl IntoIterato
 
 /// Markers in `body` outside its `messages` (tools, system).
 pub fn outside_messages(parsed: &ParsedRequest) -> usize {
-    let whole = std::str::from_utf8(parsed.body).map_or(MAX_MARKERS, count);
+    let whole = count_bytes(parsed.body);
     let messages = parsed.top.get("messages").map_or(0, count);
     whole.saturating_sub(messages)
 }
@@ -108,7 +113,7 @@ pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
     if first == 0 || first >= seen_messages {
         return;
     }
-    let present = std::str::from_utf8(parsed.body).map_or(MAX_MARKERS, count);
+    let present = count_bytes(parsed.body);
     if present == 0 || present >= MAX_MARKERS {
         return;
     }

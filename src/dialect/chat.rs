@@ -110,9 +110,11 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
     let conversation = &parsed.conversation;
     let owed = inserts_by_anchor(parsed);
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
+    let mut renders = parsed.memo.renders();
     for (index, message) in parsed.messages.iter().enumerate() {
         if conversation.message_changed(index) {
-            if let Some(text) = render_message(parsed, index, message) {
+            let items = conversation.items_of(index);
+            if let Some(text) = renders.message(index, items, None, || render_message(parsed, index, message)) {
                 out.push(&text);
             }
         } else {
@@ -127,6 +129,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
             out.push(&text);
         }
     }
+    renders.keep();
     out.finish()
 }
 

@@ -91,8 +91,9 @@ pub struct ParsedRequest<'a> {
     pub marker: Option<breakpoints::Marker>,
     /// Where the parse found things, for the next turn's reuse ([`prefix`]).
     pub layout: Layout,
-    /// Token counts carried from the last turn and kept for the next ([`prefix`]).
-    pub counts: prefix::CountMemo,
+    /// Token counts, truncations and rendered messages carried from the last turn and kept for
+    /// the next ([`prefix`]).
+    pub memo: prefix::Memo,
 }
 
 /// Where a parse found the history, and which system texts each message gave.
@@ -225,7 +226,7 @@ impl<'a> ParsedRequest<'a> {
             tools,
             marker: None,
             layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
-            counts: prefix::CountMemo::default(),
+            memo: prefix::Memo::default(),
         };
         match reused.top_system.take() {
             Some(top_system) => {

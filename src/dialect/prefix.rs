@@ -17,6 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
+use super::breakpoints::Marker;
 use super::{Dialect, Layout, Message, ParsedRequest};
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json;
@@ -122,6 +123,57 @@ pub struct Skeleton {
     /// later turn re-making these items takes their counts from here instead of hashing and
     /// looking up every text again.
     counts: OnceLock<Counted>,
+    /// The tool outputs its request's truncation cut, kept for the next turn the same way.
+    cuts: OnceLock<Cuts>,
+    /// Its request's changed messages as rendered, kept for the next turn the same way.
+    rendered: OnceLock<Vec<RenderedAt>>,
+}
+
+/// The tool outputs one request's truncation cut, by item, with the settings it cut them with.
+#[derive(Debug)]
+struct Cuts {
+    encoding: Encoding,
+    max_tokens: u32,
+    cuts: Vec<(usize, Arc<str>)>,
+}
+
+impl Cuts {
+    fn size(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.cuts.iter().map(|(_, cut)| std::mem::size_of::<(usize, Arc<str>)>() + cut.len()).sum::<usize>()
+    }
+}
+
+/// A rendered message and its index.
+type RenderedAt = (usize, Arc<Rendered>);
+
+/// One changed message as rendered, with what decided it: its items' edits and compactor's cache
+/// marker on it. The same message of a later turn (the same bytes, re-made) with the same edits
+/// and marker renders to the same text.
+#[derive(Debug)]
+pub(crate) struct Rendered {
+    edits: Box<[Edit]>,
+    marker: Option<Marker>,
+    /// `None`: nothing is left of the message.
+    text: Option<Box<str>>,
+}
+
+impl Rendered {
+    fn size(&self) -> usize {
+        let edit = |edit: &Edit| match edit {
+            Edit::Replace(text) => text.len(),
+            Edit::Keep | Edit::Remove => 0,
+        };
+        std::mem::size_of::<RenderedAt>()
+            + std::mem::size_of::<Self>()
+            + self.edits.iter().map(|e| std::mem::size_of::<Edit>() + edit(e)).sum::<usize>()
+            + self.marker.as_ref().map_or(0, |m| m.json.len())
+            + self.text.as_ref().map_or(0, |t| t.len())
+    }
+
+    fn decided_by(&self, items: &[Item], marker: Option<&Marker>) -> bool {
+        self.marker.as_ref() == marker && self.edits.iter().eq(items.iter().map(|i| &i.edit))
+    }
 }
 
 /// Token counts of a skeleton's items, two slots per item (the rewrite's countable texts, in
@@ -132,32 +184,89 @@ struct Counted {
     slots: Vec<u32>,
 }
 
-/// What a parse through the cache knows of token counts: the counts of the items it re-made from
-/// an earlier turn, and its own skeleton, which keeps this turn's counts for the next one. Shown
-/// as nothing in `Debug`: a reusing parse and a fresh one are the same parse.
+/// What a parse through the cache carries across turns: the token counts, truncations and
+/// rendered messages of what it re-made from an earlier turn, and its own skeleton, which keeps
+/// this turn's for the next one. Everything taken from an earlier turn is what this turn would
+/// work out again from the same bytes with the same decisions. Shown as nothing in `Debug`: a
+/// reusing parse and a fresh one are the same parse.
 #[derive(Default, Clone)]
-pub struct CountMemo {
-    earlier: Option<(Arc<Skeleton>, usize)>,
+pub struct Memo {
+    earlier: Option<Earlier>,
     own: Option<Arc<Skeleton>>,
+    /// Where the own skeleton is kept, to weigh it again once the rewrite has added to it.
+    kept: Option<Kept>,
 }
 
-impl std::fmt::Debug for CountMemo {
+/// The earlier skeleton a parse re-made its head from, and how much of it.
+#[derive(Clone)]
+struct Earlier {
+    skeleton: Arc<Skeleton>,
+    items: usize,
+    messages: usize,
+}
+
+/// A cache entry holding a parse's own skeleton.
+#[derive(Clone)]
+struct Kept {
+    cache: moka::sync::Cache<PrefixKey, Arc<[Arc<Skeleton>]>>,
+    key: PrefixKey,
+    candidates: Arc<[Arc<Skeleton>]>,
+}
+
+impl std::fmt::Debug for Memo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CountMemo")
+        f.write_str("Memo")
     }
 }
 
-impl CountMemo {
+impl Memo {
     /// The counts, slot by slot, of the leading items re-made from an earlier turn counted in
     /// `encoding` (empty when there are none).
     pub fn known(&self, encoding: Encoding) -> &[u32] {
         match &self.earlier {
-            Some((earlier, items)) => match earlier.counts.get() {
+            Some(Earlier { skeleton, items, .. }) => match skeleton.counts.get() {
                 Some(counted) if counted.encoding == encoding => counted.slots.get(..items * 2).unwrap_or(&[]),
                 _ => &[],
             },
             None => &[],
         }
+    }
+
+    /// The cut an earlier turn's truncation made of item `item` (one re-made from it), when it
+    /// cut with the same settings: the same text cut the same way.
+    pub fn earlier_cut(&self, encoding: Encoding, max_tokens: u32, item: usize) -> Option<&Arc<str>> {
+        let earlier = self.earlier.as_ref().filter(|e| item < e.items)?;
+        let cuts = earlier.skeleton.cuts.get().filter(|c| c.encoding == encoding && c.max_tokens == max_tokens)?;
+        let at = cuts.cuts.binary_search_by_key(&item, |(index, _)| *index).ok()?;
+        Some(&cuts.cuts[at].1)
+    }
+
+    /// Keeps this parse's truncations (`cuts`, by item, in item order) for the next turn.
+    pub fn remember_cuts(&self, encoding: Encoding, max_tokens: u32, cuts: Vec<(usize, Arc<str>)>) {
+        if let Some(own) = &self.own {
+            let _ = own.cuts.set(Cuts { encoding, max_tokens, cuts });
+        }
+    }
+
+    /// A book of this turn's rendered messages, taking those an earlier turn rendered the same way.
+    pub(crate) fn renders(&self) -> Renders<'_> {
+        let earlier = self.earlier.as_ref().and_then(|e| Some((e.skeleton.rendered.get()?.as_slice(), e.messages)));
+        Renders { earlier, own: self.own.as_ref(), kept: Vec::new() }
+    }
+
+    /// Weighs the own skeleton again in the cache, with what the rewrite added to it (kept
+    /// truncations and renders), unless a later request has replaced it there already.
+    pub fn settle(&self) {
+        let Some(kept) = &self.kept else { return };
+        if self.own.as_ref().is_none_or(|own| own.cuts.get().is_none() && own.rendered.get().is_none()) {
+            return;
+        }
+        kept.cache.entry(kept.key).and_compute_with(|entry| match entry {
+            Some(entry) if Arc::ptr_eq(entry.value(), &kept.candidates) => {
+                moka::ops::compute::Op::Put(kept.candidates.clone())
+            }
+            _ => moka::ops::compute::Op::Nop,
+        });
     }
 
     /// The skeleton of this parse, kept in the cache for the next turn (benchmarks start a warm
@@ -173,6 +282,57 @@ impl CountMemo {
             && slots.len() == own.items.len() * 2
         {
             let _ = own.counts.set(Counted { encoding, slots: slots.to_vec() });
+        }
+    }
+}
+
+/// The changed messages of one render, each rendered once: a message re-made from an earlier
+/// turn with the same edits and marker takes the earlier turn's text, and the own skeleton keeps
+/// this turn's for the next (see [`Memo`]).
+pub(crate) struct Renders<'m> {
+    earlier: Option<(&'m [RenderedAt], usize)>,
+    own: Option<&'m Arc<Skeleton>>,
+    kept: Vec<RenderedAt>,
+}
+
+impl<'m> Renders<'m> {
+    /// Changed message `index` (its items `items`, compactor's marker on it `marker`) as rendered
+    /// by `render` (`None`: nothing is left of it).
+    pub(crate) fn message(
+        &mut self,
+        index: usize,
+        items: &[Item],
+        marker: Option<&Marker>,
+        render: impl FnOnce() -> Option<String>,
+    ) -> Option<Cow<'_, str>> {
+        if let Some((earlier, messages)) = self.earlier
+            && index < messages
+            && let Ok(at) = earlier.binary_search_by_key(&index, |(i, _)| *i)
+            && earlier[at].1.decided_by(items, marker)
+        {
+            let rendered: &'m Arc<Rendered> = &earlier[at].1;
+            if self.own.is_some() {
+                self.kept.push((index, rendered.clone()));
+            }
+            return rendered.text.as_deref().map(Cow::Borrowed);
+        }
+        let text = render();
+        if self.own.is_none() {
+            return text.map(Cow::Owned);
+        }
+        let rendered = Arc::new(Rendered {
+            edits: items.iter().map(|i| i.edit.clone()).collect(),
+            marker: marker.cloned(),
+            text: text.map(String::into_boxed_str),
+        });
+        self.kept.push((index, rendered));
+        self.kept.last().and_then(|(_, rendered)| rendered.text.as_deref()).map(Cow::Borrowed)
+    }
+
+    /// Keeps this render's messages in the own skeleton for the next turn.
+    pub(crate) fn keep(self) {
+        if let Some(own) = self.own {
+            let _ = own.rendered.set(self.kept);
         }
     }
 }
@@ -290,6 +450,8 @@ impl Skeleton {
             opening,
             size: 0,
             counts: OnceLock::new(),
+            cuts: OnceLock::new(),
+            rendered: OnceLock::new(),
         };
         skeleton.size = skeleton.weigh();
         Some(skeleton)
@@ -328,9 +490,11 @@ impl Skeleton {
             + self.items.len() * 2 * std::mem::size_of::<u32>()
     }
 
-    /// The bytes this skeleton holds (its body included).
+    /// The bytes this skeleton holds (its body included, and the truncations and renders kept).
     pub fn size(&self) -> usize {
         self.size
+            + self.cuts.get().map_or(0, Cuts::size)
+            + self.rendered.get().map_or(0, |r| r.iter().map(|(_, r)| r.size()).sum())
     }
 
     /// How many leading bytes `body` shares with this skeleton's body.
@@ -459,7 +623,7 @@ pub fn parse_reusing<'a>(
         let (reused, items) = (head.messages.len(), head.items.len());
         if let Some(mut parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
             if reused > 0 {
-                parsed.counts.earlier = Some((earlier.clone(), items));
+                parsed.memo.earlier = Some(Earlier { skeleton: earlier.clone(), items, messages: reused });
             }
             return (Some(parsed), reused);
         }
@@ -573,13 +737,14 @@ impl PrefixCache {
             && let Some(skeleton) = Skeleton::of(parsed, body.clone())
         {
             let skeleton = Arc::new(skeleton);
-            parsed.counts.own = Some(skeleton.clone());
+            parsed.memo.own = Some(skeleton.clone());
             // This conversation's earlier turn gives way; other conversations under the key stay.
-            let kept: Vec<Arc<Skeleton>> = std::iter::once(skeleton.clone())
+            let kept: Arc<[Arc<Skeleton>]> = std::iter::once(skeleton.clone())
                 .chain(candidates.iter().flat_map(|c| c.iter()).filter(|c| !c.same_opening(&skeleton)).cloned())
                 .take(CANDIDATES)
                 .collect();
-            cache.insert(key, kept.into());
+            cache.insert(key, kept.clone());
+            parsed.memo.kept = Some(Kept { cache: cache.clone(), key, candidates: kept });
         }
         (parsed, if reused > 0 { Reuse::Hit } else { Reuse::Miss })
     }

@@ -237,11 +237,16 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
         }
     }
     let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
+    let mut renders = parsed.memo.renders();
     for (index, message) in parsed.messages.iter().enumerate() {
-        let edit = conversation.items_of(index).iter().map(|i| &i.edit).find(|e| **e != Edit::Keep);
-        match edit {
+        let items = conversation.items_of(index);
+        match items.iter().map(|i| &i.edit).find(|e| **e != Edit::Keep) {
             Some(Edit::Remove) => {}
-            Some(Edit::Replace(text)) => out.push(&replace_output(message, text)),
+            Some(Edit::Replace(text)) => {
+                if let Some(rendered) = renders.message(index, items, None, || Some(replace_output(message, text))) {
+                    out.push(&rendered);
+                }
+            }
             _ => out.push(message.raw),
         }
         for insert in owed.get(index).into_iter().flatten() {
@@ -256,6 +261,7 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
             ));
         }
     }
+    renders.keep();
     out.finish()
 }
 

@@ -172,7 +172,11 @@ impl Rewriter {
             report.repaired = repair::apply(conversation);
         }
         if settings.truncate_enabled {
-            report.truncated = truncate::apply(conversation, settings.tool_output_max_tokens, &count);
+            let max_tokens = settings.tool_output_max_tokens;
+            let earlier = |item: usize| parsed.memo.earlier_cut(encoding, max_tokens, item).cloned();
+            let cuts = truncate::apply(conversation, max_tokens, &count, &earlier);
+            report.truncated = cuts.len();
+            parsed.memo.remember_cuts(encoding, max_tokens, cuts);
             step(conversation, &mut report.saved_by_truncate);
         }
         if settings.prune_enabled {
@@ -213,7 +217,10 @@ impl Rewriter {
         report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);
         report.saved_by_dedupe = scale(report.saved_by_dedupe, model.token_factor);
         report.saved_by_prune = scale(report.saved_by_prune, model.token_factor);
-        Rewritten { body: parsed.render(), report }
+        let body = parsed.render();
+        // What the rewrite kept for the next turn (cuts, renders) counts against the cache's bound.
+        parsed.memo.settle();
+        Rewritten { body, report }
     }
 
     /// Fills in every item's tokens and the conversation's fixed cost, on this thread.
@@ -228,7 +235,7 @@ impl Rewriter {
         let mut counts = Counts::default();
         // The items re-made from the last turn come with their counts: only what the agent added
         // is hashed and looked up.
-        let known = parsed.counts.known(encoding);
+        let known = parsed.memo.known(encoding);
         counts.counts.extend_from_slice(known);
         for (slot, text) in countable_texts(parsed).enumerate().skip(known.len()) {
             if text.is_empty() {
@@ -317,7 +324,7 @@ impl Rewriter {
     fn assign(&self, parsed: &mut ParsedRequest, encoding: Encoding, counts: &Counts) {
         // Every slot is counted by now; the items' slots are kept for the next turn.
         if let Some(items) = counts.counts.get(..parsed.conversation.items.len() * 2) {
-            parsed.counts.remember(encoding, items);
+            parsed.memo.remember(encoding, items);
         }
         let image = self.settings.image_tokens;
         let mut slots = counts.counts.iter().copied();

@@ -1,26 +1,37 @@
 //! Cuts huge tool outputs to head + tail, half the budget each, at line boundaries where possible.
 
-use crate::conversation::{Conversation, Edit, Kind};
+use std::sync::Arc;
+
+use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 
 /// Tokens reserved for the marker and the line-count header.
 const MARKER_BUDGET: u32 = 24;
 
-/// Truncates every text-only tool output over `max_tokens` that may be shortened; returns how many
-/// were cut.
-pub fn apply(conversation: &mut Conversation, max_tokens: u32, count: &dyn Fn(&str) -> u32) -> usize {
+/// Truncates every text-only tool output over `max_tokens` that may be shortened, in a counted
+/// conversation (each item's `tokens` is its text's count plus framing); returns the cuts, by
+/// item. `earlier(item)` is the cut an earlier turn made of the same text with the same settings,
+/// taken instead of cutting it again.
+pub fn apply(
+    conversation: &mut Conversation,
+    max_tokens: u32,
+    count: &dyn Fn(&str) -> u32,
+    earlier: &dyn Fn(usize) -> Option<Arc<str>>,
+) -> Vec<(usize, Arc<str>)> {
+    let mut cuts = Vec::new();
     if max_tokens == 0 {
-        return 0;
+        return cuts;
     }
-    let mut truncated = 0;
-    for item in &mut conversation.items {
+    for (index, item) in conversation.items.iter_mut().enumerate() {
         let Kind::ToolResult { text, attachments: 0, .. } = &item.kind else { continue };
-        if item.edit != Edit::Keep || !item.shortenable || count(text) <= max_tokens {
+        // The item's count is its text's (no attachments), framing aside: no need to count again.
+        if item.edit != Edit::Keep || !item.shortenable || item.tokens.saturating_sub(FRAMING_TOKENS) <= max_tokens {
             continue;
         }
-        item.edit = Edit::Replace(head_and_tail(text, max_tokens, count));
-        truncated += 1;
+        let cut = earlier(index).unwrap_or_else(|| head_and_tail(text, max_tokens, count).into());
+        item.edit = Edit::Replace(String::from(&*cut));
+        cuts.push((index, cut));
     }
-    truncated
+    cuts
 }
 
 /// `text` cut to about `max_tokens`: its head, a marker saying how much was removed, its tail.

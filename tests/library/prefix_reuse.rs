@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use compactor::dialect::prefix::{self, PrefixCache, PrefixKey, Reuse, Skeleton};
 use compactor::dialect::{Dialect, ParsedRequest};
-use compactor::rewrite::History;
+use compactor::rewrite::{History, Rewriter};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -136,28 +136,77 @@ fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>)
         assert_eq!(count, expected, "every message of the earlier turn is re-made");
     }
     let rewriter = rewriter();
-    // As the proxy runs it: the earlier turn parsed and counted through the cache, so the next
-    // one also carries the re-made items' counts instead of looking them up.
-    let cache = PrefixCache::new(64 << 20);
-    let key = PrefixKey::new(dialect, [b"check".as_slice()]);
-    let (earlier, _) = cache.parse(|| key, dialect, &old);
-    let mut earlier = earlier.expect("the earlier turn parses");
-    let model = rewriter.models.lookup(earlier.model.as_deref().unwrap_or(""));
-    rewriter.count_items(&mut earlier, model.encoding);
-    let new_bytes = Bytes::copy_from_slice(new);
-    let (carried, _) = cache.parse(|| key, dialect, &new_bytes);
-    let (Some(mut reused), Some(mut fresh), Some(mut carried)) = (reused, fresh, carried) else { return };
-    let pruned = BTreeSet::new();
-    let history = History::eager(&pruned);
-    let from_carried = rewriter.rewrite_parsed(&mut carried, &history);
-    let from_reused = rewriter.rewrite_parsed(&mut reused, &history);
-    let from_fresh = rewriter.rewrite_parsed(&mut fresh, &history);
+    let none = BTreeSet::new();
+    let eager = History::eager(&none);
+    let (Some(mut reused), Some(mut fresh)) = (reused, fresh) else { return };
+    let from_reused = rewriter.rewrite_parsed(&mut reused, &eager);
+    let from_fresh = rewriter.rewrite_parsed(&mut fresh, &eager);
     assert_eq!(from_reused.body, from_fresh.body, "the same bytes go upstream");
     assert_eq!(from_reused.report, from_fresh.report);
     assert_same(format!("{reused:?}"), format!("{fresh:?}"), "after the rewrite");
-    assert_eq!(from_carried.body, from_fresh.body, "the same bytes go upstream with counts carried over");
-    assert_eq!(from_carried.report, from_fresh.report, "the same counts with counts carried over");
-    assert_same(format!("{carried:?}"), format!("{fresh:?}"), "after the rewrite, counts carried over");
+
+    // As the proxy runs it: the earlier turn parsed through the cache and counted, or rewritten,
+    // so the next one also carries the re-made items' counts (and the earlier turn's truncations
+    // and rendered messages, taken where this turn decides the same). The earlier turn decided
+    // alike (the same settings), with compactor's cache markers (every message seen), or
+    // otherwise (another truncation limit, every call of the earlier turn pruned).
+    let old_calls: BTreeSet<String> = match ParsedRequest::parse(dialect, &old) {
+        Some(parsed) => parsed.conversation.items.iter().filter_map(|i| i.call_id().map(String::from)).collect(),
+        None => BTreeSet::new(),
+    };
+    let other = crate::common::Settings::defaults()
+        .prune_window(500, 300)
+        .placeholder("[cleared]")
+        .protected_tools(&[])
+        .tool_output_max_tokens(400)
+        .rewriter(32 << 20);
+    let earlier_turns = [
+        ("counted", EarlierTurn::Counted, eager.clone()),
+        ("rewritten alike", EarlierTurn::Rewritten(&rewriter, eager.clone()), eager.clone()),
+        ("rewritten alike, with markers", EarlierTurn::Rewritten(&rewriter, seen(eager.clone())), seen(eager.clone())),
+        ("rewritten otherwise", EarlierTurn::Rewritten(&other, seen(History::eager(&old_calls))), seen(eager.clone())),
+    ];
+    for (what, earlier_turn, history) in earlier_turns {
+        let cache = PrefixCache::new(64 << 20);
+        let key = PrefixKey::new(dialect, [b"check".as_slice()]);
+        let (earlier, _) = cache.parse(|| key, dialect, &old);
+        let mut earlier = earlier.expect("the earlier turn parses");
+        match earlier_turn {
+            EarlierTurn::Counted => {
+                let model = rewriter.models.lookup(earlier.model.as_deref().unwrap_or(""));
+                rewriter.count_items(&mut earlier, model.encoding);
+            }
+            EarlierTurn::Rewritten(earlier_rewriter, earlier_history) => {
+                earlier_rewriter.rewrite_parsed(&mut earlier, &earlier_history);
+            }
+        }
+        let new_bytes = Bytes::copy_from_slice(new);
+        let (carried, _) = cache.parse(|| key, dialect, &new_bytes);
+        let mut carried = carried.expect("a fresh parse of the same bytes succeeded");
+        let mut fresh = ParsedRequest::parse(dialect, new).expect("it parsed before");
+        let from_carried = rewriter.rewrite_parsed(&mut carried, &history);
+        let from_fresh = rewriter.rewrite_parsed(&mut fresh, &history);
+        assert_eq!(from_carried.body, from_fresh.body, "the same bytes go upstream, the earlier turn {what}");
+        assert_eq!(from_carried.report, from_fresh.report, "the same report, the earlier turn {what}");
+        assert_same(
+            format!("{carried:?}"),
+            format!("{fresh:?}"),
+            &format!("after the rewrite, the earlier turn {what}"),
+        );
+    }
+}
+
+/// What the proxy did with the earlier turn parsed through the cache.
+enum EarlierTurn<'r> {
+    /// Counted its tokens only.
+    Counted,
+    /// Rewrote it, with this rewriter and history.
+    Rewritten(&'r Rewriter, History<'r>),
+}
+
+/// `history` with every message seen by the provider: compactor places its cache markers.
+fn seen(history: History<'_>) -> History<'_> {
+    History { seen_messages: usize::MAX, ..history }
 }
 
 /// Asserts two Debug renderings are equal, showing where they part (they are long).
