@@ -10,7 +10,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use compactor::compaction::plan;
 use compactor::config::Config;
-use compactor::dialect::prefix::{self, PrefixCache, PrefixKey, Skeleton};
+use compactor::dialect::prefix::{self, Earlier, PrefixCache, PrefixKey, Skeleton};
 use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::json;
 use compactor::rewrite::{History, RewriteSettings, Rewriter};
@@ -111,7 +111,9 @@ fn bench(c: &mut Criterion) {
         let previous = Bytes::from(without_last(dialect, &body, 3));
         // Parsed through the cache and counted, as the proxy does: its skeleton keeps the counts.
         let cache = PrefixCache::new(256 << 20);
-        let (earlier, _) = cache.parse(|| PrefixKey::new(dialect, [b"bench".as_slice()]), dialect, &previous);
+        let earlier_turn = Earlier::default();
+        let (earlier, _) =
+            cache.parse(|| PrefixKey::new(dialect, [b"bench".as_slice()]), dialect, &previous, &earlier_turn);
         let mut earlier = earlier.unwrap();
         let encoding = ModelTable::default().lookup(earlier.model.as_deref().unwrap_or("")).encoding;
         warm.count_items(&mut earlier, encoding);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::config::Config;
-use crate::dialect::prefix::{PrefixCache, Reuse};
+use crate::dialect::prefix::{self, PrefixCache, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
 use crate::overflow::Overflow;
@@ -157,7 +157,8 @@ impl Compactor {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
         let key = || self.identifier.prefix_key(dialect, &head.headers);
-        let parsed = match work::step(|| self.prefixes.parse(key, dialect, &body)).await {
+        let earlier = prefix::Earlier::default();
+        let parsed = match work::step(|| self.prefixes.parse(key, dialect, &body, &earlier)).await {
             Ok((Some(parsed), reuse)) => {
                 if reuse != Reuse::Off {
                     metric::prefix_reuse(route, reuse.label());

@@ -28,11 +28,12 @@ use crate::tokens::Encoding;
 const CANDIDATES: usize = 4;
 
 /// A text of the earlier parse: where it lay in the body, or its own text when it was not a slice
-/// of the body (an unescaped string, a constant).
+/// of the body (an unescaped string, a constant), shared by the skeletons of later turns and
+/// lent to their parses.
 #[derive(Debug, Clone)]
 enum Piece {
     At(Range<usize>),
-    Owned(Box<str>),
+    Owned(Arc<str>),
 }
 
 impl Piece {
@@ -48,11 +49,11 @@ impl Piece {
         }
     }
 
-    fn make<'a>(&self, text: &'a str) -> Option<Cow<'a, str>> {
+    /// The text in `text` (a body sharing this piece's bytes), or lent from this piece.
+    fn make<'a>(&'a self, text: &'a str) -> Option<Cow<'a, str>> {
         match self {
             Self::At(span) => text.get(span.clone()).map(Cow::Borrowed),
-            // `String::from`, not `to_string`: no formatting machinery around a long copy.
-            Self::Owned(owned) => Some(Cow::Owned(String::from(&**owned))),
+            Self::Owned(owned) => Some(Cow::Borrowed(owned)),
         }
     }
 
@@ -61,7 +62,7 @@ impl Piece {
     }
 }
 
-fn make_opt<'a>(piece: &Option<Piece>, text: &'a str) -> Option<Option<Cow<'a, str>>> {
+fn make_opt<'a>(piece: &'a Option<Piece>, text: &'a str) -> Option<Option<Cow<'a, str>>> {
     match piece {
         Some(piece) => Some(Some(piece.make(text)?)),
         None => Some(None),
@@ -191,7 +192,7 @@ struct Counted {
 /// reusing parse and a fresh one are the same parse.
 #[derive(Default, Clone)]
 pub struct Memo {
-    earlier: Option<Earlier>,
+    earlier: Option<Reused>,
     own: Option<Arc<Skeleton>>,
     /// Where the own skeleton is kept, to weigh it again once the rewrite has added to it.
     kept: Option<Kept>,
@@ -199,7 +200,7 @@ pub struct Memo {
 
 /// The earlier skeleton a parse re-made its head from, and how much of it.
 #[derive(Clone)]
-struct Earlier {
+struct Reused {
     skeleton: Arc<Skeleton>,
     items: usize,
     messages: usize,
@@ -224,7 +225,7 @@ impl Memo {
     /// `encoding` (empty when there are none).
     pub fn known(&self, encoding: Encoding) -> &[u32] {
         match &self.earlier {
-            Some(Earlier { skeleton, items, .. }) => match skeleton.counts.get() {
+            Some(Reused { skeleton, items, .. }) => match skeleton.counts.get() {
                 Some(counted) if counted.encoding == encoding => counted.slots.get(..items * 2).unwrap_or(&[]),
                 _ => &[],
             },
@@ -379,11 +380,29 @@ impl Skeleton {
         let history_key = piece(&parsed.top.fields[history].0);
         let system_before = system_field(parsed.dialect)
             .is_some_and(|name| parsed.top.fields[..history].iter().any(|(key, _)| key == name));
-        let top_system = system_before.then(|| parsed.top_system.iter().map(piece).collect());
-        let messages: Vec<MessageSkeleton> = parsed
-            .messages
+        // What the parse re-made from an earlier skeleton is that skeleton's, shared: only what
+        // the agent added is looked at.
+        let reused = parsed.memo.earlier.as_ref();
+        let (earlier_messages, earlier_items, earlier_system) = match reused {
+            Some(Reused { skeleton, items, messages }) => {
+                let system = messages.checked_sub(1).and_then(|last| skeleton.system_ends.get(last)).copied();
+                (
+                    skeleton.messages.get(..*messages)?,
+                    skeleton.items.get(..*items)?,
+                    skeleton.system.get(..system.unwrap_or(0))?,
+                )
+            }
+            None => (&[][..], &[][..], &[][..]),
+        };
+        let top_system = match reused.and_then(|r| r.skeleton.top_system.as_ref()) {
+            Some(top_system) if system_before => Some(top_system.clone()),
+            _ => system_before.then(|| parsed.top_system.iter().map(piece).collect()),
+        };
+        let messages: Vec<MessageSkeleton> = earlier_messages
             .iter()
-            .map(|message| {
+            .cloned()
+            .map(Some)
+            .chain(parsed.messages.get(earlier_messages.len()..)?.iter().map(|message| {
                 Some(MessageSkeleton {
                     raw: span(message.raw)?,
                     fields: message
@@ -398,13 +417,13 @@ impl Skeleton {
                         None => None,
                     },
                 })
-            })
+            }))
             .collect::<Option<_>>()?;
-        let items: Vec<ItemSkeleton> = parsed
-            .conversation
-            .items
+        let items: Vec<ItemSkeleton> = earlier_items
             .iter()
-            .map(|item| {
+            .cloned()
+            .map(Some)
+            .chain(parsed.conversation.items.get(earlier_items.len()..)?.iter().map(|item| {
                 let kind = match &item.kind {
                     Kind::System { text } => KindSkeleton::System { text: piece(text) },
                     Kind::Text { role, text } => KindSkeleton::Text { role: *role, text: piece(text) },
@@ -431,9 +450,11 @@ impl Skeleton {
                     repairable: item.repairable,
                     shortenable: item.shortenable,
                 })
-            })
+            }))
             .collect::<Option<_>>()?;
-        let system: Vec<Piece> = parsed.system[parsed.top_system.len()..].iter().map(piece).collect();
+        let in_messages = parsed.system.get(parsed.top_system.len()..)?;
+        let system: Vec<Piece> =
+            earlier_system.iter().cloned().chain(in_messages.get(earlier_system.len()..)?.iter().map(piece)).collect();
         let opening = messages.first().map_or(parsed.layout.history_start + 1, |m| m.raw.end);
         let Layout { history_start, system_ends } = parsed.layout.clone();
         let mut skeleton = Self {
@@ -505,7 +526,7 @@ impl Skeleton {
     /// The head of `text` (a body whose first `common` bytes are this skeleton's): the fields
     /// before the history and every message that ends inside the common bytes, re-made by slicing
     /// `text`. `None` when not even the history's opening lies inside them.
-    pub(crate) fn head<'a>(&self, text: &'a str, mut common: usize) -> Option<Head<'a>> {
+    pub(crate) fn head<'a>(&'a self, text: &'a str, mut common: usize) -> Option<Head<'a>> {
         while !text.is_char_boundary(common) {
             common -= 1;
         }
@@ -613,7 +634,7 @@ pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 pub fn parse_reusing<'a>(
     dialect: Dialect,
     body: &'a [u8],
-    earlier: &Arc<Skeleton>,
+    earlier: &'a Arc<Skeleton>,
 ) -> (Option<ParsedRequest<'a>>, usize) {
     // Validated once, whatever follows: a body that is not UTF-8 is no JSON.
     let Ok(text) = json::utf8(body) else { return (None, 0) };
@@ -623,7 +644,7 @@ pub fn parse_reusing<'a>(
         let (reused, items) = (head.messages.len(), head.items.len());
         if let Some(mut parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
             if reused > 0 {
-                parsed.memo.earlier = Some(Earlier { skeleton: earlier.clone(), items, messages: reused });
+                parsed.memo.earlier = Some(Reused { skeleton: earlier.clone(), items, messages: reused });
             }
             return (Some(parsed), reused);
         }
@@ -668,6 +689,11 @@ impl PrefixKey {
     }
 }
 
+/// The earlier turn a parse through the [`PrefixCache`] re-makes its head from, held by the
+/// caller for as long as that parse lives.
+#[derive(Debug, Default)]
+pub struct Earlier(OnceLock<Arc<Skeleton>>);
+
 /// The last parses, bounded in bytes (bodies included); `None` inside when turned off.
 #[derive(Clone)]
 pub struct PrefixCache {
@@ -711,12 +737,15 @@ impl PrefixCache {
     }
 
     /// Parses `body`, re-making the head it shares with an earlier body under `key` (worked out
-    /// only for a body the cache takes), and keeps this parse for the next turn.
+    /// only for a body the cache takes), and keeps this parse for the next turn. The earlier
+    /// turn is held in `earlier` (a fresh one per parse) for as long as the parse lives: texts
+    /// it unescaped are lent from it, not copied.
     pub fn parse<'a>(
         &self,
         key: impl FnOnce() -> PrefixKey,
         dialect: Dialect,
         body: &'a Bytes,
+        earlier: &'a Earlier,
     ) -> (Option<ParsedRequest<'a>>, Reuse) {
         let Some(cache) = self.cache.as_ref().filter(|_| body.len() >= self.min_bytes) else {
             return (ParsedRequest::parse(dialect, body), Reuse::Off);
@@ -729,8 +758,9 @@ impl PrefixCache {
             .filter(|c| c.dialect == dialect)
             .map(|c| (c.common_prefix(body), c))
             .max_by_key(|(common, _)| *common);
-        let (mut parsed, reused) = match best {
-            Some((_, earlier)) => parse_reusing(dialect, body, earlier),
+        let earlier = best.and_then(|(_, best)| earlier.0.set(best.clone()).ok().and(earlier.0.get()));
+        let (mut parsed, reused) = match earlier {
+            Some(earlier) => parse_reusing(dialect, body, earlier),
             None => (ParsedRequest::parse(dialect, body), 0),
         };
         if let Some(parsed) = &mut parsed

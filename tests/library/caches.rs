@@ -24,7 +24,7 @@ fn the_token_cache_never_holds_more_than_its_byte_bound_after_counting_many_dist
 fn the_prefix_cache_never_holds_more_than_its_byte_bound_whatever_the_conversations() {
     use bytes::Bytes;
     use compactor::dialect::Dialect;
-    use compactor::dialect::prefix::{PrefixCache, PrefixKey, Reuse};
+    use compactor::dialect::prefix::{Earlier, PrefixCache, PrefixKey, Reuse};
     let bound = 2 * 1024 * 1024;
     let cache = PrefixCache::new(bound);
     for i in 0..300 {
@@ -35,7 +35,8 @@ fn the_prefix_cache_never_holds_more_than_its_byte_bound_whatever_the_conversati
         ]});
         let body = Bytes::from(serde_json::to_vec(&body).unwrap());
         let key = PrefixKey::new(Dialect::ChatCompletions, [format!("key {}", i % 7).as_bytes()]);
-        let (parsed, reuse) = cache.parse(|| key, Dialect::ChatCompletions, &body);
+        let earlier_turn = Earlier::default();
+        let (parsed, reuse) = cache.parse(|| key, Dialect::ChatCompletions, &body, &earlier_turn);
         assert!(parsed.is_some() && reuse != Reuse::Off);
     }
     let size = cache.size();

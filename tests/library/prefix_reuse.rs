@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use compactor::dialect::prefix::{self, PrefixCache, PrefixKey, Reuse, Skeleton};
+use compactor::dialect::prefix::{self, Earlier, PrefixCache, PrefixKey, Reuse, Skeleton};
 use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::rewrite::{History, Rewriter};
 use proptest::prelude::*;
@@ -166,12 +166,13 @@ fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>)
         ("rewritten alike, with markers", EarlierTurn::Rewritten(&rewriter, seen(eager.clone())), seen(eager.clone())),
         ("rewritten otherwise", EarlierTurn::Rewritten(&other, seen(History::eager(&old_calls))), seen(eager.clone())),
     ];
-    for (what, earlier_turn, history) in earlier_turns {
+    for (what, done, history) in earlier_turns {
         let cache = PrefixCache::new(64 << 20);
         let key = PrefixKey::new(dialect, [b"check".as_slice()]);
-        let (earlier, _) = cache.parse(|| key, dialect, &old);
+        let before_old = Earlier::default();
+        let (earlier, _) = cache.parse(|| key, dialect, &old, &before_old);
         let mut earlier = earlier.expect("the earlier turn parses");
-        match earlier_turn {
+        match done {
             EarlierTurn::Counted => {
                 let model = rewriter.models.lookup(earlier.model.as_deref().unwrap_or(""));
                 rewriter.count_items(&mut earlier, model.encoding);
@@ -181,7 +182,8 @@ fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>)
             }
         }
         let new_bytes = Bytes::copy_from_slice(new);
-        let (carried, _) = cache.parse(|| key, dialect, &new_bytes);
+        let before_new = Earlier::default();
+        let (carried, _) = cache.parse(|| key, dialect, &new_bytes, &before_new);
         let mut carried = carried.expect("a fresh parse of the same bytes succeeded");
         let mut fresh = ParsedRequest::parse(dialect, new).expect("it parsed before");
         let from_carried = rewriter.rewrite_parsed(&mut carried, &history);
@@ -193,6 +195,15 @@ fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>)
             format!("{fresh:?}"),
             &format!("after the rewrite, the earlier turn {what}"),
         );
+        // And the turn after, the same bytes again: re-made from a skeleton that was itself
+        // made by reuse (its texts shared with the first one's).
+        let again = Earlier::default();
+        let (third, _) = cache.parse(|| key, dialect, &new_bytes, &again);
+        let mut third = third.expect("a fresh parse of the same bytes succeeded");
+        let from_third = rewriter.rewrite_parsed(&mut third, &history);
+        assert_eq!(from_third.body, from_fresh.body, "the same bytes go upstream a turn later, {what}");
+        assert_eq!(from_third.report, from_fresh.report, "the same report a turn later, {what}");
+        assert_same(format!("{third:?}"), format!("{fresh:?}"), &format!("a turn later, {what}"));
     }
 }
 
@@ -245,15 +256,18 @@ proptest! {
         let cache = PrefixCache::new(64 << 20);
         let key = PrefixKey::new(dialect, [b"credential".as_slice()]);
         let first = Bytes::from(serde_json::to_vec(&body(dialect, &turns[..1], "sys", 1)).unwrap());
-        let (_, reuse) = cache.parse(|| key, dialect, &first);
+        let earlier_turn = Earlier::default();
+        let (_, reuse) = cache.parse(|| key, dialect, &first, &earlier_turn);
         prop_assert_eq!(reuse, Reuse::Miss);
         // A subagent under the same key, with its own opening message.
         let mut side = vec![Turn::User("subagent task".into())];
         side.extend(other);
         let side = Bytes::from(serde_json::to_vec(&body(dialect, &side, "sys", 1)).unwrap());
-        cache.parse(|| key, dialect, &side);
+        let earlier_turn = Earlier::default();
+        cache.parse(|| key, dialect, &side, &earlier_turn);
         let next = Bytes::from(serde_json::to_vec(&body(dialect, &turns, "sys", 1)).unwrap());
-        let (parsed, reuse) = cache.parse(|| key, dialect, &next);
+        let earlier_turn = Earlier::default();
+        let (parsed, reuse) = cache.parse(|| key, dialect, &next, &earlier_turn);
         prop_assert_eq!(reuse, Reuse::Hit);
         assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, &next)), "through the cache");
     }
@@ -264,8 +278,8 @@ fn a_cache_of_zero_bytes_is_off() {
     let cache = PrefixCache::new(0);
     let body = Bytes::from(serde_json::to_vec(&chat_body(&[Turn::User("hi".into())])).unwrap());
     let key = PrefixKey::new(Dialect::ChatCompletions, []);
-    assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body).1, Reuse::Off);
-    assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body).1, Reuse::Off);
+    assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body, &Earlier::default()).1, Reuse::Off);
+    assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body, &Earlier::default()).1, Reuse::Off);
 }
 
 #[test]
@@ -339,7 +353,8 @@ fn the_next_turn_counts_only_the_texts_the_agent_added() {
 
         // The earlier turn, counted as the proxy counts it.
         let first = rewriter();
-        let (parsed, reuse) = cache.parse(|| key, dialect, &earlier);
+        let earlier_turn = Earlier::default();
+        let (parsed, reuse) = cache.parse(|| key, dialect, &earlier, &earlier_turn);
         assert_eq!(reuse, Reuse::Miss);
         let mut parsed = parsed.unwrap();
         let encoding = first.models.lookup(parsed.model.as_deref().unwrap_or("")).encoding;
@@ -347,7 +362,8 @@ fn the_next_turn_counts_only_the_texts_the_agent_added() {
 
         // The next turn, counted by a counter that has seen nothing.
         let next = rewriter();
-        let (carried, reuse) = cache.parse(|| key, dialect, &body);
+        let earlier_turn = Earlier::default();
+        let (carried, reuse) = cache.parse(|| key, dialect, &body, &earlier_turn);
         assert_eq!(reuse, Reuse::Hit, "{name}");
         let mut carried = carried.unwrap();
         next.count_items(&mut carried, encoding);
@@ -409,14 +425,16 @@ fn bodies_below_the_minimum_are_parsed_whole_and_not_kept() {
     let (small, next_small) = (body(2), body(3));
     assert!(next_small.len() < 4_000);
     for small in [&small, &next_small] {
-        let (parsed, reuse) = cache.parse(|| key, dialect, small);
+        let earlier_turn = Earlier::default();
+        let (parsed, reuse) = cache.parse(|| key, dialect, small, &earlier_turn);
         assert_eq!(reuse, Reuse::Off, "a small body is parsed whole");
         assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, small)), "small");
     }
     assert_eq!(cache.size().entries, 0, "and nothing is kept");
     let (large, next_large) = (body(10), body(11));
-    assert_eq!(cache.parse(|| key, dialect, &large).1, Reuse::Miss);
-    let (parsed, reuse) = cache.parse(|| key, dialect, &next_large);
+    assert_eq!(cache.parse(|| key, dialect, &large, &Earlier::default()).1, Reuse::Miss);
+    let earlier_turn = Earlier::default();
+    let (parsed, reuse) = cache.parse(|| key, dialect, &next_large, &earlier_turn);
     assert_eq!(reuse, Reuse::Hit, "a large body's next turn is reused");
     assert_same(format!("{parsed:?}"), format!("{:?}", ParsedRequest::parse(dialect, &next_large)), "large");
 }
