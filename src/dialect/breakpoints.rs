@@ -54,8 +54,12 @@ fn count_bytes(raw: &[u8]) -> usize {
 /// The marker to put before the raw JSON `following`: ephemeral, with the TTL of the first marker
 /// in `following`, if it has one.
 fn marker_before<'r>(following: impl IntoIterator<Item = &'r str>) -> String {
-    let ttl = following.into_iter().find_map(|raw| {
-        let at = finder().find(raw.as_bytes())?;
+    marker_with_ttl_of(following.into_iter().find_map(|raw| Some((raw, finder().find(raw.as_bytes())?))))
+}
+
+/// An ephemeral marker with the TTL of the marker whose key starts at `at` in `raw`, if any.
+fn marker_with_ttl_of(found: Option<(&str, usize)>) -> String {
+    let ttl = found.and_then(|(raw, at)| {
         let rest = raw.get(at + KEY.len()..)?.trim_start().strip_prefix(':')?;
         let value = serde_json::Deserializer::from_str(rest).into_iter::<serde_json::Value>().next()?.ok()?;
         Some(value.get("ttl").cloned())
@@ -64,6 +68,19 @@ fn marker_before<'r>(following: impl IntoIterator<Item = &'r str>) -> String {
         Some(ttl) => format!(r#"{{"type":"ephemeral","ttl":{ttl}}}"#),
         None => r#"{"type":"ephemeral"}"#.to_string(),
     }
+}
+
+/// The offsets of every marker key in `body` from `from` on.
+fn find_from(body: &[u8], from: usize) -> Vec<usize> {
+    body.get(from..).map_or_else(Vec::new, |rest| finder().find_iter(rest).map(|at| from + at).collect())
+}
+
+/// The offset inside `raw` (a slice of `body`) of the first marker key that lies wholly in it,
+/// found among the `markers` of `body`.
+fn first_in(body: &[u8], markers: &[usize], raw: &str) -> Option<usize> {
+    let span = json::span_in(body, raw)?;
+    let at = markers[markers.partition_point(|&at| at < span.start)..].first().copied()?;
+    (at + KEY.len() <= span.end).then(|| at - span.start)
 }
 
 /// The summary message of a rebuilt Anthropic conversation: one text block with a marker of
@@ -113,10 +130,24 @@ pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
     if first == 0 || first >= seen_messages {
         return;
     }
-    let present = count_bytes(parsed.body);
+    // Every marker key of the body, found once (and on the next turn, only in what it added).
+    let markers = parsed.memo.markers(parsed.body, find_from, KEY.len());
+    let present = markers.len();
     if present == 0 || present >= MAX_MARKERS {
         return;
     }
+    let first_in = |raw: &str| first_in(parsed.body, &markers, raw);
+    let marker_before = |following: &mut dyn Iterator<Item = &str>| {
+        let mut found = None;
+        for raw in following {
+            if let Some(at) = first_in(raw) {
+                found = Some((raw, at));
+                break;
+            }
+        }
+        marker_with_ttl_of(found)
+    };
+    let mut found = None;
     for index in (0..first).rev() {
         let message = &parsed.messages[index];
         let later = || parsed.messages[index + 1..].iter().map(|m| m.raw);
@@ -126,25 +157,33 @@ pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
                 if json::as_str(content).is_none_or(|t| t.is_empty()) {
                     continue;
                 }
-                let json = marker_before(later());
-                parsed.marker = Some(Marker { message: index, block: None, json });
-                return;
+                let json = marker_before(&mut later());
+                found = Some(Marker { message: index, block: None, json });
+                break;
             }
             Some(blocks) => {
+                let mut done = false;
                 for (b, block) in blocks.iter().enumerate().rev() {
-                    if count(block) > 0 {
+                    if first_in(block).is_some() {
                         // The prefix is marked there already.
-                        return;
+                        done = true;
+                        break;
                     }
                     if markable(block) {
-                        let json = marker_before(blocks[b + 1..].iter().copied().chain(later()));
-                        parsed.marker = Some(Marker { message: index, block: Some(b), json });
-                        return;
+                        let json = marker_before(&mut blocks[b + 1..].iter().copied().chain(later()));
+                        found = Some(Marker { message: index, block: Some(b), json });
+                        done = true;
+                        break;
                     }
+                }
+                if done {
+                    break;
                 }
             }
         }
     }
+    drop(markers);
+    parsed.marker = found;
 }
 
 /// `block` (a JSON object) with `marker` added as its `cache_control`.

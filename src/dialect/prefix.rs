@@ -21,6 +21,7 @@ use super::breakpoints::Marker;
 use super::{Dialect, Layout, Message, ParsedRequest};
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json;
+use crate::rewrite::truncate::Cut;
 use crate::tokens::Encoding;
 
 /// Earlier bodies kept per key: parallel conversations of one client (subagents) under the same
@@ -128,6 +129,8 @@ pub struct Skeleton {
     cuts: OnceLock<Cuts>,
     /// Its request's changed messages as rendered, kept for the next turn the same way.
     rendered: OnceLock<Vec<RenderedAt>>,
+    /// Where its body holds a cache marker key, once a request has looked (see [`Memo::markers`]).
+    markers: OnceLock<Vec<usize>>,
 }
 
 /// The tool outputs one request's truncation cut, by item, with the settings it cut them with.
@@ -135,13 +138,13 @@ pub struct Skeleton {
 struct Cuts {
     encoding: Encoding,
     max_tokens: u32,
-    cuts: Vec<(usize, Arc<str>)>,
+    cuts: Vec<Cut>,
 }
 
 impl Cuts {
     fn size(&self) -> usize {
         std::mem::size_of::<Self>()
-            + self.cuts.iter().map(|(_, cut)| std::mem::size_of::<(usize, Arc<str>)>() + cut.len()).sum::<usize>()
+            + self.cuts.iter().map(|cut| std::mem::size_of::<Cut>() + cut.text.len()).sum::<usize>()
     }
 }
 
@@ -204,6 +207,8 @@ struct Reused {
     skeleton: Arc<Skeleton>,
     items: usize,
     messages: usize,
+    /// The leading bytes the two bodies share.
+    common: usize,
 }
 
 /// A cache entry holding a parse's own skeleton.
@@ -235,17 +240,46 @@ impl Memo {
 
     /// The cut an earlier turn's truncation made of item `item` (one re-made from it), when it
     /// cut with the same settings: the same text cut the same way.
-    pub fn earlier_cut(&self, encoding: Encoding, max_tokens: u32, item: usize) -> Option<&Arc<str>> {
+    pub fn earlier_cut(&self, encoding: Encoding, max_tokens: u32, item: usize) -> Option<&Cut> {
         let earlier = self.earlier.as_ref().filter(|e| item < e.items)?;
         let cuts = earlier.skeleton.cuts.get().filter(|c| c.encoding == encoding && c.max_tokens == max_tokens)?;
-        let at = cuts.cuts.binary_search_by_key(&item, |(index, _)| *index).ok()?;
-        Some(&cuts.cuts[at].1)
+        let at = cuts.cuts.binary_search_by_key(&item, |cut| cut.item).ok()?;
+        Some(&cuts.cuts[at])
     }
 
-    /// Keeps this parse's truncations (`cuts`, by item, in item order) for the next turn.
-    pub fn remember_cuts(&self, encoding: Encoding, max_tokens: u32, cuts: Vec<(usize, Arc<str>)>) {
+    /// Keeps this parse's truncations (`cuts`, in item order) for the next turn.
+    pub fn remember_cuts(&self, encoding: Encoding, max_tokens: u32, cuts: Vec<Cut>) {
         if let Some(own) = &self.own {
             let _ = own.cuts.set(Cuts { encoding, max_tokens, cuts });
+        }
+    }
+
+    /// The byte offsets in `body` (this parse's) of every cache marker key, in order: those
+    /// inside the bytes shared with the earlier turn are that turn's, only the rest is searched.
+    /// Kept for the next turn.
+    pub(crate) fn markers(
+        &self,
+        body: &[u8],
+        find: impl Fn(&[u8], usize) -> Vec<usize>,
+        key: usize,
+    ) -> Cow<'_, [usize]> {
+        if let Some(own) = self.own.as_ref().and_then(|own| own.markers.get()) {
+            return Cow::Borrowed(own);
+        }
+        let earlier = self.earlier.as_ref().and_then(|e| Some((e.skeleton.markers.get()?, e.common)));
+        let markers = match earlier {
+            Some((earlier, common)) => {
+                // A key starting here ends inside the shared bytes.
+                let from = (common + 1).saturating_sub(key);
+                let mut markers: Vec<usize> = earlier.iter().copied().take_while(|&at| at < from).collect();
+                markers.extend(find(body, from));
+                markers
+            }
+            None => find(body, 0),
+        };
+        match &self.own {
+            Some(own) => Cow::Borrowed(own.markers.get_or_init(|| markers)),
+            None => Cow::Owned(markers),
         }
     }
 
@@ -259,7 +293,11 @@ impl Memo {
     /// truncations and renders), unless a later request has replaced it there already.
     pub fn settle(&self) {
         let Some(kept) = &self.kept else { return };
-        if self.own.as_ref().is_none_or(|own| own.cuts.get().is_none() && own.rendered.get().is_none()) {
+        if self
+            .own
+            .as_ref()
+            .is_none_or(|own| own.cuts.get().is_none() && own.rendered.get().is_none() && own.markers.get().is_none())
+        {
             return;
         }
         kept.cache.entry(kept.key).and_compute_with(|entry| match entry {
@@ -341,6 +379,8 @@ impl<'m> Renders<'m> {
 /// The head of a body re-made from a [`Skeleton`]: what [`ParsedRequest::parse_after`] starts from.
 #[derive(Debug, Default)]
 pub(crate) struct Head<'a> {
+    /// The leading bytes the body shares with the skeleton's.
+    pub common: usize,
     pub fields: Vec<(Cow<'a, str>, &'a str)>,
     pub history_key: Cow<'a, str>,
     pub history_start: usize,
@@ -384,7 +424,7 @@ impl Skeleton {
         // the agent added is looked at.
         let reused = parsed.memo.earlier.as_ref();
         let (earlier_messages, earlier_items, earlier_system) = match reused {
-            Some(Reused { skeleton, items, messages }) => {
+            Some(Reused { skeleton, items, messages, .. }) => {
                 let system = messages.checked_sub(1).and_then(|last| skeleton.system_ends.get(last)).copied();
                 (
                     skeleton.messages.get(..*messages)?,
@@ -473,6 +513,7 @@ impl Skeleton {
             counts: OnceLock::new(),
             cuts: OnceLock::new(),
             rendered: OnceLock::new(),
+            markers: OnceLock::new(),
         };
         skeleton.size = skeleton.weigh();
         Some(skeleton)
@@ -516,6 +557,7 @@ impl Skeleton {
         self.size
             + self.cuts.get().map_or(0, Cuts::size)
             + self.rendered.get().map_or(0, |r| r.iter().map(|(_, r)| r.size()).sum())
+            + self.markers.get().map_or(0, |m| m.len() * std::mem::size_of::<usize>())
     }
 
     /// How many leading bytes `body` shares with this skeleton's body.
@@ -599,6 +641,7 @@ impl Skeleton {
         let system_count = system_ends.last().copied().unwrap_or(0);
         let system = self.system.get(..system_count)?.iter().map(|p| p.make(text)).collect::<Option<_>>()?;
         Some(Head {
+            common,
             fields,
             history_key: self.history_key.make(text)?,
             history_start: self.history_start,
@@ -641,10 +684,10 @@ pub fn parse_reusing<'a>(
     if earlier.dialect == dialect
         && let Some(head) = earlier.head(text, earlier.common_prefix(body))
     {
-        let (reused, items) = (head.messages.len(), head.items.len());
+        let (reused, items, common) = (head.messages.len(), head.items.len(), head.common);
         if let Some(mut parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
             if reused > 0 {
-                parsed.memo.earlier = Some(Reused { skeleton: earlier.clone(), items, messages: reused });
+                parsed.memo.earlier = Some(Reused { skeleton: earlier.clone(), items, messages: reused, common });
             }
             return (Some(parsed), reused);
         }

@@ -150,7 +150,20 @@ impl Rewriter {
         settings: &RewriteSettings,
     ) -> Rewritten {
         let encoding = model.encoding;
-        let count = |text: &str| self.counter.count(encoding, text);
+        // Truncation's cuts are counted as they are made (or come counted from the last turn):
+        // compared by length, then bytes, they are not hashed again at every step.
+        // Sorted by length: a text is compared with the cuts of its length only.
+        let cut_counts: std::cell::OnceCell<Vec<truncate::Cut>> = std::cell::OnceCell::new();
+        let count = |text: &str| {
+            let cut = cut_counts.get().and_then(|cuts| {
+                let from = cuts.partition_point(|c| c.text.len() < text.len());
+                cuts[from..].iter().take_while(|c| c.text.len() == text.len()).find(|c| *c.text == *text)
+            });
+            match cut {
+                Some(cut) => cut.tokens,
+                None => self.counter.count(encoding, text),
+            }
+        };
         let mut report = RewriteReport {
             model,
             message_count: parsed.messages.len(),
@@ -176,7 +189,10 @@ impl Rewriter {
             let earlier = |item: usize| parsed.memo.earlier_cut(encoding, max_tokens, item).cloned();
             let cuts = truncate::apply(conversation, max_tokens, &count, &earlier);
             report.truncated = cuts.len();
-            parsed.memo.remember_cuts(encoding, max_tokens, cuts);
+            parsed.memo.remember_cuts(encoding, max_tokens, cuts.clone());
+            let mut by_length = cuts;
+            by_length.sort_by_key(|c| c.text.len());
+            let _ = cut_counts.set(by_length);
             step(conversation, &mut report.saved_by_truncate);
         }
         if settings.prune_enabled {

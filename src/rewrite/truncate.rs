@@ -7,16 +7,24 @@ use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 /// Tokens reserved for the marker and the line-count header.
 const MARKER_BUDGET: u32 = 24;
 
+/// A tool output cut by [`apply`]: the item, its new text and that text's count.
+#[derive(Debug, Clone)]
+pub struct Cut {
+    pub item: usize,
+    pub text: Arc<str>,
+    pub tokens: u32,
+}
+
 /// Truncates every text-only tool output over `max_tokens` that may be shortened, in a counted
-/// conversation (each item's `tokens` is its text's count plus framing); returns the cuts, by
-/// item. `earlier(item)` is the cut an earlier turn made of the same text with the same settings,
-/// taken instead of cutting it again.
+/// conversation (each item's `tokens` is its text's count plus framing); returns the cuts, in
+/// item order. `earlier(item)` is the cut an earlier turn made of the same text with the same
+/// settings, taken instead of cutting it again.
 pub fn apply(
     conversation: &mut Conversation,
     max_tokens: u32,
     count: &dyn Fn(&str) -> u32,
-    earlier: &dyn Fn(usize) -> Option<Arc<str>>,
-) -> Vec<(usize, Arc<str>)> {
+    earlier: &dyn Fn(usize) -> Option<Cut>,
+) -> Vec<Cut> {
     let mut cuts = Vec::new();
     if max_tokens == 0 {
         return cuts;
@@ -27,9 +35,12 @@ pub fn apply(
         if item.edit != Edit::Keep || !item.shortenable || item.tokens.saturating_sub(FRAMING_TOKENS) <= max_tokens {
             continue;
         }
-        let cut = earlier(index).unwrap_or_else(|| head_and_tail(text, max_tokens, count).into());
-        item.edit = Edit::Replace(String::from(&*cut));
-        cuts.push((index, cut));
+        let cut = earlier(index).unwrap_or_else(|| {
+            let text: Arc<str> = head_and_tail(text, max_tokens, count).into();
+            Cut { item: index, tokens: count(&text), text }
+        });
+        item.edit = Edit::Replace(String::from(&*cut.text));
+        cuts.push(cut);
     }
     cuts
 }

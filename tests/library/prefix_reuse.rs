@@ -81,6 +81,16 @@ fn body(dialect: Dialect, turns: &[Turn], system: &str, tools: usize) -> Value {
     Value::Object(out)
 }
 
+/// Puts `marker` on the last block of Anthropic message `index`, when its content is blocks.
+fn mark(body: &mut Value, index: usize, marker: Value) {
+    if let Some(Value::Array(blocks)) = body["messages"].get_mut(index).map(|m| &mut m["content"])
+        && let Some(Value::Object(block)) = blocks.last_mut()
+        && block.get("type") != Some(&json!("thinking"))
+    {
+        block.insert("cache_control".into(), marker);
+    }
+}
+
 fn message_count(dialect: Dialect, bytes: &[u8]) -> usize {
     ParsedRequest::parse(dialect, bytes).map_or(0, |p| p.messages.len())
 }
@@ -98,6 +108,18 @@ fn turns_of(dialect: Dialect, turns: &[Turn], cut: usize, change: Change) -> (Ve
         _ => {}
     }
     let mut new = body(dialect, &next_turns, system, tools);
+    let mut old = old;
+    if dialect == Dialect::AnthropicMessages {
+        // Cache markers in the history, as Claude Code sends them: one on an early message that
+        // stays, and one on the newest message (an hour-long one, which a marker compactor adds
+        // before it must take).
+        mark(&mut old, 1, json!({"type": "ephemeral"}));
+        mark(&mut new, 1, json!({"type": "ephemeral"}));
+        if next_turns.len() > cut {
+            let last = new["messages"].as_array().map_or(0, Vec::len).saturating_sub(1);
+            mark(&mut new, last, json!({"type": "ephemeral", "ttl": "1h"}));
+        }
+    }
     if let Change::DuplicateKeyAfter = change {
         new.as_object_mut().unwrap().insert("tools".into(), json!(null));
     }
