@@ -306,8 +306,31 @@ impl RequestIds {
         Self { prefix, counter: AtomicU64::new(0) }
     }
 
+    /// 16 hex digits: the prefix, then the counter's low 32 bits.
     fn next(&self) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        format!("{:08x}{:08x}", self.prefix, n)
+        if n > u64::from(u32::MAX) {
+            return format!("{:08x}{n:08x}", self.prefix);
+        }
+        let id = (u64::from(self.prefix) << 32) | n;
+        (0..16).rev().map(|digit| char::from(HEX[((id >> (digit * 4)) & 0xf) as usize])).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_the_process_prefix_then_the_counter_in_hex() {
+        let ids = RequestIds::new();
+        let prefix = format!("{:08x}", ids.prefix);
+        assert_eq!(ids.next(), format!("{prefix}00000000"));
+        assert_eq!(ids.next(), format!("{prefix}00000001"));
+        ids.counter.store(0xabcd_ef12, Ordering::Relaxed);
+        assert_eq!(ids.next(), format!("{prefix}abcdef12"));
+        ids.counter.store(u64::from(u32::MAX) + 1, Ordering::Relaxed);
+        assert_eq!(ids.next(), format!("{prefix}100000000"));
     }
 }
