@@ -140,7 +140,7 @@ impl ProxyError {
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert("x-compactor-error", HeaderValue::from_static(self.code()));
+        headers.insert(http::HeaderName::from_static("x-compactor-error"), HeaderValue::from_static(self.code()));
         if let Self::MethodNotAllowed { allow } = self {
             headers.insert(header::ALLOW, HeaderValue::from_static(allow));
         }

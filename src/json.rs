@@ -20,7 +20,9 @@ pub struct RawObject<'a> {
 impl<'a> RawObject<'a> {
     /// `raw` must be JSON text (a value borrowed from a parsed body).
     pub fn parse(raw: &'a str) -> Option<Self> {
-        serde_json::from_str(raw).ok()
+        let mut scan = Scanner::new(raw, 0);
+        let (_, object) = scan.object()?;
+        scan.at_end().then_some(object)
     }
 
     pub fn get(&self, key: &str) -> Option<&'a str> {
@@ -237,11 +239,120 @@ impl<'a> Scanner<'a> {
         Some((self.text.get(start..self.at)?, value))
     }
 
+    /// The next value's raw text. Strings without escapes, literals and numbers, what most values
+    /// of a request are, are measured here; anything else (objects, arrays, escapes, and whatever
+    /// is not plainly valid) is left to serde_json, which has the last word on what is JSON.
+    pub fn raw(&mut self) -> Option<&'a str> {
+        self.skip_whitespace();
+        let start = self.at;
+        match self.plain_scalar_end(start) {
+            Some(end) => {
+                self.at = end;
+                self.text.get(start..end)
+            }
+            None => self.value::<&'a RawValue>().map(|(raw, _)| raw),
+        }
+    }
+
+    /// An object key (or any string), borrowed when it has no escapes.
+    pub fn key(&mut self) -> Option<Cow<'a, str>> {
+        self.skip_whitespace();
+        let start = self.at;
+        if let Some(end) = self.plain_string_end(start) {
+            self.at = end;
+            return self.text.get(start + 1..end - 1).map(Cow::Borrowed);
+        }
+        self.value::<CowStr<'a>>().map(|(_, CowStr(key))| key)
+    }
+
+    /// The next value as an object of raw fields, with its text; a duplicate key, or anything
+    /// but an object, is `None` (as it is for serde_json reading a [`RawObject`]).
+    pub fn object(&mut self) -> Option<(&'a str, RawObject<'a>)> {
+        let start = self.start();
+        if !self.eat(b'{') {
+            return None;
+        }
+        let mut fields = UniqueFields::with_capacity(8);
+        if !self.eat(b'}') {
+            loop {
+                let key = self.key()?;
+                if !self.eat(b':') {
+                    return None;
+                }
+                let value = self.raw()?;
+                fields.push(key, value).ok()?;
+                if self.eat(b'}') {
+                    break;
+                }
+                if !self.eat(b',') {
+                    return None;
+                }
+            }
+        }
+        Some((self.since(start)?, RawObject { fields: fields.fields }))
+    }
+
+    /// The end (past the closing quote) of a string at `start` with no escape and no control
+    /// character; `None` for any other string, or no string.
+    fn plain_string_end(&self, start: usize) -> Option<usize> {
+        let bytes = self.text.as_bytes();
+        if bytes.get(start) != Some(&b'"') {
+            return None;
+        }
+        let rest = bytes.get(start + 1..)?;
+        let close = memchr::memchr2(b'"', b'\\', rest)?;
+        (rest[close] == b'"' && !rest[..close].iter().any(|b| *b < 0x20)).then_some(start + close + 2)
+    }
+
+    /// The end of a plain string, `true`, `false`, `null` or a number at `start`, when the value
+    /// is certainly valid JSON; `None` leaves the value to serde_json.
+    fn plain_scalar_end(&self, start: usize) -> Option<usize> {
+        let bytes = self.text.as_bytes();
+        match bytes.get(start)? {
+            b'"' => self.plain_string_end(start),
+            b't' => bytes[start..].starts_with(b"true").then_some(start + 4),
+            b'f' => bytes[start..].starts_with(b"false").then_some(start + 5),
+            b'n' => bytes[start..].starts_with(b"null").then_some(start + 4),
+            b'-' | b'0'..=b'9' => number_end(bytes, start),
+            _ => None,
+        }
+    }
+
     /// Whether only whitespace is left.
     pub fn at_end(&mut self) -> bool {
         self.skip_whitespace();
         self.at == self.text.len()
     }
+}
+
+/// The end of a JSON number at `start` (RFC 8259: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`).
+fn number_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let digits = |at: usize| bytes.get(at..).map_or(0, |rest| rest.iter().take_while(|b| b.is_ascii_digit()).count());
+    let mut at = start + usize::from(bytes[start] == b'-');
+    match bytes.get(at)? {
+        b'0' => at += 1,
+        b'1'..=b'9' => at += digits(at),
+        _ => return None,
+    }
+    if bytes.get(at) == Some(&b'.') {
+        let fraction = digits(at + 1);
+        if fraction == 0 {
+            return None;
+        }
+        at += 1 + fraction;
+    }
+    if matches!(bytes.get(at), Some(b'e' | b'E')) {
+        at += 1;
+        if matches!(bytes.get(at), Some(b'+' | b'-')) {
+            at += 1;
+        }
+        let exponent = digits(at);
+        if exponent == 0 {
+            return None;
+        }
+        at += exponent;
+    }
+    Some(at)
 }
 
 /// Objects with up to this many fields look for a duplicate key by scanning them: no allocation
@@ -359,5 +470,46 @@ mod tests {
         let read: Vec<&str> = object.fields.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(read, keys.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(object.get("k499").unwrap(), "499");
+    }
+
+    /// serde_json's reading of an object of raw fields: what [`RawObject::parse`] replaced.
+    fn serde_object(text: &str) -> Option<Vec<(String, String)>> {
+        let object: RawObject = serde_json::from_str(text).ok()?;
+        Some(object.fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    fn scanned_object(text: &str) -> Option<Vec<(String, String)>> {
+        let object = RawObject::parse(text)?;
+        Some(object.fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// The scanner's fast path (plain strings, literals, numbers) accepts exactly what
+        /// serde_json accepts, and reads the same keys and raw values, valid input or not.
+        #[test]
+        fn the_scanner_reads_objects_exactly_as_serde_json_does(
+            base in proptest::sample::select(vec![
+                r#"{"a":1,"b":-0.5e+3,"c":"x","d":true,"e":null,"f":false,"g":[1,{"h":"i"}],"j":{"k":"\\u00e9\\n"}}"#,
+                r#"{ "model" : "gpt-4o" , "n" : 10 , "t" : 0.25 , "s" : "" , "u" : "a\\"b" }"#,
+                r#"{"n":-0,"m":1E9,"o":0.0e-0,"p":123456789012345678901234567890}"#,
+                "{}",
+            ]),
+            edits in proptest::collection::vec((0usize..200, proptest::sample::select(vec![
+                "", "\"", "\\", "-", "+", ".", "e", "E", "0", "01", "1", " ", "\n", ",", ":", "{", "}", "[", "]",
+                "tru", "nul", "x", "\u{1}", "\u{7f}", "é", "\"a\"", "\"a\":", "\\u", "\\\"",
+            ])), 0..4),
+        ) {
+            let mut text = base.to_string();
+            for (at, insert) in edits {
+                let mut at = at % (text.len() + 1);
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                text.insert_str(at, insert);
+            }
+            proptest::prop_assert_eq!(scanned_object(&text), serde_object(&text), "{}", text);
+        }
     }
 }

@@ -41,13 +41,15 @@ pub struct Route {
     pub endpoint: Endpoint,
 }
 
+const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
+
 impl Route {
     /// `/v1/messages` and below go to Anthropic; so does anything carrying `anthropic-version`
     /// (the Anthropic SDK's `/v1/models`), because that header only ever means Anthropic.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let anthropic_path = path == "/v1/messages" || path.starts_with("/v1/messages/");
-        let family = if anthropic_path || headers.contains_key("anthropic-version") {
+        let family = if anthropic_path || headers.contains_key(ANTHROPIC_VERSION) {
             ApiFamily::Anthropic
         } else {
             ApiFamily::OpenAi

@@ -9,8 +9,6 @@ pub mod responses;
 
 use std::borrow::Cow;
 
-use serde_json::value::RawValue;
-
 use crate::conversation::{Conversation, Kind, Pairing, Role};
 use crate::json::{self, RawObject};
 use crate::route::Endpoint;
@@ -115,7 +113,7 @@ fn read_field<'a>(
     elements: &mut Vec<(&'a str, RawObject<'a>)>,
     history_start: &mut Option<usize>,
 ) -> Option<()> {
-    let (_, json::CowStr(key)) = scan.value::<json::CowStr<'a>>()?;
+    let key = scan.key()?;
     if !scan.eat(b':') {
         return None;
     }
@@ -128,7 +126,7 @@ fn read_field<'a>(
         *history_start = Some(start);
         return fields.push(key, scan.since(start)?).ok();
     }
-    let (value, _) = scan.value::<&'a RawValue>()?;
+    let value = scan.raw()?;
     fields.push(key, value).ok()
 }
 
@@ -146,7 +144,7 @@ fn scan_elements<'a>(
         return None;
     }
     loop {
-        elements.push(scan.value::<RawObject<'a>>()?);
+        elements.push(scan.object()?);
         if scan.eat(b']') {
             return Some(());
         }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
@@ -40,6 +40,16 @@ use forward::Forwarded;
 use inspect::Inspected;
 use request_body::ClientBody;
 use usage::{Framing, UsageTap};
+
+/// compactor's response headers, as names (a name given as text is parsed on every insert).
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-compactor-request-id");
+const SESSION: HeaderName = HeaderName::from_static("x-compactor-session");
+const CONVERSATION: HeaderName = HeaderName::from_static("x-compactor-conversation");
+const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
+const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
+const PRUNED: HeaderName = HeaderName::from_static("x-compactor-pruned");
+const RETRIES: HeaderName = HeaderName::from_static("x-compactor-retries");
+const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
 
 /// What the pipeline needs for every request, built once at start.
 pub struct Proxy {
@@ -202,22 +212,22 @@ impl Proxy {
         };
         let headers = &mut response_parts.headers;
         headers::strip_hop_by_hop(headers);
-        headers.insert("x-compactor-request-id", header_value(&finish.log.request_id));
+        headers.insert(REQUEST_ID, header_value(&finish.log.request_id));
         finish.log.status = response_parts.status.as_u16();
         if let Some(session) = &answer.session {
-            headers.insert("x-compactor-session", header_value(session));
+            headers.insert(SESSION, header_value(session));
         }
         if let Some(conversation) = &answer.conversation {
-            headers.insert("x-compactor-conversation", header_value(conversation.as_str()));
+            headers.insert(CONVERSATION, header_value(conversation.as_str()));
         }
         if let Some(report) = &answer.report {
             let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
             // Outputs replaced by the placeholder in the body that went out, whichever rung did it.
             let pruned = forwarded.recovery.as_ref().map_or(report.pruned, |r| r.pruned.max(report.pruned));
-            headers.insert("x-compactor-tokens-before", HeaderValue::from(report.tokens_before));
-            headers.insert("x-compactor-tokens-after", HeaderValue::from(after));
-            headers.insert("x-compactor-pruned", HeaderValue::from(pruned as u64));
-            headers.insert("x-compactor-retries", HeaderValue::from(forwarded.retries));
+            headers.insert(TOKENS_BEFORE, HeaderValue::from(report.tokens_before));
+            headers.insert(TOKENS_AFTER, HeaderValue::from(after));
+            headers.insert(PRUNED, HeaderValue::from(pruned as u64));
+            headers.insert(RETRIES, HeaderValue::from(forwarded.retries));
             finish.span.record("compactor.retries", forwarded.retries);
             finish.log.tokens = Some((report.tokens_before, after, pruned));
         }
@@ -225,7 +235,7 @@ impl Proxy {
         finish.log.recovery = forwarded.recovery;
         if let Some(generation) = forwarded.compacted.or(answer.compacted) {
             finish.span.record("compactor.compaction_generation", generation);
-            headers.insert("x-compactor-compacted", HeaderValue::from(generation));
+            headers.insert(COMPACTED, HeaderValue::from(generation));
         }
         finish.log.streaming =
             headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
@@ -275,7 +285,7 @@ fn fail(error: ProxyError, route: Route, mut finish: Finish) -> Response<Respons
     let request_id = header_value(&log.request_id);
     let response: Response<Bytes> = error.into_response(route.family);
     let (mut parts, bytes) = response.into_parts();
-    parts.headers.insert("x-compactor-request-id", request_id);
+    parts.headers.insert(REQUEST_ID, request_id);
     Response::from_parts(parts, ResponseBody::finished(bytes, finish))
 }
 
@@ -296,8 +306,31 @@ impl RequestIds {
         Self { prefix, counter: AtomicU64::new(0) }
     }
 
+    /// 16 hex digits: the prefix, then the counter's low 32 bits.
     fn next(&self) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        format!("{:08x}{:08x}", self.prefix, n)
+        if n > u64::from(u32::MAX) {
+            return format!("{:08x}{n:08x}", self.prefix);
+        }
+        let id = (u64::from(self.prefix) << 32) | n;
+        (0..16).rev().map(|digit| char::from(HEX[((id >> (digit * 4)) & 0xf) as usize])).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_the_process_prefix_then_the_counter_in_hex() {
+        let ids = RequestIds::new();
+        let prefix = format!("{:08x}", ids.prefix);
+        assert_eq!(ids.next(), format!("{prefix}00000000"));
+        assert_eq!(ids.next(), format!("{prefix}00000001"));
+        ids.counter.store(0xabcd_ef12, Ordering::Relaxed);
+        assert_eq!(ids.next(), format!("{prefix}abcdef12"));
+        ids.counter.store(u64::from(u32::MAX) + 1, Ordering::Relaxed);
+        assert_eq!(ids.next(), format!("{prefix}100000000"));
     }
 }

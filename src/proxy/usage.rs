@@ -2,7 +2,9 @@
 //! from SSE events as they pass, without holding back a single byte.
 
 use bytes::Bytes;
+use serde::Deserialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::session::Usage;
 use crate::sse;
@@ -58,8 +60,8 @@ impl UsageTap {
     pub fn finish(mut self) -> Option<Usage> {
         match &mut self.reading {
             Reading::Json(Some(buffer)) => {
-                if let Ok(value) = serde_json::from_slice::<Value>(buffer) {
-                    merge(&mut self.usage, &value);
+                if let Ok(text) = std::str::from_utf8(buffer) {
+                    merge(&mut self.usage, text);
                 }
             }
             Reading::Json(None) => {}
@@ -74,19 +76,51 @@ fn read_event(usage: &mut Option<Usage>, event: &sse::Event) {
     if !event.data.contains("\"usage\"") {
         return;
     }
-    if let Ok(value) = serde_json::from_str::<Value>(&event.data) {
-        merge(usage, &value);
+    merge(usage, &event.data);
+}
+
+/// The fields of a body or event where a usage object may be; everything else (the answer's
+/// text, tool calls) is skipped without being built.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+/// `message` or `response`: only its `usage` is read (a value that is not an object has none).
+#[derive(Deserialize)]
+struct Nested<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
+/// The usage object the envelope carries, in the order the providers put it.
+fn reported_usage(text: &str) -> Option<Value> {
+    // Only objects: serde would also read a struct from an array, by position.
+    let is_object = |text: &str| text.trim_start().starts_with('{');
+    if !is_object(text) {
+        return None;
     }
+    let envelope: Envelope = serde_json::from_str(text).ok()?;
+    let object = |raw: Option<&RawValue>| {
+        raw.filter(|r| is_object(r.get())).and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+    };
+    let nested = |raw: Option<&RawValue>| {
+        let nested: Nested = serde_json::from_str(raw.filter(|r| is_object(r.get()))?.get()).ok()?;
+        object(nested.usage)
+    };
+    object(envelope.usage).or_else(|| nested(envelope.message)).or_else(|| nested(envelope.response))
 }
 
 /// Folds one event's usage in: OpenAI chat (`usage` at the top), Anthropic (`message.usage` in
 /// `message_start`, `usage` in `message_delta`), Responses (`response.usage`).
-fn merge(usage: &mut Option<Usage>, event: &Value) {
-    let found = ["usage", "message", "response"].iter().find_map(|key| match *key {
-        "usage" => event.get("usage").filter(|u| u.is_object()),
-        _ => event.get(*key).and_then(|m| m.get("usage")).filter(|u| u.is_object()),
-    });
-    let Some(reported) = found else { return };
+fn merge(usage: &mut Option<Usage>, event: &str) {
+    let Some(reported) = reported_usage(event) else { return };
+    let reported = &reported;
     let number = |path: &[&str]| {
         let mut value = reported;
         for key in path {
@@ -203,6 +237,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(usage.output_tokens, 42);
+    }
+
+    #[test]
+    fn a_usage_that_is_not_an_object_or_sits_beside_other_shapes_is_looked_for_further_on() {
+        // `usage` null, `message` a text (no usage in it): the usage is the response's.
+        let usage = feed(
+            Framing::Json,
+            &[r#"{"usage":null,"message":"done","choices":[{"message":{"content":"x\"y"}}],"response":{"usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":4},"output_tokens":2}}}"#],
+        )
+        .unwrap();
+        assert_eq!((usage.prompt_tokens, usage.cached_tokens, usage.output_tokens), (11, 4, 2));
+        assert_eq!(feed(Framing::Json, &[r#"[{"usage":{"prompt_tokens":1}}]"#]), None);
+        assert_eq!(feed(Framing::Json, &[r#"{"message":[{"usage":{"prompt_tokens":1}}]}"#]), None);
+        assert_eq!(feed(Framing::Json, &[r#"{"usage":{"prompt_tokens":1}"#]), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_128, xxh3_128_with_seed};
 
 use crate::dialect::prefix::PrefixKey;
@@ -17,11 +17,23 @@ use crate::json::RawObject;
 
 /// Session headers agents send, after the configured one: Claude Code, Codex CLI (two spellings,
 /// plus `conversation_id` in some versions), OpenCode.
-const AGENT_HEADERS: [&str; 6] =
-    ["x-claude-code-session-id", "session_id", "session-id", "conversation_id", "x-session-affinity", "x-session-id"];
+/// Names, not texts: a lookup by text parses the name first, on every request.
+static AGENT_HEADERS: [HeaderName; 6] = [
+    HeaderName::from_static("x-claude-code-session-id"),
+    HeaderName::from_static("session_id"),
+    HeaderName::from_static("session-id"),
+    HeaderName::from_static("conversation_id"),
+    HeaderName::from_static("x-session-affinity"),
+    HeaderName::from_static("x-session-id"),
+];
 
 /// Credentials a request can carry; only their keyed hash is ever kept.
-const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+static CREDENTIAL_HEADERS: [HeaderName; 4] = [
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
 
 /// Where the session id came from (a log field, and part of the hashed key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -60,7 +72,8 @@ impl SessionKey {
 /// Identifies sessions; holds the secret that keys tenant hashes.
 #[derive(Clone)]
 pub struct Identifier {
-    header: String,
+    /// The configured session header (none when the name is not a valid header name).
+    header: Option<HeaderName>,
     secret: [u8; 32],
     /// Tenant hashes by a seeded fast hash of the credential (see [`Identifier::tenant_of`]).
     tenants: Arc<Mutex<HashMap<u128, TenantHash>>>,
@@ -73,7 +86,8 @@ impl Identifier {
         let secret = blake3::derive_key("compactor tenant hash v1", tenant_secret.as_bytes());
         let seed = blake3::derive_key("compactor tenant cache v1", &secret);
         let cache_seed = u64::from_le_bytes(seed[..8].try_into().unwrap_or_default());
-        Self { header: header.to_ascii_lowercase(), secret, tenants: Arc::default(), cache_seed }
+        let header = HeaderName::from_bytes(header.to_ascii_lowercase().as_bytes()).ok();
+        Self { header, secret, tenants: Arc::default(), cache_seed }
     }
 
     /// The session of a request.
@@ -106,13 +120,18 @@ impl Identifier {
     /// The key a conversation's last parse is kept under ([`PrefixKey`]): the credential and the
     /// session header, both known before the body is read and the same on every turn.
     pub fn prefix_key(&self, dialect: Dialect, headers: &HeaderMap) -> PrefixKey {
-        let session = std::iter::once(self.header.as_str()).chain(AGENT_HEADERS).find_map(|name| headers.get(name));
+        let session = self.session_headers().find_map(|name| headers.get(name));
         let credential = self.credential(headers).unwrap_or_default();
         PrefixKey::new(dialect, [credential, session.map_or(&[][..], |v| v.as_bytes())])
     }
 
+    /// The configured session header, then the agents' own.
+    fn session_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        self.header.iter().chain(AGENT_HEADERS.iter())
+    }
+
     fn credential<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
-        CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(*name)).map(|v| {
+        CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(name)).map(|v| {
             let value = v.as_bytes();
             value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer ")).unwrap_or(value)
         })
@@ -151,8 +170,8 @@ impl Identifier {
         headers: &'p HeaderMap,
         parsed: Option<&'p ParsedRequest>,
     ) -> (SessionSource, Cow<'p, str>) {
-        let header = std::iter::once(self.header.as_str())
-            .chain(AGENT_HEADERS)
+        let header = self
+            .session_headers()
             .find_map(|name| headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.trim().is_empty()));
         if let Some(id) = header {
             return (SessionSource::Header, Cow::Borrowed(id.trim()));

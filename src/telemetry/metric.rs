@@ -112,7 +112,14 @@ fn describe_rewrite() {
 
 pub fn rewrite_done(route: &'static str, report: &RewriteReport, changed: bool) {
     let outcome = if changed { "changed" } else { "unchanged" };
-    counter!("compactor_rewrites_total", "route" => route, "outcome" => outcome).increment(1);
+    let register = || counter!("compactor_rewrites_total", "route" => route, "outcome" => outcome);
+    // Every rewritable request counts here: its handle is looked up once, not on every request.
+    static REWRITES: [[std::sync::OnceLock<metrics::Counter>; 2]; REWRITABLE_ROUTES.len()] =
+        [const { [const { std::sync::OnceLock::new() }; 2] }; REWRITABLE_ROUTES.len()];
+    match REWRITABLE_ROUTES.iter().position(|known| *known == route) {
+        Some(at) => REWRITES[at][usize::from(changed)].get_or_init(register).increment(1),
+        None => register().increment(1),
+    }
     for (step, saved) in
         [("prune", report.saved_by_prune), ("truncate", report.saved_by_truncate), ("dedupe", report.saved_by_dedupe)]
     {

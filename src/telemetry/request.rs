@@ -99,6 +99,14 @@ impl RequestLog {
     pub fn emit(&self) {
         let ended_at = self.ended_at.unwrap_or_else(Instant::now);
         let upstream_latency = self.forwarded_at.map(|at| ended_at.saturating_duration_since(at));
+        if tracing::enabled!(tracing::Level::INFO) {
+            self.write_line(upstream_latency);
+        }
+        self.record_metrics(upstream_latency);
+    }
+
+    /// The request's log line (its fields are worked out only when the line is written).
+    fn write_line(&self, upstream_latency: Option<Duration>) {
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0);
         let (tokens_before, tokens_after, pruned) = self.tokens.unwrap_or_default();
         let recovery = self.recovery.as_ref();
@@ -131,7 +139,6 @@ impl RequestLog {
             cache_write,
             "request"
         );
-        self.record_metrics(upstream_latency);
     }
 
     fn record_metrics(&self, upstream_latency: Option<Duration>) {

@@ -22,7 +22,8 @@ pub const TOKEN_ENTRY_BYTES: u32 = 384;
 /// Counts tokens, remembering every count by (encoding, content hash) in a cache bounded in bytes.
 #[derive(Clone)]
 pub struct TokenCounter {
-    cache: moka::sync::Cache<(Encoding, u128), u32>,
+    /// Keyed by a text's hash: a fast keyed hasher is enough (no SipHash over a hash).
+    cache: moka::sync::Cache<(Encoding, u128), u32, foldhash::fast::RandomState>,
 }
 
 /// A cache's estimated size, for its gauges.
@@ -39,7 +40,7 @@ impl TokenCounter {
         let cache = moka::sync::Cache::builder()
             .weigher(|_: &(Encoding, u128), _: &u32| TOKEN_ENTRY_BYTES)
             .max_capacity(cache_bytes)
-            .build();
+            .build_with_hasher(foldhash::fast::RandomState::default());
         Self { cache }
     }
 
