@@ -109,14 +109,14 @@ fn bench(c: &mut Criterion) {
         // messages; its skeleton is re-made from the new body, the added messages are read, and
         // the new skeleton is kept for the turn after (what `PrefixCache::parse` does on a hit).
         let previous = Bytes::from(without_last(dialect, &body, 3));
-        // Parsed through the cache and counted, as the proxy does: its skeleton keeps the counts.
+        // Parsed through the cache and rewritten, as the proxy does: its skeleton keeps the counts,
+        // the cuts and the rendered messages.
         let cache = PrefixCache::new(256 << 20);
         let earlier_turn = Earlier::default();
         let (earlier, _) =
             cache.parse(|| PrefixKey::new(dialect, [b"bench".as_slice()]), dialect, &previous, &earlier_turn);
         let mut earlier = earlier.unwrap();
-        let encoding = ModelTable::default().lookup(earlier.model.as_deref().unwrap_or("")).encoding;
-        warm.count_items(&mut earlier, encoding);
+        warm.rewrite_parsed(&mut earlier, &History::eager(&none));
         let earlier = earlier.memo.own().cloned().unwrap();
         let body = Bytes::from(body);
         let (reused, count) = prefix::parse_reusing(dialect, &body, &earlier);

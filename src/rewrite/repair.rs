@@ -28,29 +28,41 @@ struct Claimants {
 
 /// Repairs pairing; returns how many results were inserted, moved or removed.
 pub fn apply(conversation: &mut Conversation) -> usize {
+    let (removed, inserts) = decide(conversation);
+    let repaired = removed.len() + inserts.len();
+    for index in removed {
+        conversation.items[index].edit = Edit::Remove;
+    }
+    conversation.inserts.extend(inserts);
+    repaired
+}
+
+/// What repair changes, worked out on the conversation as it stands (every id borrowed from it):
+/// the results to remove, and the results to insert.
+fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
     // Ids of calls repair must not touch: results claiming them are not orphans of ours either.
-    let untouchable: HashSet<String> = conversation
+    let untouchable: HashSet<&str> = conversation
         .items
         .iter()
         .filter(|item| !item.repairable && matches!(item.kind, Kind::ToolCall { .. }))
-        .filter_map(|item| item.call_id().map(str::to_string))
+        .filter_map(|item| item.call_id())
         .collect();
-    let mut claimants: HashMap<String, Claimants> = HashMap::new();
+    let mut claimants: HashMap<&str, Claimants> = HashMap::new();
     for (index, item) in conversation.items.iter().enumerate() {
         if let Kind::ToolResult { call_id: Some(id), .. } = &item.kind
             && item.repairable
             && item.edit != Edit::Remove
         {
-            claimants.entry(id.to_string()).or_default().results.push(index);
+            claimants.entry(id.as_ref()).or_default().results.push(index);
         }
     }
 
     // Each call's result must be in the zone right after its assistant message: the first
     // unmatched result with its id there. Assistant turns come in order and their zones start
     // later and later, so a result passed over for one call is never wanted by a later one.
-    let mut calls: Vec<(usize, String)> = Vec::new();
+    let mut calls: Vec<(usize, &str)> = Vec::new();
     let mut matched: HashSet<usize> = HashSet::new();
-    let mut answered: HashSet<String> = HashSet::new();
+    let mut answered: HashSet<&str> = HashSet::new();
     for assistant in 0..conversation.roles.len() {
         if conversation.roles[assistant] != Role::Assistant {
             continue;
@@ -62,7 +74,7 @@ pub fn apply(conversation: &mut Conversation) -> usize {
                 continue;
             }
             let Kind::ToolCall { id: Some(id), .. } = &item.kind else { continue };
-            calls.push((index, id.to_string()));
+            calls.push((index, id.as_ref()));
             let Some(claim) = claimants.get_mut(id.as_ref()) else { continue };
             while claim.results.get(claim.next).is_some_and(|&r| conversation.items[r].message < zone.start) {
                 claim.next += 1;
@@ -72,16 +84,16 @@ pub fn apply(conversation: &mut Conversation) -> usize {
             {
                 claim.next += 1;
                 matched.insert(r);
-                answered.insert(id.to_string());
+                answered.insert(id.as_ref());
             }
         }
     }
 
     // Results that answer no call where they stand: moved to their call if it lacks one, else removed.
-    let call_ids: HashSet<&str> = calls.iter().map(|(_, id)| id.as_str()).collect();
-    let mut repaired = 0;
-    let mut moved: HashMap<String, String> = HashMap::new();
-    for (index, item) in conversation.items.iter_mut().enumerate() {
+    let call_ids: HashSet<&str> = calls.iter().map(|(_, id)| *id).collect();
+    let mut removed = Vec::new();
+    let mut moved: HashMap<&str, String> = HashMap::new();
+    for (index, item) in conversation.items.iter().enumerate() {
         let Kind::ToolResult { call_id: Some(id), text, .. } = &item.kind else { continue };
         if matched.contains(&index)
             || item.edit == Edit::Remove
@@ -96,21 +108,20 @@ pub fn apply(conversation: &mut Conversation) -> usize {
                 Edit::Replace(replaced) => replaced.clone(),
                 _ => text.to_string(),
             };
-            moved.insert(id.to_string(), content);
+            moved.insert(id.as_ref(), content);
         }
-        item.edit = Edit::Remove;
-        repaired += 1;
+        removed.push(index);
     }
 
-    let mut inserted: HashSet<String> = conversation.inserts.iter().map(|i| i.call_id.clone()).collect();
+    let mut inserted: HashSet<&str> = conversation.inserts.iter().map(|i| i.call_id.as_str()).collect();
+    let mut inserts = Vec::new();
     for (call_item, id) in calls {
-        if answered.contains(&id) || inserted.contains(&id) {
+        if answered.contains(id) || inserted.contains(id) {
             continue;
         }
-        let text = moved.remove(&id).unwrap_or_else(|| ABORTED.to_string());
-        inserted.insert(id.clone());
-        conversation.inserts.push(InsertResult { call_item, call_id: id, text });
-        repaired += 1;
+        let text = moved.remove(id).unwrap_or_else(|| ABORTED.to_string());
+        inserted.insert(id);
+        inserts.push(InsertResult { call_item, call_id: id.to_string(), text });
     }
-    repaired
+    (removed, inserts)
 }
