@@ -254,14 +254,14 @@ impl Memo {
         }
     }
 
-    /// The byte offsets in `body` (this parse's) of every cache marker key, in order: those
-    /// inside the bytes shared with the earlier turn are that turn's, only the rest is searched.
-    /// Kept for the next turn.
+    /// The byte offsets in `body` (this parse's) of every cache marker key (`key_len` bytes long,
+    /// found by `find` from an offset on), in order: those inside the bytes shared with the
+    /// earlier turn are that turn's, only the rest is searched. Kept for the next turn.
     pub(crate) fn markers(
         &self,
         body: &[u8],
         find: impl Fn(&[u8], usize) -> Vec<usize>,
-        key: usize,
+        key_len: usize,
     ) -> Cow<'_, [usize]> {
         if let Some(own) = self.own.as_ref().and_then(|own| own.markers.get()) {
             return Cow::Borrowed(own);
@@ -270,7 +270,7 @@ impl Memo {
         let markers = match earlier {
             Some((earlier, common)) => {
                 // A key starting here ends inside the shared bytes.
-                let from = (common + 1).saturating_sub(key);
+                let from = (common + 1).saturating_sub(key_len);
                 let mut markers: Vec<usize> = earlier.iter().copied().take_while(|&at| at < from).collect();
                 markers.extend(find(body, from));
                 markers
@@ -290,7 +290,8 @@ impl Memo {
     }
 
     /// Weighs the own skeleton again in the cache, with what the rewrite added to it (kept
-    /// truncations and renders), unless a later request has replaced it there already.
+    /// truncations, renders and marker offsets), unless a later request has replaced it there
+    /// already.
     pub fn settle(&self) {
         let Some(kept) = &self.kept else { return };
         if self
