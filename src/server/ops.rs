@@ -15,14 +15,15 @@ use crate::session::{SessionUpdate, Store};
 pub async fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<ResponseBody>> {
     let path = request.uri().path();
     if let Some(rest) = path.strip_prefix("/admin/") {
-        return Some(admin(state, request, rest).await);
+        // Boxed, as below: every request's future holds this one's room otherwise, and is moved.
+        return Some(Box::pin(admin(state, request, rest)).await);
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return None;
     }
     match path {
         "/healthz" => Some(json(StatusCode::OK, serde_json::json!({"status": "ok"}))),
-        "/readyz" => Some(readiness(state).await),
+        "/readyz" => Some(Box::pin(readiness(state)).await),
         "/metrics" => {
             state.proxy.record_cache_sizes();
             let text = state.metrics.as_ref().map(|handle| handle.render()).unwrap_or_default();

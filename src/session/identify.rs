@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, HeaderName};
-use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_128, xxh3_128_with_seed};
+use xxhash_rust::xxh3::{Xxh3, xxh3_128, xxh3_128_with_seed};
 
 use crate::dialect::prefix::PrefixKey;
 use crate::dialect::{Dialect, ParsedRequest};
@@ -236,7 +236,7 @@ pub fn session_from_user_id(user_id: &str) -> Option<String> {
 
 /// A fingerprint of the conversation's opening, the session id of requests that carry none.
 pub fn fingerprint(parsed: &ParsedRequest) -> String {
-    format!("{:032x}", xxh3_128(opening(parsed).as_bytes()))
+    format!("{:032x}", opening(parsed).digest128())
 }
 
 /// The line Claude Code adds to its system prompt, different on every request.
@@ -246,28 +246,30 @@ const BILLING_LINE: &str = "x-anthropic-billing-header:";
 /// before the first user message, and that message's text. Lines that change on every request
 /// (Claude Code's billing header) are left out; so are `cache_control` markers, attachments and
 /// everything later in the history, which grows.
-fn opening(parsed: &ParsedRequest) -> String {
+fn opening(parsed: &ParsedRequest) -> Xxh3 {
     use crate::conversation::{Kind, Role};
-    let mut opening = String::new();
-    let mut system = |text: &str| {
+    // Hashed as it is read (the streaming hash equals the hash of the whole text): a system
+    // prompt of tens of kilobytes is never copied.
+    let mut opening = Xxh3::new();
+    let system = |opening: &mut Xxh3, text: &str| {
         for line in text.lines().filter(|line| !line.trim_start().starts_with(BILLING_LINE)) {
-            opening.push_str(line);
-            opening.push('\n');
+            opening.update(line.as_bytes());
+            opening.update(b"\n");
         }
     };
-    parsed.top_system.iter().for_each(|text| system(text));
+    parsed.top_system.iter().for_each(|text| system(&mut opening, text));
     let items = &parsed.conversation.items;
     let first_user = parsed.messages.iter().position(|m| m.role == Role::User);
     for item in items.iter().filter(|item| first_user.is_none_or(|first| item.message < first)) {
         if let Kind::System { text } = &item.kind {
-            system(text);
+            system(&mut opening, text);
         }
     }
-    opening.push('\0');
+    opening.update(b"\0");
     for item in items.iter().filter(|item| Some(item.message) == first_user) {
         if let Kind::Text { role: Role::User, text } = &item.kind {
-            opening.push_str(text);
-            opening.push('\n');
+            opening.update(text.as_bytes());
+            opening.update(b"\n");
         }
     }
     opening
@@ -281,7 +283,7 @@ pub struct ConversationId(String);
 
 impl ConversationId {
     pub fn of(parsed: &ParsedRequest) -> Self {
-        Self(format!("{:016x}", xxh3_64(opening(parsed).as_bytes())))
+        Self(format!("{:016x}", opening(parsed).digest()))
     }
 
     /// An id as the admin API or the store gives it back; `None` when it is not one.
@@ -484,5 +486,18 @@ mod tests {
         let body = r#"{"model":"claude","metadata":{"user_id":"user_x_account_y_session_z"},"messages":[{"role":"user","content":"hi"}]}"#;
         let parsed = ParsedRequest::parse(Dialect::AnthropicMessages, body.as_bytes()).unwrap();
         assert_eq!(id.identify(&HeaderMap::new(), Some(&parsed)).source, SessionSource::MetadataUserId);
+    }
+
+    #[test]
+    fn the_opening_hashes_are_those_of_the_system_lines_then_the_first_user_text() {
+        // Keys already stored (Redis) were made from these exact bytes: they must not move.
+        let body = r#"{"model":"claude-sonnet-4-5","system":"You are terse.\nx-anthropic-billing-header: cch=1\nBe kind.","messages":[{"role":"user","content":"fix the bug"},{"role":"assistant","content":"ok"}]}"#;
+        let parsed = ParsedRequest::parse(Dialect::AnthropicMessages, body.as_bytes()).unwrap();
+        let opening = "You are terse.\nBe kind.\n\0fix the bug\n";
+        assert_eq!(
+            ConversationId::of(&parsed).as_str(),
+            format!("{:016x}", xxhash_rust::xxh3::xxh3_64(opening.as_bytes()))
+        );
+        assert_eq!(fingerprint(&parsed), format!("{:032x}", xxh3_128(opening.as_bytes())));
     }
 }
