@@ -137,51 +137,40 @@ pub fn place(parsed: &mut ParsedRequest, seen_messages: usize) {
         return;
     }
     let first_in = |raw: &str| first_in(parsed.body, &markers, raw);
-    let marker_before = |following: &mut dyn Iterator<Item = &str>| {
-        let mut found = None;
-        for raw in following {
-            if let Some(at) = first_in(raw) {
-                found = Some((raw, at));
-                break;
-            }
-        }
-        marker_with_ttl_of(found)
+    let marker_before = |mut following: &mut dyn Iterator<Item = &str>| {
+        marker_with_ttl_of((&mut following).find_map(|raw| Some((raw, first_in(raw)?))))
     };
-    let mut found = None;
-    for index in (0..first).rev() {
-        let message = &parsed.messages[index];
-        let later = || parsed.messages[index + 1..].iter().map(|m| m.raw);
-        match &message.blocks {
-            None => {
-                let Some(content) = message.object.get("content") else { continue };
-                if json::as_str(content).is_none_or(|t| t.is_empty()) {
-                    continue;
-                }
-                let json = marker_before(&mut later());
-                found = Some(Marker { message: index, block: None, json });
-                break;
-            }
-            Some(blocks) => {
-                let mut done = false;
-                for (b, block) in blocks.iter().enumerate().rev() {
-                    if first_in(block).is_some() {
-                        // The prefix is marked there already.
-                        done = true;
-                        break;
+    // The search reads the parse while `markers` may borrow its memo: the marker is set after.
+    let search = || {
+        for index in (0..first).rev() {
+            let message = &parsed.messages[index];
+            let later = || parsed.messages[index + 1..].iter().map(|m| m.raw);
+            match &message.blocks {
+                None => {
+                    let Some(content) = message.object.get("content") else { continue };
+                    if json::as_str(content).is_none_or(|t| t.is_empty()) {
+                        continue;
                     }
-                    if markable(block) {
-                        let json = marker_before(&mut blocks[b + 1..].iter().copied().chain(later()));
-                        found = Some(Marker { message: index, block: Some(b), json });
-                        done = true;
-                        break;
-                    }
+                    let json = marker_before(&mut later());
+                    return Some(Marker { message: index, block: None, json });
                 }
-                if done {
-                    break;
+                Some(blocks) => {
+                    for (b, block) in blocks.iter().enumerate().rev() {
+                        if first_in(block).is_some() {
+                            // The prefix is marked there already.
+                            return None;
+                        }
+                        if markable(block) {
+                            let json = marker_before(&mut blocks[b + 1..].iter().copied().chain(later()));
+                            return Some(Marker { message: index, block: Some(b), json });
+                        }
+                    }
                 }
             }
         }
-    }
+        None
+    };
+    let found = search();
     drop(markers);
     parsed.marker = found;
 }
