@@ -48,7 +48,7 @@ pub fn apply(
 /// `text` cut to about `max_tokens`: its head, a marker saying how much was removed, its tail.
 pub fn head_and_tail(text: &str, max_tokens: u32, count: &dyn Fn(&str) -> u32) -> String {
     let total = count(text).max(1);
-    let lines = text.lines().count();
+    let lines = line_count(text);
     let budget = max_tokens.saturating_sub(MARKER_BUDGET).max(2);
     let bytes_per_token = text.len() as f64 / f64::from(total);
     let mut keep_bytes = (f64::from(budget / 2) * bytes_per_token) as usize;
@@ -69,6 +69,19 @@ pub fn head_and_tail(text: &str, max_tokens: u32, count: &dyn Fn(&str) -> u32) -
         }
         keep_bytes = keep_bytes * 4 / 5;
     }
+}
+
+/// `text.lines().count()`, counted as line breaks (tool outputs run to megabytes) plus an
+/// unterminated last line.
+fn line_count(text: &str) -> usize {
+    // Per chunk of at most 255 bytes the count fits a byte: the compiler adds the compares
+    // sixteen or thirty-two at a time.
+    let breaks: usize = text
+        .as_bytes()
+        .chunks(255)
+        .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, b| n.wrapping_add(u8::from(*b == b'\n')))))
+        .sum();
+    breaks + usize::from(!text.is_empty() && !text.ends_with('\n'))
 }
 
 /// At most `bytes` from the start, ending at a line break when one is near the end.
@@ -111,6 +124,26 @@ mod tests {
         // Cut at line boundaries: every kept line is whole.
         for line in cut.lines().skip(2).filter(|l| l.starts_with("line ")) {
             assert!(line.ends_with(&format!("number {}", line[5..].split(':').next().unwrap())), "{line}");
+        }
+    }
+
+    #[test]
+    fn lines_are_counted_as_str_lines_counts_them() {
+        let long = "line\n".repeat(300) + "end";
+        for text in [
+            "",
+            "\n",
+            "a",
+            "a\n",
+            "a\nb",
+            "a\r\nb\r\n",
+            "\n\n",
+            "é\n€\n😀",
+            "a\n\nb\n\n",
+            &long,
+            &long[..long.len() - 3],
+        ] {
+            assert_eq!(line_count(text), text.lines().count(), "{text:?}");
         }
     }
 
