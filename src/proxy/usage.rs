@@ -3,7 +3,6 @@
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::session::Usage;
@@ -99,7 +98,7 @@ struct Nested<'a> {
 }
 
 /// The usage object the envelope carries, in the order the providers put it.
-fn reported_usage(text: &str) -> Option<Value> {
+fn reported_usage(text: &str) -> Option<Reported> {
     // Only objects: serde would also read a struct from an array, by position.
     let is_object = |text: &str| text.trim_start().starts_with('{');
     if !is_object(text) {
@@ -107,7 +106,7 @@ fn reported_usage(text: &str) -> Option<Value> {
     }
     let envelope: Envelope = serde_json::from_str(text).ok()?;
     let object = |raw: Option<&RawValue>| {
-        raw.filter(|r| is_object(r.get())).and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+        raw.filter(|r| is_object(r.get())).and_then(|r| serde_json::from_str::<Reported>(r.get()).ok())
     };
     let nested = |raw: Option<&RawValue>| {
         let nested: Nested = serde_json::from_str(raw.filter(|r| is_object(r.get()))?.get()).ok()?;
@@ -116,38 +115,120 @@ fn reported_usage(text: &str) -> Option<Value> {
     object(envelope.usage).or_else(|| nested(envelope.message)).or_else(|| nested(envelope.response))
 }
 
+/// The counts of a usage object that compactor reads, each present only when it is a whole number
+/// (as `serde_json::Value::as_u64` would read it); read field by field, without building a map
+/// of the object, and a key given twice counts as its last value, as in a map. A details object
+/// (`prompt_tokens_details`, `input_tokens_details`) is read the same way, for its `cached_tokens`.
+#[derive(Debug, Default)]
+struct Reported {
+    prompt_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    /// The details' `cached_tokens`; the outer `Some` when the key is there, whatever its value:
+    /// it marks the Responses API.
+    input_tokens_details: Option<Option<u64>>,
+    prompt_tokens_details: Option<Option<u64>>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    /// Read in a details object only.
+    cached_tokens: Option<u64>,
+}
+
+/// The keys [`Reported`] reads; any other is skipped.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum Key {
+    PromptTokens,
+    InputTokens,
+    InputTokensDetails,
+    PromptTokensDetails,
+    CacheReadInputTokens,
+    CacheCreationInputTokens,
+    CompletionTokens,
+    OutputTokens,
+    CachedTokens,
+    #[serde(other)]
+    Other,
+}
+
+/// A value's whole number, or none for any other value.
+fn whole(raw: &RawValue) -> Option<u64> {
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// A details value: an object's `cached_tokens`, or nothing in any other value.
+fn details(raw: &RawValue) -> Option<u64> {
+    let text = raw.get();
+    if text.trim_start().starts_with('{') {
+        serde_json::from_str::<Reported>(text).ok().and_then(|details| details.cached_tokens)
+    } else {
+        None
+    }
+}
+
+impl<'de> Deserialize<'de> for Reported {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Reported;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a usage object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Reported, A::Error> {
+                let mut reported = Reported::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    if matches!(key, Key::Other) {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        continue;
+                    }
+                    let raw: &RawValue = map.next_value()?;
+                    match key {
+                        Key::PromptTokens => reported.prompt_tokens = whole(raw),
+                        Key::InputTokens => reported.input_tokens = whole(raw),
+                        Key::InputTokensDetails => reported.input_tokens_details = Some(details(raw)),
+                        Key::PromptTokensDetails => reported.prompt_tokens_details = Some(details(raw)),
+                        Key::CacheReadInputTokens => reported.cache_read_input_tokens = whole(raw),
+                        Key::CacheCreationInputTokens => reported.cache_creation_input_tokens = whole(raw),
+                        Key::CompletionTokens => reported.completion_tokens = whole(raw),
+                        Key::OutputTokens => reported.output_tokens = whole(raw),
+                        Key::CachedTokens => reported.cached_tokens = whole(raw),
+                        Key::Other => {}
+                    }
+                }
+                Ok(reported)
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
 /// Folds one event's usage in: OpenAI chat (`usage` at the top), Anthropic (`message.usage` in
 /// `message_start`, `usage` in `message_delta`), Responses (`response.usage`).
 fn merge(usage: &mut Option<Usage>, event: &str) {
     let Some(reported) = reported_usage(event) else { return };
-    let reported = &reported;
-    let number = |path: &[&str]| {
-        let mut value = reported;
-        for key in path {
-            value = value.get(*key)?;
-        }
-        value.as_u64()
-    };
     let current = usage.get_or_insert_with(Usage::default);
     let anthropic_cache =
-        number(&["cache_read_input_tokens"]).unwrap_or(0) + number(&["cache_creation_input_tokens"]).unwrap_or(0);
-    if let Some(prompt) = number(&["prompt_tokens"]) {
+        reported.cache_read_input_tokens.unwrap_or(0) + reported.cache_creation_input_tokens.unwrap_or(0);
+    if let Some(prompt) = reported.prompt_tokens {
         current.prompt_tokens = prompt;
-    } else if let Some(input) = number(&["input_tokens"]) {
+    } else if let Some(input) = reported.input_tokens {
         // Anthropic's input_tokens excludes cache reads and writes; the prompt is their sum.
-        let is_responses = reported.get("input_tokens_details").is_some();
+        let is_responses = reported.input_tokens_details.is_some();
         current.prompt_tokens = if is_responses { input } else { input + anthropic_cache };
     }
-    if let Some(cached) = number(&["prompt_tokens_details", "cached_tokens"])
-        .or_else(|| number(&["input_tokens_details", "cached_tokens"]))
-        .or_else(|| number(&["cache_read_input_tokens"]))
+    if let Some(cached) = reported
+        .prompt_tokens_details
+        .flatten()
+        .or(reported.input_tokens_details.flatten())
+        .or(reported.cache_read_input_tokens)
     {
         current.cached_tokens = cached;
     }
-    if let Some(written) = number(&["cache_creation_input_tokens"]) {
+    if let Some(written) = reported.cache_creation_input_tokens {
         current.cache_write_tokens = written;
     }
-    if let Some(output) = number(&["completion_tokens"]).or_else(|| number(&["output_tokens"])) {
+    if let Some(output) = reported.completion_tokens.or(reported.output_tokens) {
         current.output_tokens = output;
     }
 }
@@ -251,6 +332,30 @@ mod tests {
         assert_eq!(feed(Framing::Json, &[r#"[{"usage":{"prompt_tokens":1}}]"#]), None);
         assert_eq!(feed(Framing::Json, &[r#"{"message":[{"usage":{"prompt_tokens":1}}]}"#]), None);
         assert_eq!(feed(Framing::Json, &[r#"{"usage":{"prompt_tokens":1}"#]), None);
+    }
+
+    #[test]
+    fn usage_counts_are_read_as_a_json_map_would_give_them() {
+        // A key given twice counts as its last value; a count that is not a whole number is not
+        // one; escaped keys are the keys they spell; a `null` details still marks the Responses API.
+        let usage = feed(
+            Framing::Json,
+            &[r#"{"usage":{"prompt_tokens":1,"prompt_tokens":7,"completion_tokens":2.5,"output_tokens":"3","prompt_tokens_details":{"cached_tokens":1,"cached_tokens":4},"cached_tokens":99}}"#],
+        )
+        .unwrap();
+        assert_eq!((usage.prompt_tokens, usage.cached_tokens, usage.output_tokens), (7, 4, 0));
+        let escaped =
+            feed(Framing::Json, &[r#"{"usage":{"input\u005ftokens":5,"cache_read_input_tokens":3}}"#]).unwrap();
+        assert_eq!((escaped.prompt_tokens, escaped.cached_tokens), (8, 3));
+        let responses = feed(
+            Framing::Json,
+            &[r#"{"usage":{"input_tokens":5,"cache_read_input_tokens":3,"input_tokens_details":null}}"#],
+        )
+        .unwrap();
+        assert_eq!((responses.prompt_tokens, responses.cached_tokens), (5, 3));
+        let later_wins =
+            feed(Framing::Json, &[r#"{"usage":{"prompt_tokens":6,"prompt_tokens":-1,"output_tokens":1e2}}"#]);
+        assert_eq!(later_wins.map(|u| (u.prompt_tokens, u.output_tokens)), Some((0, 0)));
     }
 
     #[test]
