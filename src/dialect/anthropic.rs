@@ -231,12 +231,11 @@ fn readable<'a>(type_name: &str, content: Option<&'a str>, block: &'a str) -> (C
 }
 
 /// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
-pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
+pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     let owed_by = inserts_by_assistant(parsed);
     let none: &[&InsertResult] = &[];
     let owed_after = |assistant: usize| owed_by.get(assistant).map_or(none, Vec::as_slice);
-    let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     let mut renders = parsed.memo.renders();
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
@@ -264,7 +263,6 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
         }
     }
     renders.keep();
-    out.finish()
 }
 
 /// The synthetic results each assistant turn owes, grouped once.

@@ -106,10 +106,9 @@ fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
 }
 
 /// The `messages` array with every edit and insert applied; untouched messages keep their bytes.
-pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
+pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     let owed = inserts_by_anchor(parsed);
-    let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     let mut renders = parsed.memo.renders();
     for (index, message) in parsed.messages.iter().enumerate() {
         if conversation.message_changed(index) {
@@ -130,7 +129,6 @@ pub(super) fn render_messages(parsed: &ParsedRequest) -> String {
         }
     }
     renders.keep();
-    out.finish()
 }
 
 /// The synthetic results to write after each message: right after the last tool message

@@ -262,22 +262,33 @@ impl<'a> ParsedRequest<'a> {
         if !self.conversation.is_changed() {
             return None;
         }
-        let messages = match self.dialect {
-            Dialect::ChatCompletions => chat::render_messages(self),
-            Dialect::AnthropicMessages => anthropic::render_messages(self),
-            Dialect::Responses => responses::render_items(self),
-        };
-        self.splice(&[(self.dialect.history_field(), messages)])
+        // Written in place, between the body's bytes before and after the history: one buffer
+        // for the whole new body (each 800 KB buffer more is a copy and fresh pages to fault in).
+        let history = json::span_in(self.body, self.top.get(self.dialect.history_field())?)?;
+        let before = json::utf8(self.body.get(..history.start)?).ok()?;
+        let after = json::utf8(self.body.get(history.end..)?).ok()?;
+        let mut out = String::with_capacity(self.body.len() + self.body.len() / 64);
+        out.push_str(before);
+        let mut array = json::ArrayWriter::continuing(out);
+        match self.dialect {
+            Dialect::ChatCompletions => chat::render_messages(self, &mut array),
+            Dialect::AnthropicMessages => anthropic::render_messages(self, &mut array),
+            Dialect::Responses => responses::render_items(self, &mut array),
+        }
+        let mut out = array.finish();
+        out.push_str(after);
+        Some(out.into_bytes())
     }
 
     /// The body with these top-level fields replaced (or appended when absent); every other byte
     /// stays as the client sent it.
     pub fn splice(&self, fields: &[(&str, String)]) -> Option<Vec<u8>> {
-        let mut edits: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+        // The values are borrowed: the history's is the whole rewritten conversation.
+        let mut edits: Vec<(std::ops::Range<usize>, &str)> = Vec::with_capacity(fields.len() + 1);
         let mut appended = String::new();
         for (key, value) in fields {
             match self.top.get(key) {
-                Some(raw) => edits.push((json::span_in(self.body, raw)?, value.clone())),
+                Some(raw) => edits.push((json::span_in(self.body, raw)?, value.as_str())),
                 None => {
                     appended.push(',');
                     json::push_json_string(&mut appended, key);
@@ -288,10 +299,11 @@ impl<'a> ParsedRequest<'a> {
         }
         if !appended.is_empty() {
             let close = self.body.iter().rposition(|b| *b == b'}')?;
-            edits.push((close..close, appended));
+            edits.push((close..close, appended.as_str()));
         }
         edits.sort_by_key(|(span, _)| span.start);
-        let mut out = Vec::with_capacity(self.body.len());
+        let grown: usize = edits.iter().map(|(_, text)| text.len()).sum();
+        let mut out = Vec::with_capacity(self.body.len() + grown);
         let mut at = 0;
         for (span, text) in edits {
             out.extend_from_slice(&self.body[at..span.start]);

@@ -227,7 +227,7 @@ fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
 
 /// The `input` array with edits and inserts applied; untouched items keep their bytes. A
 /// synthetic output goes right after its call.
-pub(super) fn render_items(parsed: &ParsedRequest) -> String {
+pub(super) fn render_items(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     // Each call's synthetic output, grouped by the item of the call once.
     let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
@@ -236,7 +236,6 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
             slot.push(insert);
         }
     }
-    let mut out = json::ArrayWriter::with_capacity(parsed.body.len());
     let mut renders = parsed.memo.renders();
     for (index, message) in parsed.messages.iter().enumerate() {
         let items = conversation.items_of(index);
@@ -262,7 +261,6 @@ pub(super) fn render_items(parsed: &ParsedRequest) -> String {
         }
     }
     renders.keep();
-    out.finish()
 }
 
 /// An item with its output text replaced: a client output's whole `output`, or the one string a
