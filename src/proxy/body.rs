@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
@@ -16,6 +15,7 @@ use super::finish::Finish;
 use super::usage::UsageTap;
 use crate::telemetry::metric;
 use crate::telemetry::request::Outcome;
+use crate::upstream::PooledBody;
 
 /// Errors a response body can end with; hyper then aborts the connection so the client sees a
 /// truncated message rather than a silently short one.
@@ -31,12 +31,12 @@ pin_project! {
     /// The upstream's body, observed on its way to the client.
     pub struct TapBody {
         #[pin]
-        inner: Incoming,
+        inner: PooledBody,
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
         last_frame: Instant,
-        finish: Finish,
+        finish: Box<Finish>,
         streaming: bool,
         usage: Option<UsageTap>,
         // Bytes compactor already read while holding the stream; sent first.
@@ -63,10 +63,10 @@ impl TapBody {
     /// The upstream's `inner` body, silent since `last_frame` (the idle timeout counts from
     /// there), sent after `prefix` (what compactor already read of it).
     pub fn new(
-        inner: Incoming,
+        inner: PooledBody,
         idle_timeout: Duration,
         last_frame: Instant,
-        mut finish: Finish,
+        mut finish: Box<Finish>,
         mut usage: Option<UsageTap>,
         prefix: Option<Bytes>,
     ) -> Self {
@@ -223,7 +223,7 @@ pin_project! {
     #[project = ResponseBodyProj]
     pub enum ResponseBody {
         /// A body compactor made itself (its errors, health, metrics), or an error body it read.
-        Full { bytes: Option<Bytes>, finish: Option<Finish> },
+        Full { bytes: Option<Bytes>, finish: Option<Box<Finish>> },
         /// The upstream's body, streamed through.
         Upstream { #[pin] body: TapBody },
     }
@@ -235,7 +235,7 @@ impl ResponseBody {
     }
 
     /// A complete body that ends a proxied request: counted as sent in full.
-    pub fn finished(bytes: Bytes, mut finish: Finish) -> Self {
+    pub fn finished(bytes: Bytes, mut finish: Box<Finish>) -> Self {
         finish.log.bytes_out = bytes.len() as u64;
         finish.log.outcome = Outcome::Complete;
         Self::Full { bytes: Some(bytes), finish: Some(finish) }

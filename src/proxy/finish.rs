@@ -34,8 +34,10 @@ pub struct Finish {
 }
 
 impl Finish {
-    pub fn new(log: RequestLog, span: Span) -> Self {
-        Self { log, usage: None, state: None, sent: false, span }
+    /// Boxed: the request's future and its response carry it, and a box moves as one pointer
+    /// where the whole (the log line's fields, the session's state) would be copied on each move.
+    pub fn new(log: RequestLog, span: Span) -> Box<Self> {
+        Box::new(Self { log, usage: None, state: None, sent: false, span })
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.

@@ -10,13 +10,12 @@ use bytes::{Bytes, BytesMut};
 use http::header;
 use http::response;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use crate::error::ProxyError;
 use crate::overflow::{Overflow, OverflowDetector};
 use crate::route::ApiFamily;
 use crate::sse;
-use crate::upstream::Upstreams;
+use crate::upstream::{PooledBody, Upstreams};
 
 /// Largest error body or held stream prefix compactor reads to look for an overflow.
 const MAX_INSPECT_BYTES: usize = 1 << 20;
@@ -25,7 +24,7 @@ const MAX_INSPECT_BYTES: usize = 1 << 20;
 pub(super) enum Inspected {
     /// Pass it on: the head, the body (possibly with a held prefix already read), and when the
     /// upstream last sent something (the idle timeout counts from there).
-    Pass { parts: response::Parts, body: Incoming, held: Option<Bytes>, last_frame: Instant },
+    Pass { parts: response::Parts, body: PooledBody, held: Option<Bytes>, last_frame: Instant },
     /// A complete error response, already read.
     Buffered { parts: response::Parts, body: Bytes },
     /// An overflow, already read (the body is kept to return unchanged if recovery fails).
@@ -34,7 +33,7 @@ pub(super) enum Inspected {
 
 impl Inspected {
     /// A response passed on without looking.
-    pub(super) fn pass(response: http::Response<Incoming>) -> Self {
+    pub(super) fn pass(response: http::Response<PooledBody>) -> Self {
         let (parts, body) = response.into_parts();
         Self::Pass { parts, body, held: None, last_frame: Instant::now() }
     }
@@ -52,7 +51,7 @@ pub(super) async fn inspect(
     upstreams: &Upstreams,
     detector: &OverflowDetector,
     family: ApiFamily,
-    response: http::Response<Incoming>,
+    response: http::Response<PooledBody>,
 ) -> Result<Inspected, ProxyError> {
     let (parts, body) = response.into_parts();
     if !parts.status.is_success() {
@@ -74,7 +73,7 @@ async fn read_error(
     detector: &OverflowDetector,
     family: ApiFamily,
     parts: response::Parts,
-    mut body: Incoming,
+    mut body: PooledBody,
 ) -> Result<Inspected, ProxyError> {
     let idle = upstreams.idle_timeout();
     let mut held = BytesMut::new();
@@ -110,7 +109,7 @@ async fn hold_stream(
     detector: &OverflowDetector,
     family: ApiFamily,
     parts: response::Parts,
-    mut body: Incoming,
+    mut body: PooledBody,
 ) -> Result<Inspected, ProxyError> {
     let deadline = tokio::time::Instant::now() + upstreams.first_byte_timeout();
     let mut held = BytesMut::new();

@@ -101,7 +101,7 @@ impl Proxy {
         &self,
         request: Request<Incoming>,
         route: Route,
-        mut finish: Finish,
+        mut finish: Box<Finish>,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
         // A token-count request is read and rewritten like the request it counts, never changing
@@ -168,7 +168,7 @@ impl Proxy {
 
     /// A request compactor never rewrites: its body streams to the upstream as it arrives, with no
     /// cap of compactor's own, and the response comes back as it is.
-    async fn pass_through(&self, head: RequestHead, body: Incoming, mut finish: Finish) -> Response<ResponseBody> {
+    async fn pass_through(&self, head: RequestHead, body: Incoming, mut finish: Box<Finish>) -> Response<ResponseBody> {
         let route = head.route;
         let timeout = self.config.limits.client_body_timeout;
         let body = ClientBody::new(body, timeout);
@@ -204,7 +204,7 @@ impl Proxy {
 
     /// The response for the client: the upstream's head with compactor's headers, and its body
     /// passed on (or the error body already read, as it came).
-    fn respond(&self, forwarded: Forwarded, answer: Answer, mut finish: Finish) -> Response<ResponseBody> {
+    fn respond(&self, forwarded: Forwarded, answer: Answer, mut finish: Box<Finish>) -> Response<ResponseBody> {
         let head_at = Instant::now();
         let (mut response_parts, incoming, held) = match forwarded.inspected {
             Inspected::Pass { parts, body, held, last_frame } => (parts, Some((body, last_frame)), held),
@@ -268,7 +268,7 @@ struct Answer {
 }
 
 /// compactor's own answer to a request it could not forward.
-fn fail(error: ProxyError, route: Route, mut finish: Finish) -> Response<ResponseBody> {
+fn fail(error: ProxyError, route: Route, mut finish: Box<Finish>) -> Response<ResponseBody> {
     let log = &mut finish.log;
     tracing::warn!(
         request_id = %log.request_id,

@@ -1,7 +1,12 @@
-//! The upstream side: one pooled HTTP client for the process and the building of upstream requests.
+//! The upstream side: a pool of HTTP/1.1 connections per upstream (hyper-util's client when
+//! HTTP/2 is on) and the building of upstream requests.
 
 pub mod headers;
+mod pool;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,19 +15,20 @@ use http::request::Parts;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Either, Full, Limited};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use tracing::Instrument;
-
-use crate::telemetry::trace;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tower_service::Service;
+use tracing::Instrument;
 
 use crate::config::{BaseUrl, Config, UpstreamConfig};
-use crate::error::ProxyError;
+use crate::error::{Cause, ProxyError};
 use crate::proxy::request_body::ClientBody;
 use crate::route::{ApiFamily, Route};
+use crate::telemetry::trace;
+pub use pool::PooledBody;
+use pool::{Pool, Sender};
 
 /// The request body compactor sends upstream: complete on rewritable routes (it may have been
 /// rewritten), the client's own body streamed as it arrives on every other route.
@@ -53,6 +59,9 @@ struct Upstream {
     /// The base URL's path without its trailing slash (`""`, or `/api`), put before the request's.
     prefix: String,
     host: HeaderValue,
+    /// `scheme://authority`: what the connector connects to.
+    origin: Uri,
+    pool: Arc<Pool>,
 }
 
 impl Upstream {
@@ -64,19 +73,30 @@ impl Upstream {
         };
         let host = HeaderValue::from_str(base.authority()).map_err(|e| invalid(format!("upstream {base}: {e}")))?;
         let prefix = uri.path().trim_end_matches('/').to_string();
-        Ok(Self { base: base.clone(), scheme, authority, prefix, host })
+        let origin = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| invalid(format!("upstream {base}: {e}")))?;
+        Ok(Self { base: base.clone(), scheme, authority, prefix, host, origin, pool: Pool::new() })
     }
 
-    /// The upstream URI of a request's path and query: the base URL's path joined with them.
-    fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
-        let path_and_query = match path_and_query {
-            Some(path_and_query) if self.prefix.is_empty() => path_and_query.clone(),
+    /// The base URL's path joined with a request's path and query.
+    fn path_and_query(&self, path_and_query: Option<&PathAndQuery>) -> Result<PathAndQuery, ProxyError> {
+        match path_and_query {
+            Some(path_and_query) if self.prefix.is_empty() => Ok(path_and_query.clone()),
             _ => {
                 let path_and_query = path_and_query.map_or("/", PathAndQuery::as_str);
-                PathAndQuery::try_from(format!("{}{path_and_query}", self.prefix))
-                    .map_err(ProxyError::BadUpstreamUrl)?
+                PathAndQuery::try_from(format!("{}{path_and_query}", self.prefix)).map_err(ProxyError::BadUpstreamUrl)
             }
-        };
+        }
+    }
+
+    /// The upstream URI of a request's path and query in absolute form (what hyper-util's client
+    /// takes): the base URL's path joined with them.
+    fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
+        let path_and_query = self.path_and_query(path_and_query)?;
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.scheme.clone());
         parts.authority = Some(self.authority.clone());
@@ -91,9 +111,21 @@ impl Upstream {
     }
 }
 
-/// The process-wide pooled client with both upstreams.
+/// A request on its way: the response head to come, or why it did not.
+type Dispatched<'a> = Pin<Box<dyn Future<Output = Result<Response<PooledBody>, Cause>> + Send + 'a>>;
+
+/// How requests reach the upstreams.
+enum Transport {
+    /// HTTP/1.1 on connections of our own, one [`Pool`] per upstream (in [`Upstream`]).
+    Pooled(HttpsConnector<HttpConnector>),
+    /// hyper-util's pooled client, kept for `upstream.http2`: ALPN negotiation and multiplexing
+    /// on one connection are what it is for.
+    Legacy(Box<Client<HttpsConnector<HttpConnector>, UpstreamBody>>),
+}
+
+/// Both upstreams and the connections to them, for the process.
 pub struct Upstreams {
-    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    transport: Transport,
     openai: Upstream,
     anthropic: Upstream,
     first_byte_timeout: Duration,
@@ -110,14 +142,17 @@ impl Upstreams {
         let roots = hyper_rustls::HttpsConnectorBuilder::new();
         let roots = if upstream.native_roots { roots.with_native_roots()? } else { roots.with_webpki_roots() };
         let builder = roots.https_or_http().enable_http1();
-        let connector =
-            if upstream.http2 { builder.enable_http2().wrap_connector(http) } else { builder.wrap_connector(http) };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        let transport = if upstream.http2 {
+            let client = Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build(builder.enable_http2().wrap_connector(http));
+            Transport::Legacy(Box::new(client))
+        } else {
+            Transport::Pooled(builder.wrap_connector(http))
+        };
         Ok(Self {
-            client,
+            transport,
             openai: Upstream::new(&upstream.openai)?,
             anthropic: Upstream::new(&upstream.anthropic)?,
             first_byte_timeout: upstream.first_byte_timeout,
@@ -149,7 +184,11 @@ impl Upstreams {
 
     fn build(&self, head: &RequestHead, body: UpstreamBody) -> Result<Request<UpstreamBody>, ProxyError> {
         let upstream = self.upstream(head.route.family);
-        let uri = upstream.uri(head.uri.path_and_query())?;
+        // hyper's own HTTP/1.1 connection writes the URI as it is: origin form (`/path?query`).
+        let uri = match self.transport {
+            Transport::Pooled(_) => Uri::from(upstream.path_and_query(head.uri.path_and_query())?),
+            Transport::Legacy(_) => upstream.uri(head.uri.path_and_query())?,
+        };
         let mut headers = head.headers.clone();
         headers::strip_hop_by_hop(&mut headers);
         // The body may be rewritten; hyper sets the length of what is actually sent (a streamed
@@ -183,14 +222,15 @@ impl Upstreams {
         &self,
         family: ApiFamily,
         mut request: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<PooledBody>, ProxyError> {
         let upstream = || self.base(family).to_string();
         let span = trace::upstream_span(family, self.base(family).authority());
         trace::inject(&span, request.headers_mut());
-        let sent = tokio::time::timeout(self.first_byte_timeout, self.client.request(request)).instrument(span.clone());
+        let sent =
+            tokio::time::timeout(self.first_byte_timeout, self.dispatch(family, request)).instrument(span.clone());
         let result = match sent.await {
             Err(_) => Err(ProxyError::UpstreamTimeout { upstream: upstream(), timeout: self.first_byte_timeout }),
-            Ok(Err(error)) => Err(ProxyError::UpstreamUnreachable { upstream: upstream(), source: Box::new(error) }),
+            Ok(Err(source)) => Err(ProxyError::UpstreamUnreachable { upstream: upstream(), source }),
             Ok(Ok(response)) => Ok(response),
         };
         if !span.is_disabled() {
@@ -200,6 +240,24 @@ impl Upstreams {
             };
         }
         result
+    }
+
+    /// Sends a request on the transport; the future waits for the response head. Boxed, as
+    /// hyper-util's client boxes its own, and made at once (holding the request): the future of
+    /// every request holds this one inline, and every move of it would copy a larger one.
+    fn dispatch(&self, family: ApiFamily, request: Request<UpstreamBody>) -> Dispatched<'_> {
+        match &self.transport {
+            Transport::Pooled(connector) => Box::pin(send_pooled(connector, self.upstream(family), request)),
+            Transport::Legacy(client) => {
+                let response = client.request(request);
+                Box::pin(async move {
+                    match response.await {
+                        Ok(response) => Ok(response.map(PooledBody::unpooled)),
+                        Err(error) => Err(Box::new(error).into()),
+                    }
+                })
+            }
+        }
     }
 
     /// A complete call with the client's head and another body, asking for an uncompressed JSON
@@ -215,12 +273,52 @@ impl Upstreams {
     }
 
     /// An upstream body read whole, up to `limit` bytes; a break on the way is the upstream's.
-    pub async fn read_body(&self, family: ApiFamily, body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+    pub async fn read_body(&self, family: ApiFamily, body: PooledBody, limit: usize) -> Result<Bytes, ProxyError> {
         match Limited::new(body, limit).collect().await {
             Ok(collected) => Ok(collected.to_bytes()),
             Err(source) => Err(ProxyError::UpstreamUnreachable { upstream: self.base(family).to_string(), source }),
         }
     }
+}
+
+/// Sends on the most recently used idle connection, or a new one. A request that did not go
+/// out because its pooled connection had closed meanwhile (the upstream dropped a keep-alive
+/// connection) goes again on the next, as hyper-util's client retries canceled requests; a
+/// request that was written, even in part, never goes twice.
+async fn send_pooled(
+    connector: &HttpsConnector<HttpConnector>,
+    upstream: &Upstream,
+    mut request: Request<UpstreamBody>,
+) -> Result<Response<PooledBody>, Cause> {
+    while let Some(mut sender) = upstream.pool.checkout() {
+        match sender.try_send_request(request).await {
+            Ok(response) => return Ok(response.map(|body| PooledBody::leased(body, upstream.pool.clone(), sender))),
+            Err(mut error) => match error.take_message() {
+                Some(unsent) => request = unsent,
+                None => return Err(Box::new(error.into_error())),
+            },
+        }
+    }
+    // Boxed: connecting (TCP, TLS, handshake) is a large future, needed only now and then.
+    let mut sender = Box::pin(connect(connector, upstream)).await?;
+    match sender.try_send_request(request).await {
+        Ok(response) => Ok(response.map(|body| PooledBody::leased(body, upstream.pool.clone(), sender))),
+        Err(error) => Err(Box::new(error.into_error())),
+    }
+}
+
+/// A new HTTP/1.1 connection to an upstream (TCP, with TLS for `https://`), its connection task
+/// spawned.
+async fn connect(connector: &HttpsConnector<HttpConnector>, upstream: &Upstream) -> Result<Sender, Cause> {
+    // The connector is always ready (HttpConnector's `poll_ready` is), as hyper-util's client assumes.
+    let io = connector.clone().call(upstream.origin.clone()).await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "upstream connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 #[cfg(test)]
@@ -246,5 +344,62 @@ mod tests {
         let upstream = Upstream::new(&BaseUrl::parse("http://h:1/p").unwrap()).unwrap();
         assert_eq!(upstream.uri(None).unwrap().to_string(), "http://h:1/p/");
         assert_eq!(upstream.host, "h:1");
+    }
+
+    /// An upstream on loopback that answers every request on a connection with `200 ok`.
+    async fn answering_upstream() -> BaseUrl {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|_| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                );
+            }
+        });
+        BaseUrl::parse(&url).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_a_stale_pooled_connection_never_wrote_goes_on_a_fresh_one() {
+        let upstream = Upstream::new(&answering_upstream().await).unwrap();
+        let connector =
+            hyper_rustls::HttpsConnectorBuilder::new().with_webpki_roots().https_or_http().enable_http1().build();
+
+        // A pooled connection that looks ready, but whose upstream closed it while its task was
+        // not looking: the request goes into it, and comes back unsent when the task sees the close.
+        let (pipe, upstream_end) = tokio::io::duplex(1024);
+        let (mut stale, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(pipe)).await.unwrap();
+        let (look, looked) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            // One poll, so the connection says it wants a request; then it waits to be let go on.
+            std::future::poll_fn(|cx| {
+                let _ = std::future::Future::poll(connection.as_mut(), cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+            let _ = looked.await;
+            let _ = connection.await;
+        });
+        stale.ready().await.unwrap();
+        drop(upstream_end);
+        upstream.pool.put(stale);
+        look.send(()).unwrap();
+
+        let request = Request::builder()
+            .uri("/")
+            .header(header::HOST, upstream.host.clone())
+            .body(Either::Left(Full::new(Bytes::from_static(b"{}"))))
+            .unwrap();
+        let response = send_pooled(&connector, &upstream, request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ok");
     }
 }

@@ -8,6 +8,7 @@ mod common;
 mod adaptive;
 mod agent_compaction;
 mod compaction;
+mod connections;
 mod conversations;
 mod count_tokens;
 mod deploy;
