@@ -13,6 +13,20 @@ use compactor::server::{self, AppState};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for the process, before anything large is allocated. The
+/// allocator gives freed memory back to the system and faults it in again on the next large
+/// request; with huge pages each of those faults zeroes 2 MiB, and an 800 KB turn took two or three
+/// of them. Measured with `scripts/callgrind-turns BINARY claude-code warm|cold N native`, THP
+/// off against on: CPU per warm turn 1.85 ms against 2.3 ms, cold 4.0 against 5.4 ms, and a turn
+/// tokenized whole 88 against 103 ms. The error is logged once logging is up.
+fn no_huge_pages() -> Option<std::io::Error> {
+    #[cfg(target_os = "linux")]
+    if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
+        return Some(error.into());
+    }
+    None
+}
+
 #[derive(Parser)]
 #[command(version, about = "A context-managing reverse proxy for LLM agents")]
 struct Cli {
@@ -33,6 +47,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let huge_pages = no_huge_pages();
     let cli = Cli::parse();
     let (config, warnings) = match Config::load(cli.config.as_deref()) {
         Ok(loaded) => loaded,
@@ -66,7 +81,7 @@ fn main() -> ExitCode {
             }
         }),
         None => {
-            let result = runtime.block_on(run(config, warnings));
+            let result = runtime.block_on(run(config, warnings, huge_pages));
             // `run` returns by the drain deadline; work still running then (a request's rewrite
             // on a blocking thread, a stuck task) is abandoned, not waited for, as dropping the
             // runtime would.
@@ -82,12 +97,15 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config, config_warnings: Vec<String>) -> anyhow::Result<()> {
+async fn run(config: Config, config_warnings: Vec<String>, huge_pages: Option<std::io::Error>) -> anyhow::Result<()> {
     // Only ring is compiled in, but rustls wants the choice made explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let traces = compactor::telemetry::init_logging(&config.log, &config.trace);
     for warning in &config_warnings {
         tracing::warn!("{warning}");
+    }
+    if let Some(error) = huge_pages {
+        tracing::warn!(%error, "cannot turn transparent huge pages off for this process");
     }
     // Secrets print as "[redacted]": the whole configuration is safe to log.
     tracing::debug!(config = ?config, "effective configuration");

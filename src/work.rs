@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -38,7 +38,7 @@ pub struct Budget {
     limit: Duration,
     spent_nanos: AtomicU64,
     /// Run steps off the async workers.
-    offload: bool,
+    offload: AtomicBool,
     cancel: CancellationToken,
 }
 
@@ -48,7 +48,7 @@ impl Budget {
         Arc::new(Self {
             limit,
             spent_nanos: AtomicU64::new(0),
-            offload: body_bytes >= OFFLOAD_BYTES,
+            offload: AtomicBool::new(body_bytes >= OFFLOAD_BYTES),
             cancel: CancellationToken::new(),
         })
     }
@@ -62,6 +62,15 @@ impl Budget {
     /// (hyper drops the request's future) stops work running on other threads too.
     pub fn stop_on_drop(&self) -> DropGuard {
         self.cancel.clone().drop_guard()
+    }
+
+    /// Sizes the rest of the work by what is left to do: a large body whose parse re-made all but
+    /// `new_bytes` of it from the previous turn (the agent's next turn) has little left, and each
+    /// step handed to another thread costs context switches worth a tenth of such a turn.
+    pub fn left_to_do(&self, new_bytes: usize) {
+        if new_bytes < OFFLOAD_BYTES {
+            self.offload.store(false, Ordering::Relaxed);
+        }
     }
 
     pub fn spent(&self) -> Duration {
@@ -98,7 +107,8 @@ pub async fn step<T>(work: impl FnOnce() -> T) -> Result<T, Stopped> {
     let Some(budget) = current() else { return Ok(work()) };
     budget.check(None)?;
     let started = Instant::now();
-    let value = if budget.offload && on_worker_pool() { tokio::task::block_in_place(work) } else { work() };
+    let offload = budget.offload.load(Ordering::Relaxed) && on_worker_pool();
+    let value = if offload { tokio::task::block_in_place(work) } else { work() };
     budget.charge(started.elapsed());
     tokio::task::yield_now().await;
     Ok(value)
@@ -146,6 +156,42 @@ mod tests {
         drop(budget.stop_on_drop());
         assert_eq!(budget.scope(step(|| 1)).await, Err(Stopped::Cancelled));
         assert_eq!(budget.check(None), Err(Stopped::Cancelled));
+    }
+
+    /// Whether a task spawned while a 50 ms step of a request of `body_bytes` runs gets to run
+    /// before the step ends, on a runtime with one async worker (the request a task on it).
+    async fn others_run_during_a_step(body_bytes: usize, left: Option<usize>) -> bool {
+        tokio::spawn(request_with_another_task(body_bytes, left)).await.unwrap()
+    }
+
+    async fn request_with_another_task(body_bytes: usize, left: Option<usize>) -> bool {
+        let budget = Budget::new(Duration::from_secs(60), body_bytes);
+        if let Some(new_bytes) = left {
+            budget.left_to_do(new_bytes);
+        }
+        let ran = Arc::new(std::sync::Mutex::new(None));
+        let other = tokio::spawn({
+            let ran = ran.clone();
+            async move { *ran.lock().unwrap() = Some(Instant::now()) }
+        });
+        let ended = budget
+            .scope(step(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                Instant::now()
+            }))
+            .await
+            .unwrap();
+        other.await.unwrap();
+        let ran = ran.lock().unwrap().unwrap();
+        ran < ended
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_large_request_with_little_left_to_do_steps_on_its_worker() {
+        assert!(others_run_during_a_step(OFFLOAD_BYTES, None).await, "a large request's step goes off the worker");
+        assert!(others_run_during_a_step(OFFLOAD_BYTES, Some(OFFLOAD_BYTES)).await, "much left: still off");
+        assert!(!others_run_during_a_step(OFFLOAD_BYTES, Some(4096)).await, "a warm turn's steps stay on it");
+        assert!(!others_run_during_a_step(1024, None).await, "a small request's steps stay on it");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

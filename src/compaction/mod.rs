@@ -171,6 +171,9 @@ impl Compactor {
             }
             Err(stopped) => return over_budget(route, stopped, body),
         };
+        if let Some(budget) = work::current() {
+            budget.left_to_do(body.len() - parsed.memo.reused_bytes().min(body.len()));
+        }
         trace::describe_request(parsed.model.as_deref());
         let session = self.identifier.identify(&head.headers, Some(&parsed));
         if is_stateful(&parsed) {

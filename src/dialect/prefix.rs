@@ -226,6 +226,11 @@ impl std::fmt::Debug for Memo {
 }
 
 impl Memo {
+    /// The leading bytes of the body re-made from an earlier turn's parse (0 for a full parse).
+    pub fn reused_bytes(&self) -> usize {
+        self.earlier.as_ref().map_or(0, |reused| reused.common)
+    }
+
     /// The counts, slot by slot, of the leading items re-made from an earlier turn counted in
     /// `encoding` (empty when there are none).
     pub fn known(&self, encoding: Encoding) -> &[u32] {

@@ -90,6 +90,19 @@ async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_t
     proxy.wait_for_log("tokenizer tables loaded").await;
 }
 
+/// Transparent huge pages are off for the process (each fault of freed-then-reused memory would
+/// zero 2 MiB: a fifth of a large turn's CPU), whatever the host's setting.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_process_runs_without_transparent_huge_pages() {
+    let fake = FakeUpstream::start().await;
+    let proxy = ProxyProcess::start_listening(&format!("[upstream]\nopenai = \"{}\"\n", fake.url()), &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.pid())).unwrap();
+    let thp = status.lines().find_map(|line| line.strip_prefix("THP_enabled:")).map(str::trim);
+    assert_eq!(thp, Some("0"), "the kernel reports THP_enabled for every process (Linux 5.0+)");
+    assert!(!proxy.logs().iter().any(|line| line.contains("transparent huge pages")), "no warning");
+}
+
 #[tokio::test]
 async fn health_readiness_and_metrics_are_answered_locally() {
     let (fake, proxy) = ProxyProcess::with_fake("").await;
