@@ -359,6 +359,18 @@ mod tests {
     }
 
     #[test]
+    fn only_a_body_that_is_one_json_object_reports_its_usage() {
+        let prompt = |body: &str| feed(Framing::Json, &[body]).map(|usage| usage.prompt_tokens);
+        assert_eq!(prompt(r#" {"usage":{"prompt_tokens":5}} "#), Some(5));
+        assert_eq!(prompt(r#"{"usag\u0065":{"prompt_tokens":5}}"#), Some(5), "a key spelled with an escape");
+        assert_eq!(prompt(r#"{"message":{"id":"m","usage":{"input_tokens":5}}}"#), Some(5));
+        assert_eq!(prompt(r#"{"usage":{"prompt_tokens":5}} {}"#), None, "two values");
+        assert_eq!(prompt(r#"[{"usage":{"prompt_tokens":5}}]"#), None, "an array");
+        assert_eq!(prompt(r#"{"usage":{"prompt_tokens":5},"usage":{"prompt_tokens":6}}"#), None, "a key twice");
+        assert_eq!(prompt(r#"{"usage":{"prompt_tokens":5},"text":"a\qb"}"#), None, "a bad escape");
+    }
+
+    #[test]
     fn a_stream_without_usage_reports_none() {
         assert_eq!(feed(Framing::EventStream, &["data: {\"choices\":[]}\n\n"]), None);
     }
