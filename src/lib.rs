@@ -9,6 +9,7 @@ pub mod conversation;
 pub mod dialect;
 pub mod error;
 pub mod healthcheck;
+pub mod hex;
 pub mod json;
 pub mod overflow;
 pub mod proxy;

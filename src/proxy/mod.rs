@@ -308,13 +308,11 @@ impl RequestIds {
 
     /// 16 hex digits: the prefix, then the counter's low 32 bits.
     fn next(&self) -> String {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         if n > u64::from(u32::MAX) {
             return format!("{:08x}{n:08x}", self.prefix);
         }
-        let id = (u64::from(self.prefix) << 32) | n;
-        (0..16).rev().map(|digit| char::from(HEX[((id >> (digit * 4)) & 0xf) as usize])).collect()
+        crate::hex::u64((u64::from(self.prefix) << 32) | n)
     }
 }
 

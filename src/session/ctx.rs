@@ -40,10 +40,17 @@ pub struct ModelKey {
 
 impl ModelKey {
     pub fn new(upstream: &str, model: &str) -> Self {
-        let digest = xxhash_rust::xxh3::xxh3_64(format!("{upstream}\0{model}").as_bytes());
+        // The hash of `upstream\0model`, streamed: equal to the one-shot hash of the joined text.
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(upstream.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(model.as_bytes());
         // Never 0, which means "nothing learned yet".
-        let tag = digest.max(1);
-        Self { tag, store_key: format!("model.{tag:016x}") }
+        let tag = hasher.digest().max(1);
+        let mut store_key = String::with_capacity(22);
+        store_key.push_str("model.");
+        store_key.push_str(&crate::hex::u64(tag));
+        Self { tag, store_key }
     }
 }
 
@@ -381,6 +388,15 @@ impl SessionCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_models_key_is_the_hash_of_its_upstream_and_name_as_stored_before() {
+        for (upstream, model) in [("openai", "gpt-4o"), ("anthropic", "claude-sonnet-4-5"), ("openai", "")] {
+            let key = ModelKey::new(upstream, model);
+            let tag = xxhash_rust::xxh3::xxh3_64(format!("{upstream}\0{model}").as_bytes()).max(1);
+            assert_eq!((key.tag, key.store_key.as_str()), (tag, format!("model.{tag:016x}").as_str()));
+        }
+    }
     use crate::config::{Config, StoreKind};
     use crate::session::SessionSource;
 

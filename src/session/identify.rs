@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, HeaderName};
-use xxhash_rust::xxh3::{Xxh3, xxh3_128, xxh3_128_with_seed};
+use xxhash_rust::xxh3::{Xxh3, xxh3_128_with_seed};
 
 use crate::dialect::prefix::PrefixKey;
 use crate::dialect::{Dialect, ParsedRequest};
@@ -191,7 +191,12 @@ impl Identifier {
 /// The session part of a key: a hash of where the id came from and the id, the same in every
 /// tenant. The admin API finds an agent's sessions from it, so no store keeps the raw id.
 pub fn session_hash(source: SessionSource, id: &str) -> String {
-    format!("{:032x}", xxh3_128(format!("{}\0{id}", source.as_str()).as_bytes()))
+    // The hash of `source\0id`, streamed: equal to the one-shot hash of the joined text.
+    let mut hasher = Xxh3::new();
+    hasher.update(source.as_str().as_bytes());
+    hasher.update(b"\0");
+    hasher.update(id.as_bytes());
+    crate::hex::u128(hasher.digest128())
 }
 
 /// The session hashes an id an agent shows (Claude Code's or Codex's session id) may have: as a
@@ -236,7 +241,7 @@ pub fn session_from_user_id(user_id: &str) -> Option<String> {
 
 /// A fingerprint of the conversation's opening, the session id of requests that carry none.
 pub fn fingerprint(parsed: &ParsedRequest) -> String {
-    format!("{:032x}", opening(parsed).digest128())
+    crate::hex::u128(opening(parsed).digest128())
 }
 
 /// The line Claude Code adds to its system prompt, different on every request.
@@ -283,7 +288,7 @@ pub struct ConversationId(String);
 
 impl ConversationId {
     pub fn of(parsed: &ParsedRequest) -> Self {
-        Self(format!("{:016x}", opening(parsed).digest()))
+        Self(crate::hex::u64(opening(parsed).digest()))
     }
 
     /// An id as the admin API or the store gives it back; `None` when it is not one.
@@ -307,6 +312,7 @@ mod tests {
     use super::*;
     use crate::dialect::{Dialect, ParsedRequest};
     use http::HeaderValue;
+    use xxhash_rust::xxh3::xxh3_128;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
