@@ -2,7 +2,8 @@
 //! write them (the store's keys are made of them and must not move), without the formatting
 //! machinery: several are made for every request.
 
-const DIGITS: &[u8; 16] = b"0123456789abcdef";
+/// The hex digits, by value (JSON's `\u00XX` escapes write them too).
+pub(crate) const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// `value` as 16 hex digits.
 pub fn u64(value: u64) -> String {

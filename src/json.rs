@@ -111,7 +111,6 @@ pub fn as_array(raw: &str) -> Option<Vec<&str>> {
 /// serde_json's escaping, written straight into `out` (the rewritten tool outputs run to tens of
 /// kilobytes; serde_json would build each in a string of its own first).
 pub fn push_json_string(out: &mut String, text: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(text.len() + 2);
     out.push('"');
     let bytes = text.as_bytes();
@@ -132,8 +131,8 @@ pub fn push_json_string(out: &mut String, text: &str) {
         out.push_str(&text[run..at]);
         if escape.is_empty() {
             out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+            out.push(char::from(crate::hex::DIGITS[usize::from(byte >> 4)]));
+            out.push(char::from(crate::hex::DIGITS[usize::from(byte & 0xf)]));
         } else {
             out.push_str(escape);
         }

@@ -47,10 +47,7 @@ impl ModelKey {
         hasher.update(model.as_bytes());
         // Never 0, which means "nothing learned yet".
         let tag = hasher.digest().max(1);
-        let mut store_key = String::with_capacity(22);
-        store_key.push_str("model.");
-        store_key.push_str(&crate::hex::u64(tag));
-        Self { tag, store_key }
+        Self { tag, store_key: "model.".to_owned() + &crate::hex::u64(tag) }
     }
 }
 
@@ -388,6 +385,8 @@ impl SessionCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Config, StoreKind};
+    use crate::session::SessionSource;
 
     #[test]
     fn a_models_key_is_the_hash_of_its_upstream_and_name_as_stored_before() {
@@ -397,8 +396,6 @@ mod tests {
             assert_eq!((key.tag, key.store_key.as_str()), (tag, format!("model.{tag:016x}").as_str()));
         }
     }
-    use crate::config::{Config, StoreKind};
-    use crate::session::SessionSource;
 
     fn key(name: &str) -> SessionKey {
         SessionKey { key: format!("tenant.{name}"), source: SessionSource::Header }
