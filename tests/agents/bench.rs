@@ -92,6 +92,7 @@ async fn bench_agents() {
                 window,
                 config: String::new(),
                 limit: Duration::from_secs(1_200),
+                own_compaction: true,
             };
             let direct = play(cli, &exe, &scenario, false).await;
             eprintln!("{}", direct.describe().lines().take(2).collect::<Vec<_>>().join("\n"));

@@ -102,8 +102,9 @@ impl Outcome {
 }
 
 /// Runs `cli` once with [`PROMPT`] against `base` (scheme, host and port: the provider or
-/// compactor), in a fresh temporary home and working directory.
-pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration) -> Outcome {
+/// compactor), in a fresh temporary home and working directory. `own_compaction`: leave the
+/// agent's own context management on, as its users run it (else off where it can be turned off).
+pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bool) -> Outcome {
     let dir = tempfile::tempdir().expect("temp dir");
     let home = dir.path().join("home");
     let work = dir.path().join("work");
@@ -124,9 +125,10 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration) -> Outcome {
                 .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
                 .env("DISABLE_TELEMETRY", "1")
                 .env("DISABLE_ERROR_REPORTING", "1")
-                .env("DISABLE_AUTOUPDATER", "1")
-                .env("DISABLE_COMPACT", "1")
-                .env("DISABLE_AUTO_COMPACT", "1");
+                .env("DISABLE_AUTOUPDATER", "1");
+            if !own_compaction {
+                command.env("DISABLE_COMPACT", "1").env("DISABLE_AUTO_COMPACT", "1");
+            }
         }
         Cli::Codex => {
             let codex_home = home.join(".codex");
@@ -155,7 +157,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration) -> Outcome {
                 "provider": {"sim": {"npm": "@ai-sdk/openai-compatible", "name": "sim",
                     "options": {"baseURL": format!("{base}/v1"), "apiKey": "sk-test"},
                     "models": {"sim-model": {"name": "sim-model", "limit": {"context": 1_000_000, "output": 4096}}}}},
-                "autoupdate": false, "share": "disabled", "compaction": {"auto": false, "prune": false}
+                "autoupdate": false, "share": "disabled", "compaction": {"auto": own_compaction, "prune": own_compaction}
             });
             std::fs::write(work.join("opencode.json"), config.to_string()).unwrap();
             command
@@ -163,9 +165,10 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration) -> Outcome {
                 .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
                 .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
                 .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
-                .env("OPENCODE_DISABLE_SHARE", "1")
-                .env("OPENCODE_DISABLE_AUTOCOMPACT", "1")
-                .env("OPENCODE_DISABLE_PRUNE", "1");
+                .env("OPENCODE_DISABLE_SHARE", "1");
+            if !own_compaction {
+                command.env("OPENCODE_DISABLE_AUTOCOMPACT", "1").env("OPENCODE_DISABLE_PRUNE", "1");
+            }
         }
         Cli::QwenCode => {
             command

@@ -20,6 +20,8 @@ pub struct Scenario {
     pub config: String,
     /// How long the agent may take.
     pub limit: Duration,
+    /// Leave the agent's own context management on (its users' defaults).
+    pub own_compaction: bool,
 }
 
 /// What a played scenario gave.
@@ -118,8 +120,9 @@ pub async fn play(cli: Cli, exe: &Path, scenario: &Scenario, through_compactor: 
         None => provider.url(),
     };
     let exe = exe.to_path_buf();
-    let limit = scenario.limit;
-    let outcome = tokio::task::spawn_blocking(move || clis::run(cli, &exe, &base, limit)).await.expect("agent run");
+    let (limit, own) = (scenario.limit, scenario.own_compaction);
+    let outcome =
+        tokio::task::spawn_blocking(move || clis::run(cli, &exe, &base, limit, own)).await.expect("agent run");
     let logs = proxy.as_ref().map(|p| p.logs()).unwrap_or_default();
     // For looking into a run: every request body the provider received, one file each.
     if let Ok(dir) = std::env::var("COMPACTOR_AGENTS_DUMP") {

@@ -18,6 +18,7 @@ fn scenario() -> Scenario {
         window: 1_000_000,
         config: String::new(),
         limit: Duration::from_secs(240),
+        own_compaction: false,
     }
 }
 

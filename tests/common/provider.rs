@@ -789,12 +789,13 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
     record.blocks = prompt.blocks;
     let include_usage = value["stream_options"]["include_usage"] == true;
     push(record);
+    let serial = state.records.lock().unwrap().len();
     if summary && !spec.summary_delay.is_zero() {
         tokio::time::sleep(spec.summary_delay).await;
     }
     match reply {
-        Move::Text(text) => answer(dialect, stream, include_usage, &model, &text, &usage),
-        Move::Call(call) => answer_call(dialect, stream, include_usage, &model, &call, &usage),
+        Move::Text(text) => answer(dialect, stream, include_usage, &model, &text, &usage, serial),
+        Move::Call(call) => answer_call(dialect, stream, include_usage, &model, &call, &usage, serial),
     }
 }
 
@@ -835,11 +836,23 @@ fn event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
-fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text: &str, usage: &Usage) -> Reply {
+fn answer(
+    dialect: Dialect,
+    stream: bool,
+    include_usage: bool,
+    model: &str,
+    text: &str,
+    usage: &Usage,
+    serial: usize,
+) -> Reply {
+    // A fresh id per answer, as providers give: Claude Code merges assistant blocks that share a
+    // message id into one message.
+    let (msg_id, resp_id, chat_id) =
+        (format!("msg_sim{serial:06}"), format!("resp_sim{serial:06}"), format!("chatcmpl-sim{serial:06}"));
     match (dialect, stream) {
         (Dialect::Chat, false) => json_reply(
             200,
-            &json!({"id": "chatcmpl-sim", "object": "chat.completion", "created": 1_700_000_000,
+            &json!({"id": chat_id, "object": "chat.completion", "created": 1_700_000_000,
             "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": usage.chat()}),
         ),
@@ -847,7 +860,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             let chunk = |delta: Value, finish: Value| {
                 format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
                 "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
                 )
             };
@@ -857,7 +870,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             if include_usage {
                 events.push(format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
                     "created": 1_700_000_000, "model": model, "choices": [], "usage": usage.chat()})
                 ));
             }
@@ -866,7 +879,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
         }
         (Dialect::Messages, false) => json_reply(
             200,
-            &json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
+            &json!({"id": msg_id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
             "usage": usage.anthropic(usage.output)}),
         ),
@@ -874,7 +887,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             let mut events = vec![
                 event(
                     "message_start",
-                    &json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant",
+                    &json!({"type": "message_start", "message": {"id": msg_id, "type": "message", "role": "assistant",
                     "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage.anthropic(1)}}),
                 ),
                 event(
@@ -899,14 +912,14 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             sse_reply(&events)
         }
         (Dialect::Responses, stream) => {
-            let message = json!({"type": "message", "id": "msg_sim", "status": "completed", "role": "assistant",
+            let message = json!({"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]});
-            let completed = json!({"id": "resp_sim", "object": "response", "created_at": 1_700_000_000, "status": "completed",
+            let completed = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "completed",
                 "model": model, "output": [message], "usage": usage.responses()});
             if !stream {
                 return json_reply(200, &completed);
             }
-            let started = json!({"id": "resp_sim", "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
+            let started = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
                 "model": model, "output": []});
             let mut sequence = 0;
             let mut next = |name: &str, mut data: Value| {
@@ -920,24 +933,24 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
                 next("response.in_progress", json!({"response": started})),
                 next(
                     "response.output_item.added",
-                    json!({"output_index": 0, "item": {"type": "message", "id": "msg_sim",
+                    json!({"output_index": 0, "item": {"type": "message", "id": msg_id,
                     "status": "in_progress", "role": "assistant", "content": []}}),
                 ),
                 next(
                     "response.content_part.added",
-                    json!({"item_id": "msg_sim", "output_index": 0, "content_index": 0,
+                    json!({"item_id": msg_id, "output_index": 0, "content_index": 0,
                     "part": {"type": "output_text", "text": "", "annotations": []}}),
                 ),
             ];
             for delta in deltas(text) {
                 events.push(next(
                     "response.output_text.delta",
-                    json!({"item_id": "msg_sim", "output_index": 0, "content_index": 0, "delta": delta}),
+                    json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": delta}),
                 ));
             }
             events.push(next(
                 "response.output_text.done",
-                json!({"item_id": "msg_sim", "output_index": 0, "content_index": 0, "text": text}),
+                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "text": text}),
             ));
             events.push(next("response.output_item.done", json!({"output_index": 0, "item": message})));
             events.push(next("response.completed", json!({"response": completed})));
@@ -1163,12 +1176,17 @@ fn answer_call(
     model: &str,
     call: &script::Call,
     usage: &Usage,
+    serial: usize,
 ) -> Reply {
+    // A fresh id per answer, as providers give: Claude Code merges assistant blocks that share a
+    // message id into one message.
+    let (msg_id, resp_id, chat_id) =
+        (format!("msg_sim{serial:06}"), format!("resp_sim{serial:06}"), format!("chatcmpl-sim{serial:06}"));
     let arguments = call.arguments.to_string();
     match (dialect, stream) {
         (Dialect::Chat, false) => json_reply(
             200,
-            &json!({"id": "chatcmpl-sim", "object": "chat.completion", "created": 1_700_000_000, "model": model,
+            &json!({"id": chat_id, "object": "chat.completion", "created": 1_700_000_000, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [{"id": call.id,
             "type": "function", "function": {"name": call.name, "arguments": arguments}}]}, "finish_reason": "tool_calls"}],
             "usage": usage.chat()}),
@@ -1177,7 +1195,7 @@ fn answer_call(
             let chunk = |delta: Value, finish: Value| {
                 format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
                 "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
                 )
             };
@@ -1195,7 +1213,7 @@ fn answer_call(
             if include_usage {
                 events.push(format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
                     "created": 1_700_000_000, "model": model, "choices": [], "usage": usage.chat()})
                 ));
             }
@@ -1204,7 +1222,7 @@ fn answer_call(
         }
         (Dialect::Messages, false) => json_reply(
             200,
-            &json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
+            &json!({"id": msg_id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}],
             "stop_reason": "tool_use", "stop_sequence": null, "usage": usage.anthropic(usage.output)}),
         ),
@@ -1212,7 +1230,7 @@ fn answer_call(
             let mut events = vec![
                 event(
                     "message_start",
-                    &json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant",
+                    &json!({"type": "message_start", "message": {"id": msg_id, "type": "message", "role": "assistant",
                     "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage.anthropic(1)}}),
                 ),
                 event(
@@ -1242,12 +1260,12 @@ fn answer_call(
                 json!({"type": "function_call", "id": item_id, "status": status, "call_id": call.id,
                 "name": call.name, "arguments": arguments})
             };
-            let completed = json!({"id": "resp_sim", "object": "response", "created_at": 1_700_000_000, "status": "completed",
+            let completed = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "completed",
                 "model": model, "output": [item("completed", &arguments)], "usage": usage.responses()});
             if !stream {
                 return json_reply(200, &completed);
             }
-            let started = json!({"id": "resp_sim", "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
+            let started = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
                 "model": model, "output": []});
             let mut sequence = 0;
             let mut next = |name: &str, mut data: Value| {
