@@ -210,7 +210,9 @@ impl LogFilter {
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceConfig {
     pub enabled: bool,
-    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`).
+    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`). It prints in `--check-config` and
+    /// logs, so one with credentials (`user:password@`, `?api_key=`) is refused: put the credential
+    /// in `headers`.
     pub endpoint: String,
     /// Headers sent with every export, `name=value,name=value` (an API key, often): never printed.
     pub headers: Secret,
