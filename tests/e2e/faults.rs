@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
+use crate::common::redis_server::RedisServer;
 use crate::common::*;
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk-test");
@@ -465,4 +466,28 @@ async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_af
     }
     let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
     assert!(metrics.contains("compactor_session_store_corrupt_total 4"), "{metrics}");
+}
+
+#[tokio::test]
+async fn an_admin_compaction_of_an_unknown_session_is_a_404_and_creates_nothing() {
+    let redis = RedisServer::start();
+    let stores = [Some(String::new()), redis.as_ref().map(RedisServer::config)];
+    for store in stores.into_iter().flatten() {
+        let (_fake, proxy) = ProxyProcess::with_fake(&format!("[admin]\ntoken = \"admin\"\n{store}")).await;
+        let unknown = "t0a1b2c3.d4e5f6a7b8c9";
+        let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{unknown}/compact"), "admin").await;
+        assert_eq!(marked.status, 404, "{store}: {}", marked.text());
+        let seen = proxy.get_with_token(&format!("/admin/sessions/{unknown}"), "admin").await;
+        assert_eq!(seen.status, 404, "{store}: the request created the session: {}", seen.text());
+        if let Some(redis) = redis.as_ref().filter(|_| !store.is_empty()) {
+            assert!(redis.keys().iter().all(|key| !key.contains(unknown)), "{:?}", redis.keys());
+        }
+        // A session the proxy knows is still marked.
+        let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
+        let key = answer.header("x-compactor-session").unwrap().to_string();
+        let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{key}/compact"), "admin").await;
+        assert_eq!(marked.status, 202, "{store}: {}", marked.text());
+        let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin").await.json();
+        assert_eq!(state["state"]["counters"]["compact_requested"], 1, "{store}: {state}");
+    }
 }
