@@ -20,6 +20,12 @@ pub enum ProxyError {
     ClientBodyTimeout { timeout: std::time::Duration },
     #[error("the request body's content-encoding `{encoding}` could not be decoded")]
     BadContentEncoding { encoding: String, source: Cause },
+    #[error("the request body has {count} content codings; compactor decodes at most {max}")]
+    TooManyCodings { count: usize, max: usize },
+    #[error(
+        "the request's transfer coding `{coding}` is not supported; send the body chunked or with a content-length"
+    )]
+    UnsupportedTransferCoding { coding: String },
     #[error("the upstream at {upstream} could not be reached")]
     UpstreamUnreachable { upstream: String, source: Cause },
     #[error("the upstream at {upstream} broke off its response")]
@@ -47,7 +53,8 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::BadContentEncoding { .. } => StatusCode::BAD_REQUEST,
+            Self::BadContentEncoding { .. } | Self::TooManyCodings { .. } => StatusCode::BAD_REQUEST,
+            Self::UnsupportedTransferCoding { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::ClientBody(_) | Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => StatusCode::BAD_REQUEST,
             Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -65,6 +72,8 @@ impl ProxyError {
             Self::ClientBody(_) => "bad_request_body",
             Self::ClientBodyTimeout { .. } => "request_body_timeout",
             Self::BadContentEncoding { .. } => "bad_content_encoding",
+            Self::TooManyCodings { .. } => "too_many_content_codings",
+            Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamCut { .. } => "upstream_cut",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
@@ -90,6 +99,8 @@ impl ProxyError {
             | Self::ClientBody(_)
             | Self::ClientBodyTimeout { .. }
             | Self::BadContentEncoding { .. }
+            | Self::TooManyCodings { .. }
+            | Self::UnsupportedTransferCoding { .. }
             | Self::BadUpstreamUrl(_)
             | Self::BadUpstreamHost(_)
             | Self::Unauthorized

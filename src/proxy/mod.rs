@@ -104,6 +104,9 @@ impl Proxy {
         mut finish: Box<Finish>,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
+        if let Some(error) = request_body::unsupported_transfer_coding(&parts.headers) {
+            return fail(error, route, finish);
+        }
         // A token-count request is read and rewritten like the request it counts, never changing
         // the session (see `Compactor::count`).
         let counted = Dialect::counted(route.endpoint);
@@ -121,17 +124,18 @@ impl Proxy {
             };
         finish.log.bytes_in = body.len() as u64;
         let (mut parts, body) = (parts, body);
-        let (body, encoded) = match request_body::decode(&mut parts.headers, body, limits.max_body_bytes).await {
+        // compactor's own work on the request (decoding it included): budgeted, off the async
+        // workers when the body is large, and stopped when the client leaves (hyper drops this
+        // future, and the guard with it).
+        let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
+        let _stop_when_gone = budget.stop_on_drop();
+        let decoding = request_body::decode(&mut parts.headers, body, limits.max_body_bytes);
+        let (body, encoded) = match budget.scope(decoding).await {
             Ok(decoded) => decoded,
             Err(error) => return fail(error, route, finish),
         };
         let decoded = encoded.as_ref().map(|_| body.clone());
         let head = RequestHead::new(route, parts);
-        // compactor's own work on the request: budgeted, off the async workers when the body is
-        // large, and stopped when the client leaves (hyper drops this future, and the guard
-        // with it).
-        let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
-        let _stop_when_gone = budget.stop_on_drop();
 
         // Boxed: these futures are large (a summary call lives in them), and a future is copied
         // each time it is moved; a box moves as one pointer.
