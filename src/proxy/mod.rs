@@ -29,6 +29,7 @@ use crate::route::Route;
 use crate::session::{ConversationId, Store};
 use crate::telemetry::request::RequestLog;
 use crate::telemetry::trace;
+use crate::tokens;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
 use tracing::Instrument;
@@ -129,6 +130,7 @@ impl Proxy {
         // future, and the guard with it).
         let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
         let _stop_when_gone = budget.stop_on_drop();
+        let tenant = self.compactor.tenant(&parts.headers);
         let decoding = request_body::decode(&mut parts.headers, body, limits.max_body_bytes);
         let (body, encoded) = match budget.scope(decoding).await {
             Ok(decoded) => decoded,
@@ -139,9 +141,12 @@ impl Proxy {
 
         // Boxed: these futures are large (a summary call lives in them), and a future is copied
         // each time it is moved; a box moves as one pointer.
+        // Token counts are cached per tenant (see `tokens::scoped`).
         let prepared = match counted {
-            Some(dialect) => budget.scope(Box::pin(self.compactor.count(&head, dialect, body))).await,
-            None => budget.scope(Box::pin(self.compactor.prepare(&head, body))).await,
+            Some(dialect) => {
+                budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.count(&head, dialect, body)))).await
+            }
+            None => budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.prepare(&head, body)))).await,
         };
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         // A compressed body compactor did not change goes as the client sent it.
@@ -161,7 +166,7 @@ impl Proxy {
         finish.log.forwarded_at = Some(forwarded_at);
         let recovery = ladder.as_mut().zip(finish.ctx());
         let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage);
-        let forwarded = match budget.scope(Box::pin(forwarding)).await {
+        let forwarded = match budget.scope(tokens::scoped(&tenant, Box::pin(forwarding))).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),
         };

@@ -491,3 +491,33 @@ async fn an_admin_compaction_of_an_unknown_session_is_a_404_and_creates_nothing(
         assert_eq!(state["state"]["counters"]["compact_requested"], 1, "{store}: {state}");
     }
 }
+
+/// The token-count cache's entries, as `/metrics` shows them.
+async fn token_cache_entries(proxy: &ProxyProcess) -> f64 {
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    let line = metrics.lines().find(|l| l.starts_with(r#"compactor_cache_entries{cache="tokens"}"#)).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn one_tenants_token_counts_are_never_another_tenants_cache_hits() {
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    let body = chat_with_output(2_000, false);
+    let as_tenant = |key: &'static str| [("authorization", key), ("x-session-id", "shared-id")];
+    let first =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &as_tenant("Bearer sk-tenant-a"), body.clone())).await;
+    assert_eq!(first.status, 200);
+    let after_a = token_cache_entries(&proxy).await;
+    assert!(after_a > 0.0);
+    // Tenant B sends the same texts: counted for B (new entries), not answered from A's counts,
+    // whose speed would tell B that A sent them.
+    let second =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &as_tenant("Bearer sk-tenant-b"), body.clone())).await;
+    assert_eq!(second.status, 200);
+    let after_b = token_cache_entries(&proxy).await;
+    assert!(after_b >= 2.0 * after_a, "B's counts were A's cache hits: {after_a} entries, then {after_b}");
+    // A's own next turn still finds its counts.
+    let third = send(request("POST", &proxy.url("/v1/chat/completions"), &as_tenant("Bearer sk-tenant-a"), body)).await;
+    assert_eq!(third.status, 200);
+    assert_eq!(token_cache_entries(&proxy).await, after_b);
+}
