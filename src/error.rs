@@ -44,6 +44,8 @@ pub enum ProxyError {
     MethodNotAllowed { allow: &'static str },
     #[error("session store unavailable")]
     StoreUnavailable(#[source] Cause),
+    #[error("compactor holds its limit of {limit} request body bytes in flight; retry shortly")]
+    InflightBodies { limit: u64 },
     #[error("compactor is serving its limit of {limit} connections; retry shortly")]
     Overloaded { limit: u64 },
 }
@@ -61,7 +63,9 @@ impl ProxyError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::StoreUnavailable(_) | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable(_) | Self::Overloaded { .. } | Self::InflightBodies { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -83,6 +87,7 @@ impl ProxyError {
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Overloaded { .. } => "overloaded",
+            Self::InflightBodies { .. } => "inflight_body_limit",
         }
     }
 
@@ -94,7 +99,8 @@ impl ProxyError {
             | Self::UpstreamCut { .. }
             | Self::UpstreamTimeout { .. }
             | Self::StoreUnavailable(_)
-            | Self::Overloaded { .. } => true,
+            | Self::Overloaded { .. }
+            | Self::InflightBodies { .. } => true,
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
             | Self::ClientBodyTimeout { .. }

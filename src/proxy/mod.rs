@@ -6,6 +6,7 @@
 pub mod body;
 mod finish;
 mod forward;
+mod inflight;
 mod inspect;
 pub mod request_body;
 pub mod usage;
@@ -60,12 +61,14 @@ pub struct Proxy {
     /// The finishers of requests that took session state, so shutdown can wait for their writes.
     finishers: TaskTracker,
     request_ids: RequestIds,
+    inflight: inflight::InflightBodies,
 }
 
 impl Proxy {
     pub fn new(config: Arc<Config>, store: Store) -> Result<Self, std::io::Error> {
         let upstreams = Arc::new(Upstreams::new(&config)?);
         Ok(Self {
+            inflight: inflight::InflightBodies::new(config.limits.max_inflight_body_bytes),
             compactor: Compactor::new(&config, store, upstreams.clone()),
             upstreams,
             config,
@@ -116,6 +119,15 @@ impl Proxy {
         }
 
         let limits = &self.config.limits;
+        // This request's share of the body bytes in flight: taken before the body is read when
+        // it declares its length, else once read, and grown to its decoded size; held until the
+        // upstream's answer comes (the body, its parse and the rewritten body live until then).
+        let mut held = inflight::Held::default();
+        if let Some(length) = request_body::declared_length(&parts.headers)
+            && let Err(error) = self.inflight.hold(&mut held, length.min(limits.max_body_bytes))
+        {
+            return fail(error, route, finish);
+        }
         let body =
             match request_body::read_whole(&parts.headers, body, limits.max_body_bytes, limits.client_body_timeout)
                 .await
@@ -124,6 +136,9 @@ impl Proxy {
                 Err(error) => return fail(error, route, finish),
             };
         finish.log.bytes_in = body.len() as u64;
+        if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+            return fail(error, route, finish);
+        }
         let (mut parts, body) = (parts, body);
         // compactor's own work on the request (decoding it included): budgeted, off the async
         // workers when the body is large, and stopped when the client leaves (hyper drops this
@@ -136,6 +151,9 @@ impl Proxy {
             Ok(decoded) => decoded,
             Err(error) => return fail(error, route, finish),
         };
+        if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+            return fail(error, route, finish);
+        }
         let decoded = encoded.as_ref().map(|_| body.clone());
         let head = RequestHead::new(route, parts);
 
@@ -292,9 +310,13 @@ fn fail(error: ProxyError, route: Route, mut finish: Box<Finish>) -> Response<Re
         log.overhead = log.started.elapsed();
     }
     let request_id = header_value(&log.request_id);
+    let retry_soon = matches!(error, ProxyError::InflightBodies { .. });
     let response: Response<Bytes> = error.into_response(route.family);
     let (mut parts, bytes) = response.into_parts();
     parts.headers.insert(REQUEST_ID, request_id);
+    if retry_soon {
+        parts.headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     Response::from_parts(parts, ResponseBody::finished(bytes, finish))
 }
 

@@ -117,6 +117,11 @@ impl Body for ClientBody {
     }
 }
 
+/// The body length the request declares (`content-length`), if it does.
+pub fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
+}
+
 /// Reads the whole request body, refusing more than `limit` bytes (by Content-Length up front)
 /// and a client that stalls for `idle`.
 pub async fn read_whole(
@@ -125,8 +130,7 @@ pub async fn read_whole(
     limit: u64,
     idle: Duration,
 ) -> Result<Bytes, ProxyError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|length| length > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }

@@ -521,3 +521,44 @@ async fn one_tenants_token_counts_are_never_another_tenants_cache_hits() {
     assert_eq!(third.status, 200);
     assert_eq!(token_cache_entries(&proxy).await, after_b);
 }
+
+/// A Messages request of about `bytes` bytes.
+fn messages_of(bytes: usize) -> String {
+    serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [
+        {"role": "user", "content": lines_until(bytes, |i| format!("line {i} of the file\n"))}
+    ]})
+    .to_string()
+}
+
+#[tokio::test]
+async fn past_the_inflight_body_budget_a_request_gets_503_with_retry_after_in_its_dialect() {
+    let fake = FakeUpstream::builder()
+        .respond_with(|received| {
+            // The large request is held upstream a while, its body bytes in flight.
+            let slow = received.body.len() > 40_000;
+            Some(Reply::json(200, serde_json::json!({"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}], "usage": {"input_tokens": 1, "output_tokens": 1}})).after(Duration::from_millis(if slow { 2_000 } else { 0 })))
+        })
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "[limits]\nmax_inflight_body_bytes = 65536\n");
+    let url = proxy.url("/v1/messages");
+    let headers = [("x-api-key", "k"), ("content-type", "application/json")];
+    let held = tokio::spawn(send(request("POST", &url, &headers, messages_of(50_000))));
+    assert!(eventually(async || !fake.received().is_empty()).await);
+
+    let refused = send(request("POST", &url, &headers, messages_of(50_000))).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.json()["type"], "error");
+    assert_eq!(refused.json()["error"]["type"], "overloaded_error");
+    assert_eq!(refused.header("x-compactor-error"), Some("inflight_body_limit"));
+    // A small request fits beside the held one.
+    assert_eq!(send(request("POST", &url, &headers, messages_of(2_000))).await.status, 200);
+
+    assert_eq!(held.await.unwrap().status, 200);
+    // The budget is given back: the same request goes now, and one larger than the whole budget
+    // goes when it is alone.
+    assert_eq!(send(request("POST", &url, &headers, messages_of(50_000))).await.status, 200);
+    assert_eq!(send(request("POST", &url, &headers, messages_of(100_000))).await.status, 200);
+    assert_eq!(fake.received().len(), 4, "the refused request never reached the upstream");
+}
