@@ -179,7 +179,10 @@ mod tests {
         assert!(template.rendered(&calls, Some("call_1"), &text.replace("1200 tokens", "31 tokens")));
         assert!(!template.rendered(&calls, Some("call_2"), &text));
         assert!(!template.rendered(&calls, Some("call_1"), &text.replace("1200 tokens", " tokens")));
-        assert_eq!(template.render(&calls, Some("call_9"), 10), "[cleared: a tool , 6 tokens; call it again to see it]");
+        assert_eq!(
+            template.render(&calls, Some("call_9"), 10),
+            "[cleared: a tool , 6 tokens; call it again to see it]"
+        );
     }
 
     #[test]
