@@ -524,4 +524,36 @@ mod tests {
         assert_eq!(cut_keeping_facts("short: output", 400, &count), "short: output");
         assert!(!looks_like_fact("row 12 of the listing") && looks_like_fact("status: green"));
     }
+
+    #[test]
+    fn an_output_larger_than_a_piece_is_read_in_consecutive_parts_at_line_ends_and_nothing_is_lost() {
+        let lines: Vec<String> = (0..400).map(|i| format!("line {i} of the build log, all green")).collect();
+        let text = lines.join("\n");
+        let mut entries: VecDeque<String> = [text.clone()].into();
+        let mut parts = Vec::new();
+        while !entries.is_empty() {
+            let piece = next_piece(&mut entries, 500, &count);
+            assert!(count(&piece) <= 500, "{} tokens", count(&piece));
+            parts.push(piece);
+        }
+        assert!(parts.len() >= 4, "{} parts", parts.len());
+        assert_eq!(parts.concat(), text, "the parts are the text, in order");
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.ends_with('\n')), "every cut at a line end");
+    }
+
+    #[test]
+    fn a_single_long_line_is_cut_between_words_so_a_value_stays_whole() {
+        let words: Vec<String> = (0..2_000).map(|i| format!("ZEPHYR-LANTERN-{i}")).collect();
+        let text = words.join(" ");
+        let parts = split_text(&text, 300, count(&text));
+        assert!(parts.len() > 5);
+        assert_eq!(parts.concat(), text);
+        for part in &parts {
+            assert!(part.split(' ').filter(|w| !w.is_empty()).all(|w| words.contains(&w.to_string())), "{part}");
+        }
+        // No line end and no space: cut at character boundaries, still nothing lost.
+        let wide = "\u{00e9}".repeat(3_000);
+        let parts = split_text(&wide, 100, count(&wide));
+        assert_eq!(parts.concat(), wide);
+    }
 }

@@ -145,12 +145,15 @@ async fn a_pruned_output_names_its_call_and_reads_the_same_on_every_later_turn()
 #[tokio::test]
 #[ignore = "a measurement: prints the table docs/summaries.md shows"]
 async fn windows_table() {
-    println!("| transcript | dialect | window, turns | summary calls | overflows | every summary call fits | facts from user messages | facts from tool outputs |");
+    println!(
+        "| transcript | dialect | window, turns | summary calls | overflows | every summary call fits | facts from user messages | facts from tool outputs |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for transcript in ["whole", "head_tail"] {
         for (window, turns) in WINDOWS {
             for dialect in Dialect::ALL {
-                let run = session(dialect, window, turns, &format!("[compaction]\ntranscript = \"{transcript}\"\n")).await;
+                let run =
+                    session(dialect, window, turns, &format!("[compaction]\ntranscript = \"{transcript}\"\n")).await;
                 let stats = run.stats();
                 let [(users_kept, users), (outputs_kept, outputs)] = kept(&run);
                 println!(
