@@ -18,14 +18,14 @@ const USER_TOKENS: usize = 250;
 const WINDOWS: [(usize, usize); 2] = [(8_192, 13), (4_096, 6)];
 
 /// A session of `turns` on a provider of `window` tokens through compactor with `extra` config.
-async fn session(dialect: Dialect, window: usize, turns: usize, extra: &str) -> Run {
+async fn session(dialect: Dialect, window: usize, turns: usize, extra: &str) -> (Run, ProxyProcess) {
     let provider = ProviderSim::start(ProviderSpec { window, ..ProviderSpec::default() }).await;
     let proxy = ProxyProcess::start_with(&provider.compactor_config(extra), &[]);
     let spec = SessionSpec::new(Agent::Plain(dialect), UNKNOWN)
         .outputs(&[OUTPUT_TOKENS])
         .facts_in_middle(USER_TOKENS, 1)
         .seed(window as u64 + turns as u64);
-    drive(&proxy.url(""), &provider, &mut AgentSession::new(spec), turns).await
+    (drive(&proxy.url(""), &provider, &mut AgentSession::new(spec), turns).await, proxy)
 }
 
 /// Facts of the run that reached the model on every turn from the one that planted them, and
@@ -47,7 +47,7 @@ fn summaries_fit(run: &Run, window: usize) -> bool {
 async fn every_fact_in_the_middle_of_messages_and_outputs_reaches_the_model_on_4k_and_8k_windows() {
     for dialect in Dialect::ALL {
         for (window, turns) in WINDOWS {
-            let run = session(dialect, window, turns, "").await;
+            let (run, _proxy) = session(dialect, window, turns, "").await;
             let stats = run.stats();
             let case = format!("{dialect:?} {window} x {turns}: {stats:?}");
             assert_eq!(stats.client_errors, 0, "{case}");
@@ -58,6 +58,23 @@ async fn every_fact_in_the_middle_of_messages_and_outputs_reaches_the_model_on_4
             assert_eq!((users_kept, outputs_kept), (users, outputs), "{case}: lost {:?}", run.lost_facts());
         }
     }
+}
+
+#[tokio::test]
+async fn the_request_that_summarized_says_in_its_log_line_and_the_metrics_how_many_summary_calls_it_made() {
+    let (run, proxy) = session(Dialect::Chat, 4_096, 6, "").await;
+    let mut total = 0;
+    for turn in &run.turns {
+        let calls = run.records[turn.records.clone()].iter().filter(|r| r.summary).count();
+        total += calls;
+        let id = turn.compactor.iter().find(|(n, _)| n == "x-compactor-request-id").map(|(_, v)| v.clone()).unwrap();
+        let line = proxy.wait_for_log(&format!("request_id={id}")).await;
+        assert!(line.contains(&format!("summary_calls={calls} ")), "turn {}: {calls} calls: {line}", turn.index);
+    }
+    assert!(total >= 2, "the whole transcript took pieces: {total}");
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    let sum = metrics.lines().find_map(|l| l.strip_prefix("compactor_summary_calls_per_compaction_sum "));
+    assert_eq!(sum.map(str::trim), Some(total.to_string().as_str()), "{metrics}");
 }
 
 /// The placeholders in a request body, by the call id of the output they replace.
@@ -152,8 +169,12 @@ async fn windows_table() {
     for transcript in ["whole", "head_tail"] {
         for (window, turns) in WINDOWS {
             for dialect in Dialect::ALL {
-                let run =
-                    session(dialect, window, turns, &format!("[compaction]\ntranscript = \"{transcript}\"\n")).await;
+                let extra = format!(
+                    "[compaction]
+transcript = \"{transcript}\"
+"
+                );
+                let (run, _proxy) = session(dialect, window, turns, &extra).await;
                 let stats = run.stats();
                 let [(users_kept, users), (outputs_kept, outputs)] = kept(&run);
                 println!(
