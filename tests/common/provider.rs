@@ -3,7 +3,8 @@
 //! it counts tokens its own way (characters / N), rejects what does not fit with each provider's
 //! real overflow error (naming the window or not), reports usage with prompt-cache reads and writes
 //! by prefix, rejects broken tool pairs, answers compactor's summary calls deterministically by
-//! echoing the fact markers it finds, and records every request for assertions and benchmarks.
+//! echoing the fact markers it finds in the transcript it was sent (not in the prompt around it),
+//! and records every request for assertions and benchmarks.
 //!
 //! With a [`Script`] it plays a model for real agent CLIs (see `script.rs`): tool calls to the
 //! agent's own shell, streamed in each dialect, and answers to the agents' own summary requests.
@@ -34,7 +35,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::agents;
 use super::script::{self, Kind, Move, Script};
 use super::strict;
-use super::window::markers;
+use super::window::{markers, transcript_of};
 
 /// What marks compactor's summary calls: its summarizer system prompt ("You are a
 /// context-compaction assistant…", `compaction::DEFAULT_SYSTEM_PROMPT`).
@@ -722,21 +723,23 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         return reply;
     }
 
-    let summary_text = |number: usize| {
+    // A summary carries only what it was asked to read: compactor's summarizer its transcript (its
+    // previous summary first), an agent's own summary request the whole conversation.
+    let summary_text = |number: usize, source: &str| {
         let padding = agents::text(
             agents::Text::Prose,
             number as u64,
             (spec.summary_tokens as f64 * spec.chars_per_token) as usize,
         );
         if spec.script.is_some() {
-            script::summary(number, &text, &padding)
+            script::summary(number, source, &padding)
         } else {
-            format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", markers(&text).join(" "))
+            format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", markers(source).join(" "))
         }
     };
     let (reply, usage) = if summary {
         let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        let reply = summary_text(number);
+        let reply = summary_text(number, transcript_of(&text));
         let output = spec.tokens(reply.chars().count());
         (Move::Text(reply), Usage { prompt: prompt.tokens, read: 0, write: 0, cached: 0, output })
     } else {
@@ -763,7 +766,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         };
         let reply = match (&spec.script, kind) {
             (Some(script), Some(Kind::Turn)) => script::next_move(script, dialect, &value, &text, spec.chars_per_token),
-            (Some(_), Some(Kind::AgentSummary)) => Move::Text(summary_text(1000 + record.tokens)),
+            (Some(_), Some(Kind::AgentSummary)) => Move::Text(summary_text(1000 + record.tokens, &text)),
             (Some(_), _) => Move::Text("Scripted task".into()),
             (None, _) => {
                 let seed = record.tokens as u64;
