@@ -30,8 +30,8 @@ use tokio::sync::OnceCell;
 
 use super::error::StoreError;
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS, STATE_VERSION,
-    SessionState, SessionUpdate, SessionView, Update, Usage,
+    Breaker, CALIBRATION_MILLI, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS,
+    STATE_VERSION, SessionState, SessionUpdate, SessionView, Update, Usage,
 };
 use crate::config::SessionConfig;
 
@@ -91,6 +91,48 @@ if excess > 0 then
   end
 end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
+return 0
+"#;
+
+/// Merges what one request learned of its model into a session's (or a model's) hash, the rule
+/// of [`Learned::merge`]: another model's values are replaced; the same model's are joined (the
+/// smallest named window and unnamed overflow, the largest answer and output) and each
+/// calibration measurement is folded into the stored smoothing; an overflow bound an answer
+/// contradicts is dropped. KEYS[1]: the hash; ARGV: model tag, window, window_below,
+/// window_at_least, output_peak, the calibration the request started from, the calibration's
+/// bounds, then the measurements. The tag is compared as text (a 64-bit hash is no Lua number);
+/// every other value is far below 2^53.
+const MERGE_LEARNED: &str = r#"
+local key = KEYS[1]
+local function stored(field) return tonumber(redis.call("HGET", key, field) or "0") or 0 end
+local function smallest_set(a, b)
+  if a == 0 then return b elseif b == 0 then return a else return math.min(a, b) end
+end
+local window, below, least, peak, calibration
+if redis.call("HGET", key, "model_tag") ~= ARGV[1] then
+  window, below, least = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  peak, calibration = tonumber(ARGV[5]), tonumber(ARGV[6])
+else
+  window = smallest_set(stored("learned_window"), tonumber(ARGV[2]))
+  below = smallest_set(stored("window_below"), tonumber(ARGV[3]))
+  least = math.max(stored("window_at_least"), tonumber(ARGV[4]))
+  peak = math.max(stored("output_peak"), tonumber(ARGV[5]))
+  calibration = stored("calibration_milli")
+  if calibration == 0 then calibration = tonumber(ARGV[6]) end
+end
+local low, high = tonumber(ARGV[7]), tonumber(ARGV[8])
+for i = 9, #ARGV do
+  local observed = tonumber(ARGV[i])
+  if calibration == 0 then
+    calibration = observed
+  else
+    calibration = math.min(math.max(math.floor((calibration * 6 + observed * 4) / 10), low), high)
+  end
+end
+if below > 0 and below <= least then below = 0 end
+local function text(n) return string.format("%d", n) end
+redis.call("HSET", key, "model_tag", ARGV[1], "learned_window", text(window), "window_below", text(below),
+  "window_at_least", text(least), "calibration_milli", text(calibration), "output_peak", text(peak))
 return 0
 "#;
 
@@ -363,16 +405,26 @@ impl RedisStore {
         if let Some(requested) = update.compact_requested {
             pipeline.hset(&key, "compact_requested", u64::from(requested)).ignore();
         }
-        if let Some(learned) = update.learned {
-            let fields = [
-                ("model_tag", learned.model_tag),
-                ("learned_window", learned.window),
-                ("window_below", learned.window_below),
-                ("window_at_least", learned.window_at_least),
-                ("calibration_milli", learned.calibration_milli),
-                ("output_peak", learned.output_peak),
-            ];
-            pipeline.hset_multiple(&key, &fields).ignore();
+        if let Some(change) = &update.learned {
+            // Merged on the server in one step, field by field: a commit of what another request
+            // saw earlier never undoes what was learned meanwhile.
+            let known = &change.known;
+            let (low, high) = CALIBRATION_MILLI;
+            pipeline
+                .cmd("EVAL")
+                .arg(MERGE_LEARNED)
+                .arg(1)
+                .arg(&key)
+                .arg(known.model_tag)
+                .arg(known.window)
+                .arg(known.window_below)
+                .arg(known.window_at_least)
+                .arg(known.output_peak)
+                .arg(known.calibration_milli)
+                .arg(low)
+                .arg(high)
+                .arg(&change.measured)
+                .ignore();
         }
         if let Some(usage) = update.usage {
             let counters = [

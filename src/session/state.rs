@@ -99,6 +99,75 @@ pub struct Learned {
     pub output_peak: u64,
 }
 
+/// Bounds of a calibration ratio (provider tokens per 1,000 of compactor's estimate): outside them
+/// a measurement says more about a misread usage report than about a tokenizer.
+pub const CALIBRATION_MILLI: (u64, u64) = (500, 3_000);
+
+/// Calibration measurements one request keeps for its commit (the newest): a request measures
+/// once per upstream answer, so a handful at most.
+pub const MAX_MEASURED: usize = 8;
+
+/// What one request learned of its model, merged field by field into what is stored, so that a
+/// parallel request (or another replica) committing what it saw earlier never undoes it: the
+/// window bounds only tighten, the largest answers only grow, and each calibration measurement
+/// is folded into the stored smoothing rather than a stale smoothed value overwriting a newer one.
+/// [`Learned::merge`] is the rule; the Redis store runs the same rule in one script.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LearnedChange {
+    /// What the request knows of its model: the model, the bounds it saw or learned. Its
+    /// `calibration_milli` is the calibration the request started from (its model's profile for a
+    /// new session), used only where nothing is stored yet.
+    pub known: Learned,
+    /// The request's calibration measurements, oldest first, already bounded to
+    /// [`CALIBRATION_MILLI`].
+    pub measured: Vec<u64>,
+}
+
+impl Learned {
+    /// One calibration measurement folded into the smoothed ratio.
+    pub fn smooth(old: u64, observed: u64) -> u64 {
+        let (low, high) = CALIBRATION_MILLI;
+        match old {
+            0 => observed,
+            old => (old.saturating_mul(6).saturating_add(observed.saturating_mul(4)) / 10).clamp(low, high),
+        }
+    }
+
+    /// Merges what one request learned into this (the stored value). Another model's values are
+    /// replaced (the session talks to another model now); the same model's are joined: the
+    /// smallest window an error named, the smallest request that overflowed, the largest answer
+    /// and output, the request's measurements folded into the stored calibration. An overflow
+    /// bound that an answer contradicts (the provider answered that much) is dropped.
+    pub fn merge(&mut self, change: &LearnedChange) {
+        let known = &change.known;
+        if self.model_tag != known.model_tag {
+            *self = *known;
+        } else {
+            self.window = smallest_set(self.window, known.window);
+            self.window_below = smallest_set(self.window_below, known.window_below);
+            self.window_at_least = self.window_at_least.max(known.window_at_least);
+            self.output_peak = self.output_peak.max(known.output_peak);
+            if self.calibration_milli == 0 {
+                self.calibration_milli = known.calibration_milli;
+            }
+        }
+        for observed in &change.measured {
+            self.calibration_milli = Self::smooth(self.calibration_milli, *observed);
+        }
+        if self.window_below > 0 && self.window_below <= self.window_at_least {
+            self.window_below = 0;
+        }
+    }
+}
+
+/// The smaller of two bounds where 0 means "none".
+fn smallest_set(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, other) | (other, 0) => other,
+        (a, b) => a.min(b),
+    }
+}
+
 /// What is kept for a session as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
@@ -146,8 +215,8 @@ pub struct SessionUpdate {
     pub count_request: bool,
     pub tokens_saved: u64,
     pub compact_requested: Option<bool>,
-    /// Replaces what the session learned of its model.
-    pub learned: Option<Learned>,
+    /// What the request learned of its model, merged into what the session learned.
+    pub learned: Option<LearnedChange>,
     /// The upstream's usage for one request, added to the session's cache counters.
     pub usage: Option<Usage>,
 }
@@ -187,8 +256,8 @@ impl SessionState {
         if let Some(requested) = update.compact_requested {
             self.counters.compact_requested = u64::from(requested);
         }
-        if let Some(learned) = update.learned {
-            self.counters.learned = learned;
+        if let Some(learned) = &update.learned {
+            self.counters.learned.merge(learned);
         }
         if update.count_request {
             self.counters.requests += 1;

@@ -23,4 +23,5 @@ mod responses;
 mod rewrite_proxy;
 mod sdk_e2e;
 mod sessions;
+mod shared_state;
 mod traces;

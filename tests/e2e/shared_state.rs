@@ -1,0 +1,111 @@
+//! State shared by parallel requests and replicas: what one request learned of its model is never
+//! undone by another's commit, a compaction holds its lock for as long as it works and no holder
+//! whose lease lapsed commits over the winner, and a session another schema version wrote is left
+//! alone.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::common::redis_server::RedisServer;
+use crate::common::*;
+use serde_json::{Value, json};
+
+const ADMIN: &str = "[admin]\ntoken = \"admin-secret\"\n";
+
+/// A chat request of session `session`; `task` makes it a conversation of its own.
+async fn post(proxy: &ProxyProcess, session: &str, task: &str) -> Answer {
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": task}]});
+    proxy.post("/v1/chat/completions", &[("authorization", "Bearer k"), ("x-session-id", session)], &body).await
+}
+
+fn chat_answer(usage: Option<Value>) -> Reply {
+    let mut answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "gpt-4o",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Done."}, "finish_reason": "stop"}]});
+    if let Some(usage) = usage {
+        answer["usage"] = usage;
+    }
+    Reply::json(200, answer)
+}
+
+fn mentions(received: &Received, marker: &str) -> bool {
+    String::from_utf8_lossy(&received.body).contains(marker)
+}
+
+/// A Redis hash as field/value pairs.
+type Hash = Vec<(String, String)>;
+
+/// The session's hash and the model's, as stored.
+fn stored_learned(redis: &RedisServer, session: &str) -> (Hash, Hash) {
+    let mut connection = redis.connection();
+    let session_hash: Hash =
+        redis::cmd("HGETALL").arg(format!("{}:{{{session}}}:session", redis.prefix)).query(&mut connection).unwrap();
+    let models: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}:{{model.*}}:session", redis.prefix)).query(&mut connection).unwrap();
+    assert_eq!(models.len(), 1, "one model: {models:?}");
+    let model_hash: Hash = redis::cmd("HGETALL").arg(&models[0]).query(&mut connection).unwrap();
+    (session_hash, model_hash)
+}
+
+fn field(hash: &[(String, String)], name: &str) -> u64 {
+    hash.iter().find(|(f, _)| f == name).map_or(0, |(_, v)| v.parse().unwrap())
+}
+
+/// Request A (replica one) measures the tokenizer: its answer reports far more prompt tokens than
+/// compactor estimated, a calibration at the upper bound. Request B (replica two) of the same
+/// session and model was sent before A and learns, after A's commit, from an overflow that names
+/// the window; it loaded the session before A's calibration existed. Both must be stored, in the
+/// session and in the model's profile.
+#[tokio::test]
+async fn parallel_requests_on_two_replicas_lose_neither_an_overflow_nor_a_calibration() {
+    let Some(redis) = RedisServer::start() else { return };
+    let overflows = Arc::new(AtomicUsize::new(0));
+    let seen = overflows.clone();
+    let fake = FakeUpstream::builder()
+        .respond_with(move |received| {
+            if mentions(received, "SLOW-OVERFLOW") {
+                // The first attempt overflows a second later; a retry is answered without usage, so
+                // this request measures nothing itself.
+                if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    let error = json!({"error": {"message": "This model's maximum context length is 9000 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}});
+                    return Some(Reply::json(400, error).after(Duration::from_secs(1)));
+                }
+                return Some(chat_answer(None));
+            }
+            if mentions(received, "FAST-MEASURE") {
+                return Some(chat_answer(Some(json!({"prompt_tokens": 5000, "completion_tokens": 10, "total_tokens": 5010}))));
+            }
+            None
+        })
+        .start()
+        .await;
+    let (one, two) = ProxyProcess::replicas(&fake, &format!("{ADMIN}{}", redis.config()));
+    let slow = post(&two, "agent", "SLOW-OVERFLOW: rename the parser module.");
+    let fast = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        post(&one, "agent", "FAST-MEASURE: list the failing tests.").await
+    };
+    let (slow, fast) = tokio::join!(slow, fast);
+    assert_eq!(fast.status, 200, "{}", fast.text());
+    assert!(overflows.load(Ordering::SeqCst) >= 1, "the overflow was sent");
+    let session = fast.header("x-compactor-session").unwrap().to_string();
+    assert_eq!(slow.header("x-compactor-session"), Some(session.as_str()), "one session");
+    // The slow request's commit follows its answer; wait until it is in.
+    let (session_hash, model_hash) = {
+        let mut waited = Duration::ZERO;
+        loop {
+            let stored = stored_learned(&redis, &session);
+            if field(&stored.0, "learned_window") > 0 || waited > Duration::from_secs(5) {
+                break stored;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += Duration::from_millis(50);
+        }
+    };
+    for (what, hash) in [("session", &session_hash), ("model", &model_hash)] {
+        assert_eq!(field(hash, "learned_window"), 9000, "{what}: the overflow's window is kept: {hash:?}");
+        // 5000 provider tokens for a prompt compactor estimates at a few dozen: the upper bound.
+        assert_eq!(field(hash, "calibration_milli"), 3000, "{what}: the measurement is kept: {hash:?}");
+        assert!(field(hash, "window_at_least") >= 5010, "{what}: the answer's size is kept: {hash:?}");
+    }
+}
