@@ -67,6 +67,10 @@ pub struct SessionCtx {
     /// compactor's estimate (vendor factor applied, not calibrated) of the body that went out
     /// last, set against the usage the provider reports for it.
     forwarded_estimate: u64,
+    /// Another schema version wrote the session (or the model's profile): this request works
+    /// without its state and writes nothing there, so that version's replicas keep it.
+    foreign_session: bool,
+    foreign_model: bool,
 }
 
 impl SessionCtx {
@@ -83,6 +87,8 @@ impl SessionCtx {
             message_count: 0,
             model: None,
             forwarded_estimate: 0,
+            foreign_session: false,
+            foreign_model: false,
         };
         let span = trace::stage("compactor.session.load", ctx.key.as_str());
         let loaded = ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).instrument(span.clone()).await;
@@ -91,6 +97,10 @@ impl SessionCtx {
         }
         match loaded {
             Ok((session, conversation)) => (ctx.session, ctx.conversation) = (session, conversation),
+            Err(StoreError::OtherVersion(version)) => {
+                tracing::debug!(session = %ctx.key.as_str(), version, "session of another schema version left alone");
+                ctx.foreign_session = true;
+            }
             Err(error) => ctx.report(&error, "load"),
         }
         ctx
@@ -135,6 +145,10 @@ impl SessionCtx {
             let mut learned = match self.store.load(&model.store_key, "-").await {
                 Ok((profile, _)) if profile.counters.learned.model_tag == model.tag => profile.counters.learned,
                 Ok(_) => Learned::default(),
+                Err(StoreError::OtherVersion(_)) => {
+                    self.foreign_model = true;
+                    Learned::default()
+                }
                 Err(error) => {
                     self.report(&error, "load");
                     Learned::default()
@@ -325,6 +339,9 @@ impl SessionCtx {
     async fn publish(&mut self, update: Update) -> bool {
         self.session.apply(&update.session);
         Arc::make_mut(&mut self.conversation).apply(&update.conversation);
+        if self.foreign_session {
+            return true;
+        }
         self.write(&update, "publish").await
     }
 
@@ -334,12 +351,15 @@ impl SessionCtx {
         if self.pending.is_empty() {
             return true;
         }
-        if let (Some(learned), Some(model)) = (&self.pending.session.learned, &self.model) {
+        if let (Some(learned), Some(model), false) = (&self.pending.session.learned, &self.model, self.foreign_model) {
             // What the session learned of its model is for the model's next sessions too.
             let update = SessionUpdate { learned: Some(learned.clone()), ..SessionUpdate::default() };
             if let Err(error) = self.store.update_session(&model.store_key, &update).await {
                 self.report(&error, "commit");
             }
+        }
+        if self.foreign_session {
+            return true;
         }
         self.write(&self.pending, "commit").await
     }

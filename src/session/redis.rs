@@ -296,7 +296,8 @@ impl RedisStore {
         pipeline.hgetall(self.key(session, "session")).hgetall(hash).smembers(pruned).lrange(compactions, 0, -1);
     }
 
-    /// Reads the session's state and its conversation's in one round trip.
+    /// Reads the session's state and its conversation's in one round trip; a session another
+    /// schema version wrote is [`StoreError::OtherVersion`].
     pub async fn load(
         &self,
         session: &str,
@@ -436,6 +437,8 @@ impl RedisStore {
                 pipeline.hincr(&key, field, tokens).ignore();
             }
         }
+        // Which schema wrote the session: a replica of another version leaves it alone.
+        pipeline.hset(&key, "schema", STATE_VERSION).ignore();
         pipeline.expire(&key, self.ttl_secs).ignore();
     }
 
@@ -566,7 +569,8 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 16] = [
+const NUMBER_FIELDS: [&str; 17] = [
+    "schema",
     "requests",
     "tokens_saved",
     "compact_requested",
@@ -585,10 +589,22 @@ const NUMBER_FIELDS: [&str; 16] = [
     "cache_write_tokens",
 ];
 
-/// Whether every value read is one compactor wrote: numbers where it keeps numbers, usage and
-/// records of the current schema. Anything else is corrupt or another version's, and the caller
-/// ([`super::Store::load`]) deletes it so the session heals.
+/// Whether every value read is one this version of compactor wrote: a session whose hash or
+/// values carry another schema version is [`StoreError::OtherVersion`] (left alone); otherwise
+/// numbers where it keeps numbers, usage and records that parse. Anything else is corrupt, and
+/// the caller ([`super::Store::load`]) deletes it so the session heals.
 fn readable(session_hash: &Hash, hash: &Hash, compactions: &[String]) -> Result<(), StoreError> {
+    let schema = session_hash.iter().find(|(field, _)| field == "schema").map(|(_, value)| value.parse::<u32>());
+    match schema {
+        Some(Ok(version)) if version != STATE_VERSION => return Err(StoreError::OtherVersion(version)),
+        _ => {}
+    }
+    let usage = hash.iter().find(|(field, _)| field == "usage").map(|(_, usage)| usage);
+    for json in usage.into_iter().chain(compactions) {
+        if let Some(version) = stored_version(json).filter(|version| *version != STATE_VERSION) {
+            return Err(StoreError::OtherVersion(version));
+        }
+    }
     for (field, value) in session_hash.iter().chain(hash) {
         if NUMBER_FIELDS.contains(&field.as_str()) && value.parse::<u64>().is_err() {
             return Err(StoreError::Corrupt(format!("`{field}` is not a number")));
@@ -601,6 +617,15 @@ fn readable(session_hash: &Hash, hash: &Hash, compactions: &[String]) -> Result<
         Versioned::<CompactionRecord>::read(record, "compactions")?;
     }
     Ok(())
+}
+
+/// The schema version a stored JSON value says it has, if it says.
+fn stored_version(json: &str) -> Option<u32> {
+    #[derive(serde::Deserialize)]
+    struct Version {
+        v: u32,
+    }
+    serde_json::from_str::<Version>(json).ok().map(|version| version.v)
 }
 
 /// Redis refused a command on a key of another type (`WRONGTYPE`, alone or among a pipeline's

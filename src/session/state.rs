@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-/// The version of the stored JSON; a record of another version is ignored, never misread.
+/// The version of the stored schema: a session another version wrote is served without its state
+/// and left alone, never misread, deleted or overwritten (docs/sessions-state.md, upgrades).
 pub const STATE_VERSION: u32 = 1;
 
 /// Compaction records kept per conversation: the newest are the ones that can still match.

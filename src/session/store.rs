@@ -68,10 +68,11 @@ impl Store {
     }
 
     /// The session's state and its conversation's; empty when new. A stored value compactor
-    /// cannot read (a key of the wrong type, unparseable JSON, another schema version, a counter
-    /// that is not a number) is deleted with the whole session, with a warning and a metric, and
-    /// the session starts afresh: left alone it would fail every request of the session and have
-    /// its TTL refreshed forever.
+    /// cannot read (a key of the wrong type, unparseable JSON, a counter that is not a number) is
+    /// deleted with the whole session, with a warning and a metric, and the session starts
+    /// afresh: left alone it would fail every request of the session and have its TTL refreshed
+    /// forever. A session another schema version wrote is not corrupt: it is answered with
+    /// [`StoreError::OtherVersion`] and left as it is (its own version's replicas still use it).
     pub async fn load(
         &self,
         key: &str,

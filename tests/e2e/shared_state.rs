@@ -109,3 +109,84 @@ async fn parallel_requests_on_two_replicas_lose_neither_an_overflow_nor_a_calibr
         assert!(field(hash, "window_at_least") >= 5010, "{what}: the answer's size is kept: {hash:?}");
     }
 }
+
+/// Every key of the test's prefix (the sessions' and the models') with its value as Redis dumps it.
+fn snapshot(redis: &RedisServer) -> Vec<(String, Vec<u8>)> {
+    let mut connection = redis.connection();
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg(format!("{}:*", redis.prefix)).query(&mut connection).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|key| {
+            let dumped: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut connection).unwrap();
+            (key, dumped)
+        })
+        .collect()
+}
+
+/// A replica of the next release (schema version 2) wrote the session while this one (version 1)
+/// still serves it, as in a rolling deploy: this replica answers without the session's state and
+/// leaves every key of it as it is, neither deleted nor written.
+#[tokio::test]
+async fn a_session_written_by_the_next_schema_version_is_served_without_state_and_left_alone() {
+    let Some(redis) = RedisServer::start() else { return };
+    let (_fake, proxy) = ProxyProcess::with_fake(&format!("{ADMIN}{}", redis.config())).await;
+    let task = "Port the scheduler to the new queue.";
+    let first = post(&proxy, "rolling", task).await;
+    assert_eq!(first.status, 200);
+    let session = first.header("x-compactor-session").unwrap().to_string();
+    let conversation = first.header("x-compactor-conversation").unwrap().to_string();
+    let base = format!("{}:{{{session}}}:", redis.prefix);
+    let mut connection = redis.connection();
+    let stored = |connection: &mut redis::Connection| -> u64 {
+        redis::cmd("HGET")
+            .arg(format!("{base}session"))
+            .arg("requests")
+            .query::<Option<u64>>(connection)
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let mut waited = 0;
+    while stored(&mut connection) == 0 && waited < 100 {
+        std::thread::sleep(Duration::from_millis(20));
+        waited += 1;
+    }
+    // What the next version wrote over it.
+    let () = redis::cmd("HSET")
+        .arg(format!("{base}session"))
+        .arg(&["schema", "2", "requests", "7", "next_version_field", "kept"])
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(format!("{base}c:{conversation}"))
+        .arg(&["usage", r#"{"v":2,"prompt":{"tokens":900}}"#])
+        .query(&mut connection)
+        .unwrap();
+    let _: u64 = redis::cmd("RPUSH")
+        .arg(format!("{base}c:{conversation}:compactions"))
+        .arg(r#"{"v":2,"summary":{"text":"a summary of the next version"}}"#)
+        .query(&mut connection)
+        .unwrap();
+    let _: u64 = redis::cmd("EXPIRE")
+        .arg(format!("{base}c:{conversation}:compactions"))
+        .arg(3600)
+        .query(&mut connection)
+        .unwrap();
+    let before = snapshot(&redis);
+    assert!(before.iter().any(|(key, _)| key.ends_with(":compactions")), "{before:?}");
+
+    let again = post(&proxy, "rolling", task).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.header("x-compactor-session"), Some(session.as_str()));
+    // A commit follows the answer: give it the time it takes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = snapshot(&redis);
+    let keys = |snapshot: &[(String, Vec<u8>)]| snapshot.iter().map(|(key, _)| key.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&after), keys(&before), "no key deleted or added");
+    for ((key, was), (_, is)) in before.iter().zip(&after) {
+        assert!(was == is, "{key} was written");
+    }
+    for (key, _) in &after {
+        let ttl: i64 = redis::cmd("TTL").arg(key).query(&mut connection).unwrap();
+        assert!(ttl > 0, "{key} still expires: {ttl}");
+    }
+}
