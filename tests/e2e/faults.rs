@@ -325,10 +325,7 @@ const PRUNE: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n";
 #[tokio::test]
 async fn redis_killed_and_restarted_under_load_never_fails_a_request_and_the_breaker_skips_it_meanwhile() {
     use crate::common::redis_server::RedisServer;
-    let Some(mut redis) = RedisServer::start() else { return };
-    if !redis.can_restart() {
-        return;
-    }
+    let Some(mut redis) = RedisServer::restartable() else { return };
     let config = format!("{PRUNE}{}breaker_failures = 3\nbreaker_backoff_ms = 500\n", redis.config());
     let (_fake, proxy) = ProxyProcess::with_fake(&config).await;
     let proxy = std::sync::Arc::new(proxy);
