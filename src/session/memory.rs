@@ -253,6 +253,18 @@ impl MemoryStore {
         self.with_session(key, "update", |_, session, _| session.state.apply(update));
     }
 
+    /// Applies `update` to a session the store holds; false (and nothing created) for any other.
+    pub fn update_existing_session(&self, key: &str, update: &SessionUpdate) -> bool {
+        let Some(entry) = self.sessions.get(key) else { return false };
+        match entry.session.lock() {
+            Ok(mut session) => {
+                session.state.apply(update);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The session with every conversation it keeps, most recently used first.
     pub fn view(&self, key: &str) -> SessionView {
         let Some(entry) = self.sessions.get(key) else { return SessionView::default() };
