@@ -19,9 +19,6 @@ use crate::telemetry::metric;
 use crate::tokens::ModelInfo;
 use crate::upstream::RequestHead;
 
-/// How much longer than a summary call the lock is held at most, should its holder vanish.
-const LOCK_MARGIN: Duration = Duration::from_secs(10);
-
 /// Why a compaction did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum CompactError {
@@ -87,7 +84,7 @@ impl Compaction<'_> {
         sizing: Sizing,
     ) -> Result<Compacted, CompactError> {
         let cut = self.cut(ladder, harder, &sizing).await?;
-        let hold = self.settings.summary_timeout + LOCK_MARGIN;
+        let hold = self.settings.lock_lease;
         let lock = match CompactionLock::claim(ctx, hold).await {
             Some(lock) => lock,
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
@@ -103,12 +100,23 @@ impl Compaction<'_> {
                 }
             },
         };
+        // The generation is taken under the lock from the stored state: a compaction another
+        // request finished since this one loaded is either reused or followed.
+        if let Some(record) = lock::fresh_record(ctx, &cut.parsed).await {
+            lock.release(ctx).await;
+            return Ok(Compacted { record, summary_time: Duration::ZERO });
+        }
         let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
-        let result = self.summarize(head, ladder, ctx, &cut, trigger, generation).await;
+        let summarizing = self.summarize(head, ladder, ctx, &cut, trigger, generation);
+        let mut result = lock.renewing(ctx, self.settings.lock_lease, summarizing).await;
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
-            Ok(Compacted { record, .. }) => {
-                ctx.publish_compaction(record).await;
+            Ok(Compacted { record, summary_time }) => {
+                if ctx.publish_compaction(record).await
+                    && let Some(winner) = lock::fenced(ctx, record, &cut.parsed).await
+                {
+                    result = Ok(Compacted { record: winner, summary_time: *summary_time });
+                }
             }
             Err(CompactError::SummaryFailed(_)) => {
                 ctx.publish_failure(ladder.message_count).await;

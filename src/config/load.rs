@@ -282,6 +282,7 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         ),
         summary_timeout: r.parse("compaction.summary_timeout_ms", d.summary_timeout, positive_ms),
         lock_wait: r.parse("compaction.lock_wait_ms", d.lock_wait, ms),
+        lock_lease: r.parse("compaction.lock_lease_ms", d.lock_lease, positive_ms),
         max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
         ladder: r.parse("compaction.ladder", d.ladder, |names: Vec<String>| {
             let mut rungs = Vec::new();

@@ -284,6 +284,18 @@ impl SessionCtx {
         }
     }
 
+    /// Extends `owner`'s lock by `lease`: `Some(false)` when its lease lapsed, `None` when the
+    /// store failed (reported).
+    pub async fn renew_lock(&self, owner: &str, lease: Duration) -> Option<bool> {
+        match self.store.renew_lock(self.key.as_str(), self.conversation_id.as_str(), owner, lease).await {
+            Ok(renewed) => Some(renewed),
+            Err(error) => {
+                self.report(&error, "lock");
+                None
+            }
+        }
+    }
+
     /// Releases the lock if `owner` still holds it.
     pub async fn unlock(&self, owner: &str) {
         if let Err(error) = self.store.unlock(self.key.as_str(), self.conversation_id.as_str(), owner).await {

@@ -302,6 +302,19 @@ impl MemoryStore {
         true
     }
 
+    /// Extends `owner`'s lock to `lease` from now; false when its lease lapsed.
+    pub fn renew_lock(&self, key: &str, conversation: &str, owner: &str, lease: Duration) -> bool {
+        let Ok(mut locks) = self.locks.lock() else { return false };
+        let now = Instant::now();
+        match locks.get_mut(&(key.to_string(), conversation.to_string())) {
+            Some((held_by, until)) if held_by == owner && *until > now => {
+                *until = now + lease;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn unlock(&self, key: &str, conversation: &str, owner: &str) -> bool {
         let Ok(mut locks) = self.locks.lock() else { return false };
         let lock = (key.to_string(), conversation.to_string());

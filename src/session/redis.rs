@@ -72,6 +72,27 @@ pub struct RedisStore {
 const RELEASE_LOCK: &str =
     r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) else return 0 end"#;
 
+/// Extends the lock's lease only when the caller still owns it. ARGV: owner, lease in ms.
+const RENEW_LOCK: &str =
+    r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("PEXPIRE", KEYS[1], ARGV[2]) else return 0 end"#;
+
+/// Appends a compaction record unless the list already ends with one of its generation or a
+/// later one: the fencing of the compaction lock, so a holder whose lease lapsed while another
+/// took over cannot lay a second record of the same generation over the winner's. KEYS[1]: the
+/// record list; ARGV: the record's JSON, its generation, how many records are kept.
+const PUSH_RECORD: &str = r#"
+local last = redis.call("LINDEX", KEYS[1], -1)
+if last then
+  local ok, record = pcall(cjson.decode, last)
+  if ok and type(record) == "table" and tonumber(record.generation) and tonumber(record.generation) >= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call("RPUSH", KEYS[1], ARGV[1])
+redis.call("LTRIM", KEYS[1], -tonumber(ARGV[3]), -1)
+return 1
+"#;
+
 /// Marks a conversation as just used and drops the least recently used ones beyond the bound,
 /// with their keys, in the same step. KEYS[1]: the session's `conversations`; ARGV: the
 /// conversation id, the bound, the TTL in seconds, the key prefix of conversations. Server time,
@@ -370,9 +391,16 @@ impl RedisStore {
             pipeline.hset(&hash, "last_request_ms", at).ignore();
         }
         if let Some(record) = &change.compaction {
-            pipeline.rpush(&compactions, Versioned::json(record)?).ignore();
             // The newest records are the ones that can still match; keep a bounded lineage.
-            pipeline.ltrim(&compactions, -(MAX_RECORDS as isize), -1).ignore();
+            pipeline
+                .cmd("EVAL")
+                .arg(PUSH_RECORD)
+                .arg(1)
+                .arg(&compactions)
+                .arg(Versioned::json(record)?)
+                .arg(record.generation)
+                .arg(MAX_RECORDS)
+                .ignore();
         }
         for key in [&hash, &pruned, &compactions] {
             pipeline.expire(key, self.ttl_secs).ignore();
@@ -524,6 +552,22 @@ impl RedisStore {
         cmd.arg(self.lock_key(session, conversation)).arg(owner).arg("NX").arg("PX").arg(hold.as_millis() as u64);
         let reply: RedisValue = self.bounded(connection.command(&cmd)).await?;
         Ok(matches!(reply, RedisValue::Okay))
+    }
+
+    /// Extends the lease of the conversation's lock to `lease` from now, only if `owner` still
+    /// holds it; false when it does not (its lease lapsed and someone else may hold it).
+    pub async fn renew_lock(
+        &self,
+        session: &str,
+        conversation: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let connection = self.connection()?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RENEW_LOCK).arg(1).arg(self.lock_key(session, conversation)).arg(owner).arg(lease.as_millis() as u64);
+        let renewed: u64 = self.bounded(connection.command(&cmd)).await?;
+        Ok(renewed == 1)
     }
 
     /// Releases the conversation's lock only if `owner` still holds it.

@@ -291,7 +291,10 @@ impl ConversationState {
         if let Some(at) = update.request_at_unix_ms {
             self.last_request_unix_ms = at;
         }
-        if let Some(record) = &update.compaction {
+        // Fencing: a record of a generation already stored (a holder whose lock lapsed while
+        // another took over) is not laid beside the winner's.
+        let newest = self.compactions.iter().map(|r| r.generation).max().unwrap_or(0);
+        if let Some(record) = update.compaction.as_ref().filter(|record| record.generation > newest) {
             self.compactions.push(record.clone());
             let excess = self.compactions.len().saturating_sub(MAX_RECORDS);
             self.compactions.drain(..excess);

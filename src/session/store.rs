@@ -208,6 +208,20 @@ impl Store {
         }
     }
 
+    /// Extends the lease of `owner`'s lock on a conversation; false when it no longer holds it.
+    pub async fn renew_lock(
+        &self,
+        key: &str,
+        conversation: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.renew_lock(key, conversation, owner, lease)),
+            Backend::Redis(store) => self.guarded(store.renew_lock(key, conversation, owner, lease)).await,
+        }
+    }
+
     /// Releases a conversation's lock if `owner` still holds it; true when it did.
     pub async fn unlock(&self, key: &str, conversation: &str, owner: &str) -> Result<bool, StoreError> {
         match &self.backend {

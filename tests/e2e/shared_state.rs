@@ -190,3 +190,93 @@ async fn a_session_written_by_the_next_schema_version_is_served_without_state_an
         assert!(ttl > 0, "{key} still expires: {ttl}");
     }
 }
+
+/// A summarizer with a large window and a short lock lease, so a summary outlasts several leases.
+const LEASED: &str = "[models.big-summarizer]\ncontext_window = 200000\nmax_output_tokens = 8192\n[admin]\ntoken = \"admin-secret\"\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\nlock_lease_ms = 300\nmodel = \"big-summarizer\"\n";
+
+/// A turn of session `session` in the Anthropic dialect.
+async fn post_turn(proxy: &ProxyProcess, session: &str, body: &Value) -> Answer {
+    let headers = [("x-api-key", "k"), ("x-session-id", session)];
+    proxy.post(crate::common::window::Api::Anthropic.path(), &headers, body).await
+}
+
+/// The compaction records' generations the store keeps for `session`'s conversations.
+async fn generations(proxy: &ProxyProcess, session: &str) -> Vec<u64> {
+    let view = proxy.get_with_token(&format!("/admin/sessions/{session}"), "admin-secret").await.json();
+    let conversations = view["state"]["conversations"].as_array().cloned().unwrap_or_default();
+    conversations
+        .iter()
+        .flat_map(|c| c["compactions"].as_array().cloned().unwrap_or_default())
+        .map(|record| record["generation"].as_u64().unwrap())
+        .collect()
+}
+
+/// A summary takes 2 s, the lock's lease is 0.3 s: the holder renews it while it summarizes, so
+/// a second request of the same conversation (on the same replica, or on another one sharing
+/// Redis) arriving meanwhile waits for the record instead of taking the lapsed lock and
+/// summarizing again. One summary call, one generation.
+#[tokio::test]
+async fn a_compaction_slower_than_its_locks_lease_is_made_once() {
+    use crate::common::window::{Api, WindowSpec, conversation, window_upstream};
+    let redis = RedisServer::start();
+    let mut stores = vec![String::new()];
+    stores.extend(redis.as_ref().map(RedisServer::config));
+    for store in stores {
+        let spec = WindowSpec { window: 4_000, summary_delay: Duration::from_secs(2), ..WindowSpec::default() };
+        let (fake, summaries) = window_upstream(spec).await;
+        let (one, two) = ProxyProcess::replicas(&fake, &format!("{LEASED}{store}"));
+        // The second replica shares nothing without Redis: then both requests go to the first.
+        let other = if store.is_empty() { &one } else { &two };
+        let body = conversation(Api::Anthropic, 12, false);
+        let before = summaries.count();
+        let (first, second) = tokio::join!(post_turn(&one, "leased", &body), async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            post_turn(other, "leased", &body).await
+        });
+        for answer in [&first, &second] {
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "{store}");
+        }
+        assert_eq!(summaries.count() - before, 1, "one summary call ({store:?})\n{}", one.logs().join("\n"));
+        let session = first.header("x-compactor-session").unwrap();
+        assert_eq!(generations(&one, session).await, [1], "one generation ({store:?})");
+    }
+}
+
+/// The holder's lock is lost while it summarizes (deleted here, as a lease lapses when its holder
+/// is cut off from Redis for a whole lease): a second replica takes the lock and summarizes the
+/// same history too. Both records are generation 1; the store keeps the first published, and the
+/// second holder answers with the winner's record rather than laying its own beside it.
+#[tokio::test]
+async fn a_holder_whose_lock_lapsed_cannot_store_a_second_record_of_its_generation() {
+    use crate::common::window::{Api, WindowSpec, conversation, window_upstream};
+    let Some(redis) = RedisServer::start() else { return };
+    let spec = WindowSpec { window: 4_000, summary_delay: Duration::from_secs(2), ..WindowSpec::default() };
+    let (fake, summaries) = window_upstream(spec).await;
+    let (one, two) = ProxyProcess::replicas(&fake, &format!("{LEASED}{}", redis.config()));
+    let body = conversation(Api::Anthropic, 12, false);
+    let before = summaries.count();
+    let lock_pattern = format!("{}:*:lock", redis.prefix);
+    let (first, second) = tokio::join!(post_turn(&one, "lapsed", &body), async {
+        let mut connection = redis.connection();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let locks: Vec<String> = redis::cmd("KEYS").arg(&lock_pattern).query(&mut connection).unwrap();
+            if let Some(lock) = locks.first() {
+                let _: u64 = redis::cmd("DEL").arg(lock).query(&mut connection).unwrap();
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the first request never took the lock");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        post_turn(&two, "lapsed", &body).await
+    });
+    for answer in [&first, &second] {
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.header("x-compactor-compacted"), Some("1"));
+    }
+    assert_eq!(summaries.count() - before, 2, "the lapsed lock let the second replica summarize too");
+    let session = first.header("x-compactor-session").unwrap();
+    assert_eq!(generations(&one, session).await, [1], "one record of generation 1");
+    two.wait_for_log("compaction record fenced").await;
+}
