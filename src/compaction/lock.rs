@@ -43,15 +43,17 @@ impl CompactionLock {
     /// logged and no longer renewed (the record's fencing decides then).
     pub(super) async fn renewing<T>(&self, ctx: &SessionCtx, lease: Duration, work: impl Future<Output = T>) -> T {
         let renew = async {
-            while self.held {
-                tokio::time::sleep(lease / 3).await;
-                if ctx.renew_lock(&self.owner, lease).await == Some(false) {
-                    tracing::warn!(
-                        session = %ctx.key().as_str(),
-                        conversation = %ctx.conversation_id(),
-                        "compaction lock lapsed while its holder summarized; its record is fenced by its generation"
-                    );
-                    break;
+            if self.held {
+                loop {
+                    tokio::time::sleep(lease / 3).await;
+                    if ctx.renew_lock(&self.owner, lease).await == Some(false) {
+                        tracing::warn!(
+                            session = %ctx.key().as_str(),
+                            conversation = %ctx.conversation_id(),
+                            "compaction lock lapsed while its holder summarized; its record is fenced by its generation"
+                        );
+                        break;
+                    }
                 }
             }
             std::future::pending::<std::convert::Infallible>().await
