@@ -4,7 +4,7 @@
 //!
 //! Layout, under `<prefix>:{<session key>}:` (the braces are the hash tag):
 //! - `session`: hash of the session's own values (`requests`, `tokens_saved`, `compact_requested`,
-//!   `learned_window`);
+//!   what was learned of its model, merged field by field, and `schema`: the version that wrote it);
 //! - `conversations`: sorted set of the session's conversation ids by last use (server time in
 //!   microseconds), at most `max_conversations` long;
 //! - `c:<id>`: hash of one conversation (`requests`, `messages`, `usage` as versioned JSON,
