@@ -54,6 +54,8 @@ pub(super) struct Compacted {
     pub record: CompactionRecord,
     /// Time spent in summary calls (zero when another request's record was reused).
     pub summary_time: Duration,
+    /// Summary calls made (zero when another request's record was reused).
+    pub summary_calls: u32,
 }
 
 /// Where the client's conversation is cut: it is counted, and `cut` is the first message kept.
@@ -88,7 +90,9 @@ impl Compaction<'_> {
         let lock = match CompactionLock::claim(ctx, hold).await {
             Some(lock) => lock,
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
-                Waited::Record(record) => return Ok(Compacted { record, summary_time: Duration::ZERO }),
+                Waited::Record(record) => {
+                    return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
+                }
                 Waited::TimedOut => return Err(CompactError::Busy),
                 // The holder finished without a record for this history: summarize it here,
                 // unless the holder's failures opened the conversation's breaker.
@@ -104,18 +108,19 @@ impl Compaction<'_> {
         // request finished since this one loaded is either reused or followed.
         if let Some(record) = lock::fresh_record(ctx, &cut.parsed).await {
             lock.release(ctx).await;
-            return Ok(Compacted { record, summary_time: Duration::ZERO });
+            return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
         }
         let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
         let summarizing = self.summarize(head, ladder, ctx, &cut, trigger, generation);
         let mut result = lock.renewing(ctx, self.settings.lock_lease, summarizing).await;
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
-            Ok(Compacted { record, summary_time }) => {
+            Ok(Compacted { record, summary_time, summary_calls }) => {
                 if ctx.publish_compaction(record).await
                     && let Some(winner) = lock::fenced(ctx, record, &cut.parsed).await
                 {
-                    result = Ok(Compacted { record: winner, summary_time: *summary_time });
+                    let (summary_time, summary_calls) = (*summary_time, *summary_calls);
+                    result = Ok(Compacted { record: winner, summary_time, summary_calls });
                 }
             }
             Err(CompactError::SummaryFailed(_)) => {
@@ -215,6 +220,7 @@ impl Compaction<'_> {
             summary_ms = summary_time.as_millis() as u64,
             "compacted"
         );
-        Ok(Compacted { record, summary_time })
+        metric::summary_calls_per_compaction(calls);
+        Ok(Compacted { record, summary_time, summary_calls: calls })
     }
 }

@@ -25,4 +25,5 @@ mod rewrite_proxy;
 mod sdk_e2e;
 mod sessions;
 mod shared_state;
+mod summaries;
 mod traces;
