@@ -115,11 +115,8 @@ fn median_in_turn(step: &Step, bodies: &[Vec<u8>]) -> Vec<Duration> {
 
 /// The least-squares slope of log(time) against log(size): how the cost grows with the input.
 fn growth(sizes: &[usize], times: &[Duration]) -> f64 {
-    let points: Vec<(f64, f64)> = sizes
-        .iter()
-        .zip(times)
-        .map(|(size, time)| ((*size as f64).ln(), time.as_secs_f64().max(1e-9).ln()))
-        .collect();
+    let points: Vec<(f64, f64)> =
+        sizes.iter().zip(times).map(|(size, time)| ((*size as f64).ln(), time.as_secs_f64().max(1e-9).ln())).collect();
     let count = points.len() as f64;
     let (mean_x, mean_y) = points.iter().fold((0.0, 0.0), |(x, y), (px, py)| (x + px / count, y + py / count));
     let covariance: f64 = points.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum();
@@ -636,7 +633,10 @@ fn prepares(path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> bool {
     let mut map = http::HeaderMap::new();
     map.insert("content-type", http::HeaderValue::from_static("application/json"));
     for (name, value) in headers {
-        map.insert(http::HeaderName::from_bytes(name.as_bytes()).unwrap(), http::HeaderValue::from_bytes(value).unwrap());
+        map.insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(value).unwrap(),
+        );
     }
     let route = compactor::route::Route::of(&http::Method::POST, path, &map);
     let head = compactor::upstream::RequestHead {
@@ -645,8 +645,7 @@ fn prepares(path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> bool {
         uri: path.parse().unwrap(),
         headers: map,
     };
-    let prepared =
-        REQUEST_PATH.runtime.block_on(REQUEST_PATH.compactor.prepare(&head, Bytes::copy_from_slice(body)));
+    let prepared = REQUEST_PATH.runtime.block_on(REQUEST_PATH.compactor.prepare(&head, Bytes::copy_from_slice(body)));
     prepared.report.is_some()
 }
 
@@ -676,7 +675,8 @@ fn long_value(n: usize) -> Vec<u8> {
 const CHAT_PATH: &str = "/v1/chat/completions";
 const MESSAGES_PATH: &str = "/v1/messages";
 const RESPONSES_PATH: &str = "/v1/responses";
-const SMALL_CHAT: &str = r#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+const SMALL_CHAT: &str =
+    r#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
 
 /// A chat turn that called `tool` under `id` and got its output back.
 fn chat_with_call(model: &str, id: &str, tool: &str) -> Vec<u8> {
@@ -710,7 +710,11 @@ fn json_string(text: &str) -> String {
 #[test]
 fn every_scalar_a_client_chooses_costs_time_linear_in_its_length() {
     assert_linear(vec![
-        shape("chat, a model name of n characters", |n| chat_with_call(&long_name("gpt-4o-", n), "c1", "run"), prepared_at(CHAT_PATH)),
+        shape(
+            "chat, a model name of n characters",
+            |n| chat_with_call(&long_name("gpt-4o-", n), "c1", "run"),
+            prepared_at(CHAT_PATH),
+        ),
         shape(
             "anthropic, a model name of n characters",
             |n| anthropic_with_call(&long_name("claude-sonnet-4.5-", n), "t1", "run"),
@@ -721,7 +725,11 @@ fn every_scalar_a_client_chooses_costs_time_linear_in_its_length() {
             |n| responses_with_call(&long_name("openai/gpt-5-", n), "f1", "run"),
             prepared_at(RESPONSES_PATH),
         ),
-        shape("chat, a call id of n characters", |n| chat_with_call("gpt-4o", &long_name("call_", n), "run"), prepared_at(CHAT_PATH)),
+        shape(
+            "chat, a call id of n characters",
+            |n| chat_with_call("gpt-4o", &long_name("call_", n), "run"),
+            prepared_at(CHAT_PATH),
+        ),
         shape(
             "anthropic, a tool_use id of n characters",
             |n| anthropic_with_call("claude-sonnet-4-5", &long_name("toolu_", n), "run"),
@@ -732,7 +740,11 @@ fn every_scalar_a_client_chooses_costs_time_linear_in_its_length() {
             |n| responses_with_call("gpt-5", &long_name("fc_", n), "run"),
             prepared_at(RESPONSES_PATH),
         ),
-        shape("chat, a tool name of n characters", |n| chat_with_call("gpt-4o", "c1", &long_name("run_", n)), prepared_at(CHAT_PATH)),
+        shape(
+            "chat, a tool name of n characters",
+            |n| chat_with_call("gpt-4o", "c1", &long_name("run_", n)),
+            prepared_at(CHAT_PATH),
+        ),
         shape(
             "anthropic, a tool name of n characters",
             |n| anthropic_with_call("claude-sonnet-4-5", "t1", &long_name("read_", n)),
@@ -747,15 +759,18 @@ fn every_scalar_a_client_chooses_costs_time_linear_in_its_length() {
             "chat, a prompt_cache_key of n characters",
             |n| {
                 let key = json_string(&long_name("session-", n));
-                format!(r#"{{"model":"gpt-4o","prompt_cache_key":{key},"messages":[{{"role":"user","content":"hi"}}]}}"#)
-                    .into_bytes()
+                format!(
+                    r#"{{"model":"gpt-4o","prompt_cache_key":{key},"messages":[{{"role":"user","content":"hi"}}]}}"#
+                )
+                .into_bytes()
             },
             prepared_at(CHAT_PATH),
         ),
         shape(
             "anthropic, a metadata.user_id of n characters",
             |n| {
-                let user = json_string(&format!("user_{}_account_x_session_{}", long_name("", n / 2), long_name("", n / 2)));
+                let user =
+                    json_string(&format!("user_{}_account_x_session_{}", long_name("", n / 2), long_name("", n / 2)));
                 format!(r#"{{"model":"claude-sonnet-4-5","max_tokens":10,"metadata":{{"user_id":{user}}},"messages":[{{"role":"user","content":"hi"}}]}}"#)
                     .into_bytes()
             },
@@ -765,9 +780,25 @@ fn every_scalar_a_client_chooses_costs_time_linear_in_its_length() {
         shape(
             "Claude Code's session header of n bytes",
             long_value,
-            prepared_with_header(MESSAGES_PATH, "x-claude-code-session-id", r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#),
+            prepared_with_header(
+                MESSAGES_PATH,
+                "x-claude-code-session-id",
+                r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#,
+            ),
         ),
-        shape("a bearer credential of n bytes", |n| [b"Bearer ".as_slice(), &long_value(n)].concat(), prepared_with_header(CHAT_PATH, "authorization", SMALL_CHAT)),
-        shape("an x-api-key of n bytes", long_value, prepared_with_header(MESSAGES_PATH, "x-api-key", r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#)),
+        shape(
+            "a bearer credential of n bytes",
+            |n| [b"Bearer ".as_slice(), &long_value(n)].concat(),
+            prepared_with_header(CHAT_PATH, "authorization", SMALL_CHAT),
+        ),
+        shape(
+            "an x-api-key of n bytes",
+            long_value,
+            prepared_with_header(
+                MESSAGES_PATH,
+                "x-api-key",
+                r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#,
+            ),
+        ),
     ]);
 }
