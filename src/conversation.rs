@@ -134,22 +134,18 @@ pub enum Pairing {
 impl<'a> Conversation<'a> {
     /// Tokens as the conversation would be sent now, with every edit applied.
     pub fn tokens_after(&self, count: impl Fn(&str) -> u32) -> u32 {
-        let items: u32 = self
-            .items
-            .iter()
-            .map(|item| match &item.edit {
-                Edit::Keep => item.tokens,
-                Edit::Replace(text) => count(text) + FRAMING_TOKENS,
-                Edit::Remove => 0,
-            })
-            .sum();
-        let inserted: u32 = self.inserts.iter().map(|i| count(&i.text) + FRAMING_TOKENS).sum();
-        self.fixed_tokens + items + inserted
+        let items = self.items.iter().map(|item| match &item.edit {
+            Edit::Keep => item.tokens,
+            Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
+            Edit::Remove => 0,
+        });
+        let inserted = self.inserts.iter().map(|i| count(&i.text).saturating_add(FRAMING_TOKENS));
+        items.chain(inserted).fold(self.fixed_tokens, u32::saturating_add)
     }
 
     /// Tokens as the client sent it.
     pub fn tokens_before(&self) -> u32 {
-        self.fixed_tokens + self.items.iter().map(|i| i.tokens).sum::<u32>()
+        self.items.iter().map(|i| i.tokens).fold(self.fixed_tokens, u32::saturating_add)
     }
 
     /// Whether any policy changed anything.

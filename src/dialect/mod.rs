@@ -335,7 +335,8 @@ impl<'a> ParsedRequest<'a> {
 
     /// Tokens of message `index` as counted (items plus framing).
     pub fn message_tokens(&self, index: usize) -> u32 {
-        self.conversation.items_of(index).iter().map(|i| i.tokens).sum::<u32>() + crate::conversation::FRAMING_TOKENS
+        let items = self.conversation.items_of(index).iter().map(|i| i.tokens);
+        items.fold(crate::conversation::FRAMING_TOKENS, u32::saturating_add)
     }
 }
 

@@ -216,11 +216,11 @@ impl Rewriter {
         let mut per_message = vec![FRAMING_TOKENS; message_count];
         for item in &conversation.items {
             if let Some(slot) = per_message.get_mut(item.message) {
-                *slot += match &item.edit {
+                *slot = slot.saturating_add(match &item.edit {
                     crate::conversation::Edit::Keep => item.tokens,
-                    crate::conversation::Edit::Replace(text) => count(text) + FRAMING_TOKENS,
+                    crate::conversation::Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
                     crate::conversation::Edit::Remove => 0,
-                };
+                });
             }
         }
         report.message_tokens = per_message;
@@ -347,20 +347,25 @@ impl Rewriter {
         let mut next = || slots.next().unwrap_or(0);
         for item in &mut parsed.conversation.items {
             let (first, second) = (next(), next());
-            item.tokens = FRAMING_TOKENS
-                + match &item.kind {
-                    Kind::ToolResult { attachments, .. } => first + second + attachments * image,
-                    Kind::Attachment => image,
-                    _ => first + second,
-                };
+            // Saturating: a client sets the number of attachments (millions of empty parts) and an
+            // operator the tokens of each; a wrapped sum would make a huge request look small.
+            let content = match &item.kind {
+                Kind::ToolResult { attachments, .. } => {
+                    first.saturating_add(second).saturating_add(attachments.saturating_mul(image))
+                }
+                Kind::Attachment => image,
+                _ => first.saturating_add(second),
+            };
+            item.tokens = FRAMING_TOKENS.saturating_add(content);
         }
-        let mut fixed = FRAMING_TOKENS * parsed.messages.len() as u32 + 3;
+        let messages = u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX);
+        let mut fixed = FRAMING_TOKENS.saturating_mul(messages).saturating_add(3);
         if parsed.tools.is_some() {
-            fixed += next();
+            fixed = fixed.saturating_add(next());
         }
         // System text outside the history is not an item: policies never touch it.
         for _ in &parsed.top_system {
-            fixed += next() + FRAMING_TOKENS;
+            fixed = fixed.saturating_add(next()).saturating_add(FRAMING_TOKENS);
         }
         parsed.conversation.fixed_tokens = fixed;
     }
