@@ -109,7 +109,7 @@ fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
 pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     let owed = inserts_by_anchor(parsed);
-    let mut renders = parsed.memo.renders();
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         if conversation.message_changed(index) {
             let items = conversation.items_of(index);

@@ -160,6 +160,8 @@ pub(crate) struct Rendered {
     marker: Option<Marker>,
     /// `None`: nothing is left of the message.
     text: Option<Box<str>>,
+    /// Whether a replacement in it could not be written (see [`ParsedRequest::unapplied`]).
+    unapplied: bool,
 }
 
 impl Rendered {
@@ -289,9 +291,9 @@ impl Memo {
     }
 
     /// A book of this turn's rendered messages, taking those an earlier turn rendered the same way.
-    pub(crate) fn renders(&self) -> Renders<'_> {
+    pub(crate) fn renders<'r>(&'r self, unapplied: &'r super::Unapplied) -> Renders<'r> {
         let earlier = self.earlier.as_ref().and_then(|e| Some((e.skeleton.rendered.get()?.as_slice(), e.messages)));
-        Renders { earlier, own: self.own.as_ref(), kept: Vec::new() }
+        Renders { earlier, own: self.own.as_ref(), kept: Vec::new(), unapplied }
     }
 
     /// Weighs the own skeleton again in the cache, with what the rewrite added to it (kept
@@ -338,6 +340,8 @@ pub(crate) struct Renders<'m> {
     earlier: Option<(&'m [RenderedAt], usize)>,
     own: Option<&'m Arc<Skeleton>>,
     kept: Vec<RenderedAt>,
+    /// The parse's record of messages whose replacement could not be written.
+    unapplied: &'m super::Unapplied,
 }
 
 impl<'m> Renders<'m> {
@@ -356,12 +360,17 @@ impl<'m> Renders<'m> {
             && earlier[at].1.decided_by(items, marker)
         {
             let rendered: &'m Arc<Rendered> = &earlier[at].1;
+            if rendered.unapplied {
+                self.unapplied.push(index);
+            }
             if self.own.is_some() {
                 self.kept.push((index, rendered.clone()));
             }
             return rendered.text.as_deref().map(Cow::Borrowed);
         }
+        let recorded = self.unapplied.len();
         let text = render();
+        let unapplied = self.unapplied.len() > recorded;
         if self.own.is_none() {
             return text.map(Cow::Owned);
         }
@@ -369,6 +378,7 @@ impl<'m> Renders<'m> {
             edits: items.iter().map(|i| i.edit.clone()).collect(),
             marker: marker.cloned(),
             text: text.map(String::into_boxed_str),
+            unapplied,
         });
         self.kept.push((index, rendered));
         self.kept.last().and_then(|(_, rendered)| rendered.text.as_deref()).map(Cow::Borrowed)

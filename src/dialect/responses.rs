@@ -236,13 +236,15 @@ pub(super) fn render_items(parsed: &ParsedRequest, out: &mut json::ArrayWriter) 
             slot.push(insert);
         }
     }
-    let mut renders = parsed.memo.renders();
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         let items = conversation.items_of(index);
         match items.iter().map(|i| &i.edit).find(|e| **e != Edit::Keep) {
             Some(Edit::Remove) => {}
             Some(Edit::Replace(text)) => {
-                if let Some(rendered) = renders.message(index, items, None, || Some(replace_output(message, text))) {
+                if let Some(rendered) =
+                    renders.message(index, items, None, || Some(replace_output(parsed, index, message, text)))
+                {
                     out.push(&rendered);
                 }
             }
@@ -265,7 +267,7 @@ pub(super) fn render_items(parsed: &ParsedRequest, out: &mut json::ArrayWriter) 
 
 /// An item with its output text replaced: a client output's whole `output`, or the one string a
 /// hosted tool's result may shorten.
-fn replace_output(message: &Message, text: &str) -> String {
+fn replace_output(parsed: &ParsedRequest, index: usize, message: &Message, text: &str) -> String {
     if message.role == Role::Tool {
         let mut rendered = String::new();
         message.object.write(&mut rendered, &[], |key| (key == "output").then(|| json::json_string(text)));
@@ -273,5 +275,8 @@ fn replace_output(message: &Message, text: &str) -> String {
     }
     hosted_output(&message.object)
         .and_then(|field| json::replace_within(message.raw, field, &json::json_string(text)))
-        .unwrap_or_else(|| message.raw.to_string())
+        .unwrap_or_else(|| {
+            parsed.unapplied.push(index);
+            message.raw.to_string()
+        })
 }
