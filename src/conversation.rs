@@ -172,15 +172,6 @@ impl<'a> Conversation<'a> {
         &self.items[self.item_range(index)]
     }
 
-    /// The name of the tool a call id belongs to (the first call with that id). One lookup scans
-    /// the conversation; a policy asking for many builds [`Conversation::tool_names`] once.
-    pub fn tool_name(&self, call_id: &str) -> Option<&str> {
-        self.items.iter().find_map(|item| match &item.kind {
-            Kind::ToolCall { id: Some(id), name, .. } if id == call_id => Some(name.as_ref()),
-            _ => None,
-        })
-    }
-
     /// The name of the tool of every call id (the first call with an id names it).
     pub fn tool_names(&self) -> std::collections::HashMap<&str, &str> {
         let mut names = std::collections::HashMap::new();

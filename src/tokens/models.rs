@@ -150,10 +150,6 @@ impl ModelTable {
             .copied()
             .unwrap_or(self.default)
     }
-
-    pub fn configured_default(&self) -> ModelInfo {
-        self.default
-    }
 }
 
 /// More than the most bytes [`normalize`] removes from the front of a name after its last `/`
