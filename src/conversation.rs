@@ -172,6 +172,19 @@ impl<'a> Conversation<'a> {
         &self.items[self.item_range(index)]
     }
 
+    /// The synthetic results grouped by the message each goes after: `anchor` maps the message
+    /// of the call to that message (`messages` of them in all).
+    pub fn inserts_by(&self, messages: usize, mut anchor: impl FnMut(usize) -> usize) -> Vec<Vec<&InsertResult>> {
+        let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); messages];
+        for insert in &self.inserts {
+            let Some(call) = self.items.get(insert.call_item) else { continue };
+            if let Some(slot) = owed.get_mut(anchor(call.message)) {
+                slot.push(insert);
+            }
+        }
+        owed
+    }
+
     /// The name of the tool of every call id (the first call with an id names it).
     pub fn tool_names(&self) -> std::collections::HashMap<&str, &str> {
         let mut names = std::collections::HashMap::new();

@@ -267,14 +267,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWrite
 
 /// The synthetic results each assistant turn owes, grouped once.
 fn inserts_by_assistant<'p>(parsed: &'p ParsedRequest) -> Vec<Vec<&'p InsertResult>> {
-    let conversation = &parsed.conversation;
-    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
-    for insert in &conversation.inserts {
-        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
-            slot.push(insert);
-        }
-    }
-    owed
+    parsed.conversation.inserts_by(parsed.messages.len(), |assistant| assistant)
 }
 
 fn synthetic_block(insert: &InsertResult) -> String {

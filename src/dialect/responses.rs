@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 use super::{Message, ParsedRequest, only_text_and_media, string_kind, text_of_parts};
-use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
+use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
 /// Parts a function or custom tool output may hold and still be replaced by one text.
@@ -230,12 +230,7 @@ fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
 pub(super) fn render_items(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     // Each call's synthetic output, grouped by the item of the call once.
-    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
-    for insert in &conversation.inserts {
-        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
-            slot.push(insert);
-        }
-    }
+    let owed = conversation.inserts_by(parsed.messages.len(), |call| call);
     let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         let items = conversation.items_of(index);
