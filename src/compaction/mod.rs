@@ -153,6 +153,11 @@ impl Compactor {
     /// Before forwarding: identifies the session and rewrites the body when the endpoint is one
     /// compactor understands; anything it cannot parse, and requests whose history it cannot see
     /// or that summarize themselves, go as they came.
+    /// The keyed tenant hash of the request's credential (what token counts are cached under).
+    pub fn tenant(&self, headers: &http::HeaderMap) -> String {
+        self.identifier.tenant(headers)
+    }
+
     pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
@@ -499,8 +504,9 @@ impl Compactor {
                         continue;
                     };
                     match self.compaction().run(head, ladder, ctx, harder, "overflow", sizing).await {
-                        Ok(Compacted { record, summary_time }) => {
+                        Ok(Compacted { record, summary_time, summary_calls }) => {
                             ladder.trace.summary += summary_time;
+                            ladder.trace.summary_calls += summary_calls;
                             ladder.record = Some(record);
                             match self.derive(ladder, ctx, &self.settings_for_rebuild(), true).await {
                                 Some((body, report)) if self.fits(ctx, &report) => {
@@ -560,7 +566,9 @@ impl Compactor {
         let sizing = self.sizing(ladder, ctx, report);
         for harder in [false, true] {
             match self.compaction().run(head, ladder, ctx, harder, trigger, sizing).await {
-                Ok(Compacted { record, .. }) => {
+                Ok(Compacted { record, summary_time, summary_calls }) => {
+                    ladder.trace.summary += summary_time;
+                    ladder.trace.summary_calls += summary_calls;
                     ladder.record = Some(record);
                     // Everything after the summary is new to the provider: prune as under pressure.
                     let derived = self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);

@@ -72,6 +72,9 @@ pub struct PruneConfig {
     pub enabled: bool,
     pub protect_tokens: u32,
     pub minimum_tokens: u32,
+    /// What a pruned output becomes: a template where `{tool}` is the call's tool name, `{args}`
+    /// its arguments on one line (cut to 100 characters), `{tokens}` the output's size; a text
+    /// without them is used as it is.
     pub placeholder: String,
     pub protected_tools: Vec<String>,
     pub dedupe: bool,
@@ -176,6 +179,10 @@ pub struct LimitsConfig {
     /// Bodies smaller than this many bytes are parsed whole, never kept: they parse faster than a
     /// cache lookup and insert cost.
     pub prefix_min_bytes: u64,
+    /// Request body bytes held at once across the requests compactor rewrites (their memory grows
+    /// with their bodies); past it a request gets 503 in its API dialect with `retry-after`. A body
+    /// larger than the whole budget goes when it is alone. 0 turns the bound off.
+    pub max_inflight_body_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -210,7 +217,9 @@ impl LogFilter {
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceConfig {
     pub enabled: bool,
-    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`).
+    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`). It prints in `--check-config` and
+    /// logs, so one with credentials (`user:password@`, `?api_key=`) is refused: put the credential
+    /// in `headers`.
     pub endpoint: String,
     /// Headers sent with every export, `name=value,name=value` (an API key, often): never printed.
     pub headers: Secret,
@@ -311,6 +320,7 @@ impl Default for Config {
             },
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
+                max_inflight_body_bytes: 64 * 1024 * 1024,
                 rewrite_budget: Duration::from_millis(10_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,
@@ -338,7 +348,7 @@ impl Default for Config {
                 enabled: true,
                 protect_tokens: 40_000,
                 minimum_tokens: 20_000,
-                placeholder: "[Old tool result content cleared]".into(),
+                placeholder: crate::rewrite::placeholder::DEFAULT.into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
                 pressure: 0.5,
@@ -381,7 +391,7 @@ impl Config {
             prune: PruneSettings {
                 protect_tokens: self.prune.protect_tokens,
                 minimum_tokens: self.prune.minimum_tokens,
-                placeholder: self.prune.placeholder.clone(),
+                placeholder: crate::rewrite::placeholder::Template::new(&self.prune.placeholder),
                 protected_tools: self.prune.protected_tools.clone(),
                 pressure: self.prune.pressure,
             },

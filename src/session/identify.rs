@@ -103,6 +103,15 @@ impl Identifier {
         SessionKey { key, source }
     }
 
+    /// Keyed hash of the credential: the same key always maps to the same tenant, and nothing
+    /// about the key can be learned from it.
+    pub fn tenant(&self, headers: &HeaderMap) -> String {
+        match self.credential(headers) {
+            None => "anonymous".to_string(),
+            Some(credential) => self.tenant_of(credential).to_string(),
+        }
+    }
+
     /// The key a conversation's last parse is kept under ([`PrefixKey`]): the credential and the
     /// session header, both known before the body is read and the same on every turn.
     pub fn prefix_key(&self, dialect: Dialect, headers: &HeaderMap) -> PrefixKey {

@@ -125,7 +125,7 @@ fn growth(sizes: &[usize], times: &[Duration]) -> f64 {
 }
 
 /// Times every shape at n, 2n, … 16n and fails naming each shape whose cost grew faster than
-/// linear (with every shape's figures, for the docs).
+/// linear (with every shape's figures, for docs/architecture.md and docs/correctness.md).
 fn assert_linear(shapes: Vec<Shape>) {
     let _machine = crate::one_at_a_time();
     let mut report = Vec::new();
