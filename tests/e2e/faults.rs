@@ -1,5 +1,5 @@
 //! The fault suite (issue 9): each fault an upstream, a client or the store can commit, played
-//! against the real binary, and what the client sees. The README's "Failure behaviour" lists the
+//! against the real binary, and what the client sees. docs/operations.md, "Failure behaviour", lists the
 //! same faults.
 
 use std::io::{Read, Write};
