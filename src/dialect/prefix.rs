@@ -781,6 +781,11 @@ pub struct PrefixCache {
     cache: Option<moka::sync::Cache<PrefixKey, Arc<[Arc<Skeleton>]>>>,
     /// Smaller bodies are parsed whole and not kept (`limits.prefix_min_bytes`).
     min_bytes: usize,
+    /// The heaviest parse kept: half the cache. A heavier one would push every other
+    /// conversation out, and moka evicts an entry over its whole bound only at its next
+    /// maintenance, so until then the bound did not hold (a 30 MiB body of a million one-letter
+    /// messages kept ~430 MiB).
+    max_entry: usize,
 }
 
 impl PrefixCache {
@@ -795,7 +800,17 @@ impl PrefixCache {
                 })
                 .build()
         });
-        Self { cache, min_bytes: 0 }
+        Self { cache, min_bytes: 0, max_entry: usize::try_from(max_bytes / 2).unwrap_or(usize::MAX) }
+    }
+
+    /// Whether the skeleton of `parsed` (of a body of `body_bytes`) is light enough to keep: its
+    /// weight estimated from what it will hold per message and item, before it is built.
+    fn keeps(&self, parsed: &ParsedRequest, body_bytes: usize) -> bool {
+        let per_item = std::mem::size_of::<ItemSkeleton>() + 2 * std::mem::size_of::<u32>();
+        let estimate = body_bytes
+            + parsed.messages.len() * std::mem::size_of::<MessageSkeleton>()
+            + parsed.conversation.items.len() * per_item;
+        estimate <= self.max_entry
     }
 
     /// The same cache, for bodies of `min_bytes` and more only: a small body parses faster than
@@ -845,6 +860,7 @@ impl PrefixCache {
             None => (ParsedRequest::parse(dialect, body), 0),
         };
         if let Some(parsed) = &mut parsed
+            && self.keeps(parsed, body.len())
             && let Some(skeleton) = Skeleton::of(parsed, body.clone())
         {
             let skeleton = Arc::new(skeleton);
