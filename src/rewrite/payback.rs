@@ -54,16 +54,20 @@ impl CachePricing {
     pub const ANTHROPIC: Self = Self { read: 0.1, write: 1.25, lifetime: Duration::from_secs(300) };
     /// OpenAI (gpt-4.1's 0.25x; 0.1x-0.5x by model), no write surcharge, entries kept 5-10 minutes.
     pub const OPENAI: Self = Self { read: 0.25, write: 1.0, lifetime: Duration::from_secs(300) };
+    /// Gemini's implicit prefix caching: cached input at a quarter of the base price, no write
+    /// surcharge, entries kept minutes. The same numbers as OpenAI's (it is shown as `openai`).
+    pub const GEMINI: Self = Self { read: 0.25, write: 1.0, lifetime: Duration::from_secs(300) };
 
-    /// `anthropic`, `openai`, `none`, or custom numbers: `read=0.1,write=1.25,lifetime_secs=300`.
+    /// `anthropic`, `openai`, `gemini`, `none`, or custom numbers: `read=0.1,write=1.25,lifetime_secs=300`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "anthropic" => return Ok(Self::ANTHROPIC),
             "openai" => return Ok(Self::OPENAI),
+            "gemini" => return Ok(Self::GEMINI),
             "none" => return Ok(Self::NONE),
             _ => {}
         }
-        let expected = "expected anthropic, openai, none or read=R,write=W,lifetime_secs=S (e.g. read=0.1,write=1.25,lifetime_secs=300)";
+        let expected = "expected anthropic, openai, gemini, none or read=R,write=W,lifetime_secs=S (e.g. read=0.1,write=1.25,lifetime_secs=300)";
         let (mut read, mut write, mut lifetime) = (None, None, None);
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('=') else { return Err(format!("{part:?}: {expected}")) };
@@ -179,7 +183,8 @@ mod tests {
         assert_eq!(CachePricing::parse("none"), Ok(CachePricing::NONE));
         let custom = CachePricing::parse("read=0.5, write=1, lifetime_secs=600").unwrap();
         assert_eq!(custom, CachePricing { read: 0.5, write: 1.0, lifetime: Duration::from_secs(600) });
-        for bad in ["gemini", "read=0.1,write=1.25", "read=x,write=1,lifetime_secs=1", "read=2,write=1,lifetime_secs=1"]
+        assert_eq!(CachePricing::parse("gemini"), Ok(CachePricing::GEMINI));
+        for bad in ["vertex", "read=0.1,write=1.25", "read=x,write=1,lifetime_secs=1", "read=2,write=1,lifetime_secs=1"]
         {
             assert!(CachePricing::parse(bad).is_err(), "{bad}");
         }
