@@ -14,6 +14,7 @@ mod count_tokens;
 mod deploy;
 mod faults;
 mod fidelity;
+mod gemini;
 mod operations;
 mod prompt_cache;
 mod provider_sim;
