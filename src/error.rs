@@ -20,6 +20,12 @@ pub enum ProxyError {
     ClientBodyTimeout { timeout: std::time::Duration },
     #[error("the request body's content-encoding `{encoding}` could not be decoded")]
     BadContentEncoding { encoding: String, source: Cause },
+    #[error("the request body has {count} content codings; compactor decodes at most {max}")]
+    TooManyCodings { count: usize, max: usize },
+    #[error(
+        "the request's transfer coding `{coding}` is not supported; send the body chunked or with a content-length"
+    )]
+    UnsupportedTransferCoding { coding: String },
     #[error("the upstream at {upstream} could not be reached")]
     UpstreamUnreachable { upstream: String, source: Cause },
     #[error("the upstream at {upstream} broke off its response")]
@@ -38,6 +44,8 @@ pub enum ProxyError {
     MethodNotAllowed { allow: &'static str },
     #[error("session store unavailable")]
     StoreUnavailable(#[source] Cause),
+    #[error("compactor holds its limit of {limit} request body bytes in flight; retry shortly")]
+    InflightBodies { limit: u64 },
     #[error("compactor is serving its limit of {limit} connections; retry shortly")]
     Overloaded { limit: u64 },
 }
@@ -47,14 +55,17 @@ impl ProxyError {
         match self {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ClientBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::BadContentEncoding { .. } => StatusCode::BAD_REQUEST,
+            Self::BadContentEncoding { .. } | Self::TooManyCodings { .. } => StatusCode::BAD_REQUEST,
+            Self::UnsupportedTransferCoding { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::ClientBody(_) | Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => StatusCode::BAD_REQUEST,
             Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::StoreUnavailable(_) | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable(_) | Self::Overloaded { .. } | Self::InflightBodies { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -65,6 +76,8 @@ impl ProxyError {
             Self::ClientBody(_) => "bad_request_body",
             Self::ClientBodyTimeout { .. } => "request_body_timeout",
             Self::BadContentEncoding { .. } => "bad_content_encoding",
+            Self::TooManyCodings { .. } => "too_many_content_codings",
+            Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::UpstreamUnreachable { .. } => "upstream_unreachable",
             Self::UpstreamCut { .. } => "upstream_cut",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
@@ -74,6 +87,7 @@ impl ProxyError {
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Overloaded { .. } => "overloaded",
+            Self::InflightBodies { .. } => "inflight_body_limit",
         }
     }
 
@@ -85,11 +99,14 @@ impl ProxyError {
             | Self::UpstreamCut { .. }
             | Self::UpstreamTimeout { .. }
             | Self::StoreUnavailable(_)
-            | Self::Overloaded { .. } => true,
+            | Self::Overloaded { .. }
+            | Self::InflightBodies { .. } => true,
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
             | Self::ClientBodyTimeout { .. }
             | Self::BadContentEncoding { .. }
+            | Self::TooManyCodings { .. }
+            | Self::UnsupportedTransferCoding { .. }
             | Self::BadUpstreamUrl(_)
             | Self::BadUpstreamHost(_)
             | Self::Unauthorized

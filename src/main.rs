@@ -28,7 +28,21 @@ fn no_huge_pages() -> Option<std::io::Error> {
 }
 
 #[derive(Parser)]
-#[command(version, about = "A context-managing reverse proxy for LLM agents")]
+#[command(
+    version,
+    about = "A context-managing reverse proxy for LLM agents",
+    long_about = "A context-managing reverse proxy for LLM agents. Point an agent's base URL at it \
+(Chat Completions, Anthropic Messages, OpenAI Responses): requests and responses pass through \
+unchanged and streaming until compactor has a reason to touch them; old tool outputs are pruned, \
+huge ones cut to head and tail, broken tool-call pairs repaired, and \"context length exceeded\" \
+recovered by summarizing older history and retrying.",
+    after_long_help = "Configuration, in layers: built-in defaults < the TOML file (--config PATH, \
+else $COMPACTOR_CONFIG, else config/compactor.toml when present) < environment variables named \
+COMPACTOR_ plus the key path with __ between levels (COMPACTOR_UPSTREAM__OPENAI=http://127.0.0.1:9000). \
+config/compactor.toml documents every key with its default.\n\n\
+The manual: docs/README.md in the source tree (getting started, configuration reference, \
+operations, security); the README names the run and test commands."
+)]
 struct Cli {
     /// Configuration file (TOML). Default: config/compactor.toml when present.
     #[arg(long, env = "COMPACTOR_CONFIG", global = true)]

@@ -153,6 +153,11 @@ impl Compactor {
     /// Before forwarding: identifies the session and rewrites the body when the endpoint is one
     /// compactor understands; anything it cannot parse, and requests whose history it cannot see
     /// or that summarize themselves, go as they came.
+    /// The keyed tenant hash of the request's credential (what token counts are cached under).
+    pub fn tenant(&self, headers: &http::HeaderMap) -> String {
+        self.identifier.tenant(headers)
+    }
+
     pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };

@@ -89,7 +89,7 @@ impl KnownKeys {
 }
 
 /// A variable's configuration path: prefix removed, lower case, `__` between levels.
-fn variable_path(variable: &str) -> Option<String> {
+pub fn variable_path(variable: &str) -> Option<String> {
     let rest =
         variable.get(..PREFIX.len()).filter(|p| p.eq_ignore_ascii_case(PREFIX)).map(|_| &variable[PREFIX.len()..])?;
     Some(rest.to_ascii_lowercase().replace("__", "."))

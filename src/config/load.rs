@@ -95,6 +95,7 @@ impl Config {
                 ),
                 prefix_cache_bytes: r.get("limits.prefix_cache_bytes", d.limits.prefix_cache_bytes),
                 prefix_min_bytes: r.get("limits.prefix_min_bytes", d.limits.prefix_min_bytes),
+                max_inflight_body_bytes: r.get("limits.max_inflight_body_bytes", d.limits.max_inflight_body_bytes),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),
@@ -112,11 +113,8 @@ impl Config {
             },
             trace: TraceConfig {
                 enabled: r.get("trace.enabled", d.trace.enabled),
-                endpoint: r.parse("trace.endpoint", d.trace.endpoint, |s: String| match s.parse::<http::Uri>() {
-                    Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some() => Ok(s),
-                    _ => Err("not an http:// or https:// URL, e.g. \"http://127.0.0.1:4318/v1/traces\"".to_string()),
-                }),
-                headers: r.parse("trace.headers", d.trace.headers, |s: String| {
+                endpoint: r.secret("trace.endpoint", d.trace.endpoint, trace_endpoint),
+                headers: r.secret("trace.headers", d.trace.headers, |s: String| {
                     crate::telemetry::trace::parse_headers(&s).map(|_| Secret::new(s))
                 }),
                 sample_ratio: r.parse("trace.sample_ratio", d.trace.sample_ratio, |p: f64| {
@@ -162,7 +160,7 @@ impl Config {
                         .map(|_| s.to_ascii_lowercase())
                         .map_err(|_| format!("`{s}` is not a valid header name"))
                 }),
-                redis_url: r.parse("session.redis_url", d.session.redis_url, |s: String| {
+                redis_url: r.secret("session.redis_url", d.session.redis_url, |s: String| {
                     if s.split(',').all(|url| redis::parse_redis_url(url.trim()).is_some()) {
                         Ok(RedisUrls::new(s))
                     } else {
@@ -176,11 +174,11 @@ impl Config {
                 memory_bytes: r.parse("session.memory_bytes", d.session.memory_bytes, positive),
                 max_conversations: r.parse("session.max_conversations", d.session.max_conversations, positive_u32),
                 redis_timeout: r.parse("session.redis_timeout_ms", d.session.redis_timeout, positive_ms),
-                tenant_secret: r.get("session.tenant_secret", d.session.tenant_secret),
+                tenant_secret: r.secret("session.tenant_secret", d.session.tenant_secret, |s| Ok(Secret::new(s))),
                 breaker_failures: r.parse("session.breaker_failures", d.session.breaker_failures, positive_u32),
                 breaker_backoff: r.parse("session.breaker_backoff_ms", d.session.breaker_backoff, positive_ms),
             },
-            admin: AdminConfig { token: r.get("admin.token", d.admin.token) },
+            admin: AdminConfig { token: r.secret("admin.token", d.admin.token, |s| Ok(Secret::new(s))) },
             compaction: compaction_settings(&mut r, d.compaction),
             models: model_entries(&mut r, figment),
         };
@@ -188,6 +186,23 @@ impl Config {
         let problems = r.finish();
         if problems.is_empty() { Ok((config, warnings)) } else { Err(ConfigError::Invalid(problems)) }
     }
+}
+
+/// The OTLP endpoint: an http(s) URL without credentials. Like an upstream URL, one with
+/// `user:password@` or a query string (where `?api_key=` would sit) is refused: the endpoint is
+/// printed by `--check-config` and in logs, while `trace.headers` is a secret that never prints.
+fn trace_endpoint(s: String) -> Result<String, String> {
+    let example = "e.g. \"http://127.0.0.1:4318/v1/traces\"";
+    let Ok(uri) = s.parse::<http::Uri>() else { return Err(format!("not an http:// or https:// URL, {example}")) };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(format!("not an http:// or https:// URL, {example}"));
+    }
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) || uri.query().is_some() {
+        return Err("must not carry credentials (`user:password@`) or a query string (`?api_key=`): give the \
+                    collector's credential in `trace.headers`, e.g. \"authorization=Bearer KEY\", which never prints"
+            .into());
+    }
+    Ok(s)
 }
 
 /// Keys that are still read but replaced by others; environment variables may name them too.

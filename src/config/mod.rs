@@ -181,6 +181,10 @@ pub struct LimitsConfig {
     /// Bodies smaller than this many bytes are parsed whole, never kept: they parse faster than a
     /// cache lookup and insert cost.
     pub prefix_min_bytes: u64,
+    /// Request body bytes held at once across the requests compactor rewrites (their memory grows
+    /// with their bodies); past it a request gets 503 in its API dialect with `retry-after`. A body
+    /// larger than the whole budget goes when it is alone. 0 turns the bound off.
+    pub max_inflight_body_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -215,7 +219,9 @@ impl LogFilter {
 #[derive(Debug, Clone, Serialize)]
 pub struct TraceConfig {
     pub enabled: bool,
-    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`).
+    /// The collector's OTLP/HTTP traces URL (`.../v1/traces`). It prints in `--check-config` and
+    /// logs, so one with credentials (`user:password@`, `?api_key=`) is refused: put the credential
+    /// in `headers`.
     pub endpoint: String,
     /// Headers sent with every export, `name=value,name=value` (an API key, often): never printed.
     pub headers: Secret,
@@ -321,6 +327,7 @@ impl Default for Config {
             },
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
+                max_inflight_body_bytes: 64 * 1024 * 1024,
                 rewrite_budget: Duration::from_millis(10_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,

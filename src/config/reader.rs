@@ -62,6 +62,45 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A secret's text exactly as given, then `check`ed. A variable's value is read as it was
+    /// written, never as the number or boolean it may look like (`0031415926535` keeps its zeros);
+    /// in a file a secret must be a string. A message about it names the key, never the value.
+    pub fn secret<T>(&mut self, path: &str, default: T, check: impl FnOnce(String) -> Result<T, String>) -> T {
+        let Some(value) = self.take(path) else {
+            return default;
+        };
+        let text = match self.variable_text(path) {
+            Some(text) => Some(text),
+            None => match value {
+                Value::String(_, text) => Some(text),
+                _ => None,
+            },
+        };
+        let Some(text) = text else {
+            self.problem(path, "must be a string (in quotes); the value is not shown because it is a secret");
+            return default;
+        };
+        match check(text) {
+            Ok(parsed) => parsed,
+            Err(reason) => {
+                self.problem(path, &reason);
+                default
+            }
+        }
+    }
+
+    /// The text of the environment variable that set `path`, when one did.
+    fn variable_text(&self, path: &str) -> Option<String> {
+        let metadata = self.figment.find_metadata(path)?;
+        if !metadata.name.contains("environment") {
+            return None;
+        }
+        std::env::vars_os().find_map(|(name, value)| {
+            let name = name.to_str()?;
+            (super::env::variable_path(name).as_deref() == Some(path)).then(|| value.into_string().ok()).flatten()
+        })
+    }
+
     /// Removes a whole table of user-named entries (such as `[models.NAME]`) and returns them.
     pub fn table(&mut self, path: &str) -> Vec<(String, Value)> {
         match self.take(path) {

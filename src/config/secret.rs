@@ -74,10 +74,35 @@ impl RedisUrls {
     }
 }
 
-/// `scheme://user:password@host/db` → `scheme://user:[redacted]@host/db`; anything else as it is.
+/// Every place redis-rs reads a password from, redacted: `scheme://user:password@host/db` →
+/// `scheme://user:[redacted]@host/db`, and the query's `pass=` (the form `redis+unix://` and
+/// `unix://` URLs use) and `password=` values; anything else as it is.
 fn without_password(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((url, query)) => (url, Some(query)),
+        None => (url, None),
+    };
+    let mut shown = without_userinfo_password(url);
+    if let Some(query) = query {
+        shown.push('?');
+        let pairs = query.split('&').map(|pair| match pair.split_once('=') {
+            Some((key, value)) if is_password_key(key) && !value.is_empty() => format!("{key}={REDACTED}"),
+            _ => pair.to_string(),
+        });
+        shown.push_str(&pairs.collect::<Vec<_>>().join("&"));
+    }
+    shown
+}
+
+/// A query key that carries a password (any spelling of `pass` or `password`, percent-encoded
+/// or not): when unsure, redact.
+fn is_password_key(key: &str) -> bool {
+    key.to_ascii_lowercase().contains("pass") || key.contains('%')
+}
+
+fn without_userinfo_password(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_string() };
-    let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
+    let authority_end = url[start..].find(['/', '#']).map_or(url.len(), |i| start + i);
     let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else { return url.to_string() };
     match url[start..at].find(':') {
         Some(colon) => format!("{}:{REDACTED}{}", &url[..start + colon], &url[at..]),
@@ -111,6 +136,18 @@ mod tests {
             "\"redis://app:[redacted]@10.0.0.1:6379/2, rediss://:[redacted]@h:1,redis://127.0.0.1:6379\""
         );
         assert!(urls.expose().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn a_password_in_the_query_prints_as_redacted_in_every_form_redis_reads() {
+        let urls = RedisUrls::new(
+            "redis+unix:///run/redis.sock?pass=pw1&db=2,unix:///s?user=app&password=pw2,redis://h:1/0?PASS=pw3&db=1",
+        );
+        assert_eq!(
+            format!("{urls:?}"),
+            "\"redis+unix:///run/redis.sock?pass=[redacted]&db=2,unix:///s?user=app&password=[redacted],\
+             redis://h:1/0?PASS=[redacted]&db=1\""
+        );
     }
 
     #[test]

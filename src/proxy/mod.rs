@@ -6,6 +6,7 @@
 pub mod body;
 mod finish;
 mod forward;
+mod inflight;
 mod inspect;
 pub mod request_body;
 pub mod usage;
@@ -29,6 +30,7 @@ use crate::route::Route;
 use crate::session::{ConversationId, Store};
 use crate::telemetry::request::RequestLog;
 use crate::telemetry::trace;
+use crate::tokens;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
 use tracing::Instrument;
@@ -59,12 +61,14 @@ pub struct Proxy {
     /// The finishers of requests that took session state, so shutdown can wait for their writes.
     finishers: TaskTracker,
     request_ids: RequestIds,
+    inflight: inflight::InflightBodies,
 }
 
 impl Proxy {
     pub fn new(config: Arc<Config>, store: Store) -> Result<Self, std::io::Error> {
         let upstreams = Arc::new(Upstreams::new(&config)?);
         Ok(Self {
+            inflight: inflight::InflightBodies::new(config.limits.max_inflight_body_bytes),
             compactor: Compactor::new(&config, store, upstreams.clone()),
             upstreams,
             config,
@@ -104,6 +108,9 @@ impl Proxy {
         mut finish: Box<Finish>,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
+        if let Some(error) = request_body::unsupported_transfer_coding(&parts.headers) {
+            return fail(error, route, finish);
+        }
         // A token-count request is read and rewritten like the request it counts, never changing
         // the session (see `Compactor::count`).
         let counted = Dialect::counted(route.endpoint);
@@ -112,6 +119,15 @@ impl Proxy {
         }
 
         let limits = &self.config.limits;
+        // This request's share of the body bytes in flight: taken before the body is read when
+        // it declares its length, else once read, and grown to its decoded size; held until the
+        // upstream's answer comes (the body, its parse and the rewritten body live until then).
+        let mut held = inflight::Held::default();
+        if let Some(length) = request_body::declared_length(&parts.headers)
+            && let Err(error) = self.inflight.hold(&mut held, length.min(limits.max_body_bytes))
+        {
+            return fail(error, route, finish);
+        }
         let body =
             match request_body::read_whole(&parts.headers, body, limits.max_body_bytes, limits.client_body_timeout)
                 .await
@@ -120,24 +136,35 @@ impl Proxy {
                 Err(error) => return fail(error, route, finish),
             };
         finish.log.bytes_in = body.len() as u64;
+        if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+            return fail(error, route, finish);
+        }
         let (mut parts, body) = (parts, body);
-        let (body, encoded) = match request_body::decode(&mut parts.headers, body, limits.max_body_bytes).await {
+        // compactor's own work on the request (decoding it included): budgeted, off the async
+        // workers when the body is large, and stopped when the client leaves (hyper drops this
+        // future, and the guard with it).
+        let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
+        let _stop_when_gone = budget.stop_on_drop();
+        let tenant = self.compactor.tenant(&parts.headers);
+        let decoding = request_body::decode(&mut parts.headers, body, limits.max_body_bytes);
+        let (body, encoded) = match budget.scope(decoding).await {
             Ok(decoded) => decoded,
             Err(error) => return fail(error, route, finish),
         };
+        if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+            return fail(error, route, finish);
+        }
         let decoded = encoded.as_ref().map(|_| body.clone());
         let head = RequestHead::new(route, parts);
-        // compactor's own work on the request: budgeted, off the async workers when the body is
-        // large, and stopped when the client leaves (hyper drops this future, and the guard
-        // with it).
-        let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
-        let _stop_when_gone = budget.stop_on_drop();
 
         // Boxed: these futures are large (a summary call lives in them), and a future is copied
         // each time it is moved; a box moves as one pointer.
+        // Token counts are cached per tenant (see `tokens::scoped`).
         let prepared = match counted {
-            Some(dialect) => budget.scope(Box::pin(self.compactor.count(&head, dialect, body))).await,
-            None => budget.scope(Box::pin(self.compactor.prepare(&head, body))).await,
+            Some(dialect) => {
+                budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.count(&head, dialect, body)))).await
+            }
+            None => budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.prepare(&head, body)))).await,
         };
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         // A compressed body compactor did not change goes as the client sent it.
@@ -157,7 +184,7 @@ impl Proxy {
         finish.log.forwarded_at = Some(forwarded_at);
         let recovery = ladder.as_mut().zip(finish.ctx());
         let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage);
-        let forwarded = match budget.scope(Box::pin(forwarding)).await {
+        let forwarded = match budget.scope(tokens::scoped(&tenant, Box::pin(forwarding))).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),
         };
@@ -283,9 +310,13 @@ fn fail(error: ProxyError, route: Route, mut finish: Box<Finish>) -> Response<Re
         log.overhead = log.started.elapsed();
     }
     let request_id = header_value(&log.request_id);
+    let retry_soon = matches!(error, ProxyError::InflightBodies { .. });
     let response: Response<Bytes> = error.into_response(route.family);
     let (mut parts, bytes) = response.into_parts();
     parts.headers.insert(REQUEST_ID, request_id);
+    if retry_soon {
+        parts.headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     Response::from_parts(parts, ResponseBody::finished(bytes, finish))
 }
 

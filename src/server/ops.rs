@@ -8,8 +8,8 @@ use super::AppState;
 use crate::error::{Chain, ProxyError};
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
+use crate::session::Store;
 use crate::session::identify::agent_session_hashes;
-use crate::session::{SessionUpdate, Store};
 
 /// Answers compactor's own paths; `None` for every request meant for the upstream.
 pub async fn answer<B>(state: &AppState, request: &Request<B>) -> Option<Response<ResponseBody>> {
@@ -94,9 +94,11 @@ async fn admin<B>(state: &AppState, request: &Request<B>, rest: &str) -> Respons
         if request.method() != Method::POST {
             return ProxyError::NotFound.into_response(ApiFamily::OpenAi);
         }
-        let update = SessionUpdate { compact_requested: Some(true), ..Default::default() };
-        return match store.update_session(key, &update).await {
-            Ok(()) => json(StatusCode::ACCEPTED, serde_json::json!({"session": key, "compact_on_next_request": true})),
+        return match store.request_compaction(key).await {
+            Ok(false) => ProxyError::NotFound.into_response(ApiFamily::OpenAi),
+            Ok(true) => {
+                json(StatusCode::ACCEPTED, serde_json::json!({"session": key, "compact_on_next_request": true}))
+            }
             Err(error) => ProxyError::from(error).into_response(ApiFamily::OpenAi),
         };
     }

@@ -207,6 +207,18 @@ impl MemoryStore {
         }
     }
 
+    /// Applies `update` to a session the store holds; false (and nothing created) for any other.
+    pub fn update_existing_session(&self, key: &str, update: &SessionUpdate) -> bool {
+        let Some(entry) = self.sessions.get(key) else { return false };
+        match entry.session.lock() {
+            Ok(mut session) => {
+                session.state.apply(update);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The session with every conversation it keeps, most recently used first.
     pub fn view(&self, key: &str) -> SessionView {
         let Some(entry) = self.sessions.get(key) else { return SessionView::default() };

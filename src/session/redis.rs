@@ -106,6 +106,15 @@ end
 return deleted + redis.call("DEL", unpack(KEYS))
 "#;
 
+/// Sets the session's `compact_requested` when the session exists (its hash KEYS[1] or its
+/// conversations KEYS[2]); 1 when it did, 0 (and nothing written) when not. ARGV[1]: the TTL.
+const REQUEST_COMPACTION: &str = r#"
+if redis.call("EXISTS", KEYS[1], KEYS[2]) == 0 then return 0 end
+redis.call("HSET", KEYS[1], "compact_requested", 1)
+redis.call("EXPIRE", KEYS[1], ARGV[1])
+return 1
+"#;
+
 /// Keys of the previous layout (one set of keys per session), deleted when a session is forgotten.
 const PREVIOUS_LAYOUT: [&str; 5] = ["pruned", "usage", "counters", "compactions", "lock"];
 
@@ -414,6 +423,20 @@ impl RedisStore {
             .filter(|view| !view.state.is_empty())
             .collect();
         Ok(SessionView::new(session_state(&session_hash), conversations))
+    }
+
+    /// Marks an existing session for compaction on its next request, in one step; false (and
+    /// nothing written) when the store knows no such session.
+    pub async fn request_compaction(&self, session: &str) -> Result<bool, StoreError> {
+        let connection = self.connection()?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(REQUEST_COMPACTION)
+            .arg(2)
+            .arg(self.key(session, "session"))
+            .arg(self.key(session, "conversations"))
+            .arg(self.ttl_secs);
+        let marked: u64 = self.bounded(connection.command(&cmd)).await?;
+        Ok(marked == 1)
     }
 
     /// Forgets a session with all its conversations, in one step; true when something existed.

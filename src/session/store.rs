@@ -157,6 +157,16 @@ impl Store {
         }
     }
 
+    /// Asks for a compaction on the session's next request (the admin API); false, and nothing
+    /// created, when the store knows no such session.
+    pub async fn request_compaction(&self, key: &str) -> Result<bool, StoreError> {
+        let update = SessionUpdate { compact_requested: Some(true), ..Default::default() };
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.update_existing_session(key, &update)),
+            Backend::Redis(store) => self.guarded(store.request_compaction(key)).await,
+        }
+    }
+
     /// The session with the conversations it keeps, most recently used first (the admin API).
     pub async fn view(&self, key: &str) -> Result<SessionView, StoreError> {
         match &self.backend {

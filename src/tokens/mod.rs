@@ -1,5 +1,7 @@
 //! Token accounting: tiktoken counts cached by content hash, so the next turn of a long
-//! conversation tokenizes only what it added.
+//! conversation tokenizes only what it added. The hash is seeded with the request's tenant
+//! ([`scoped`]): a tenant's counts are never another tenant's cache hits, whose speed would tell
+//! it that someone else sent a text.
 
 pub mod models;
 
@@ -8,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tiktoken_rs::CoreBPE;
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_128_with_seed};
 
 pub use models::{Encoding, ModelInfo, ModelTable};
 
@@ -19,7 +21,8 @@ pub use models::{Encoding, ModelInfo, ModelTable};
 /// glibc's malloc; the larger stands. Every entry has this size: counts are cached by hash.
 pub const TOKEN_ENTRY_BYTES: u32 = 384;
 
-/// Counts tokens, remembering every count by (encoding, content hash) in a cache bounded in bytes.
+/// Counts tokens, remembering every count by (encoding, content hash seeded with the tenant) in a
+/// cache bounded in bytes.
 #[derive(Clone)]
 pub struct TokenCounter {
     /// Keyed by a text's hash: a fast keyed hasher is enough (no SipHash over a hash).
@@ -55,7 +58,7 @@ impl TokenCounter {
         if text.is_empty() {
             return 0;
         }
-        let key = (encoding, xxh3_128(text.as_bytes()));
+        let key = (encoding, text_hash(text));
         if let Some(count) = self.cache.get(&key) {
             return count;
         }
@@ -79,7 +82,7 @@ impl TokenCounter {
 
     /// Whether `text` would be a cache hit (or needs no tokenizing at all).
     pub fn is_cached(&self, encoding: Encoding, text: &str) -> bool {
-        text.is_empty() || self.cache.contains_key(&(encoding, xxh3_128(text.as_bytes())))
+        text.is_empty() || self.cache.contains_key(&(encoding, text_hash(text)))
     }
 
     /// Tokenizes `texts` and caches their counts, until `stop` says otherwise (asked between
@@ -147,9 +150,21 @@ pub async fn loaded(encoding: Encoding) {
     }
 }
 
-/// The hash a text's count is cached by.
+tokio::task_local! {
+    /// The seed of the tenant whose request this task serves.
+    static TENANT_SEED: u64;
+}
+
+/// Runs `work` (a request's) with its counts cached apart from every other tenant's: `tenant` is
+/// the keyed tenant hash of the request's credential. Work outside any scope (background
+/// compactions, tests) shares one space that no request reads.
+pub async fn scoped<F: std::future::Future>(tenant: &str, work: F) -> F::Output {
+    TENANT_SEED.scope(xxh3_64(tenant.as_bytes()) | 1, work).await
+}
+
+/// The hash a text's count is cached by, in the current tenant's space ([`scoped`]).
 pub fn text_hash(text: &str) -> u128 {
-    xxh3_128(text.as_bytes())
+    xxh3_128_with_seed(text.as_bytes(), TENANT_SEED.try_with(|seed| *seed).unwrap_or(0))
 }
 
 fn bpe(encoding: Encoding) -> &'static CoreBPE {
@@ -167,6 +182,16 @@ pub fn tokenize_len(encoding: Encoding, text: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_count_is_cached_for_the_tenant_that_made_it_only() {
+        let counter = TokenCounter::new(100 * u64::from(TOKEN_ENTRY_BYTES));
+        let text = "The secret build number is 4417.";
+        scoped("tenant-a", async { counter.count(Encoding::O200kBase, text) }).await;
+        assert!(scoped("tenant-a", async { counter.is_cached(Encoding::O200kBase, text) }).await);
+        assert!(!scoped("tenant-b", async { counter.is_cached(Encoding::O200kBase, text) }).await);
+        assert!(!counter.is_cached(Encoding::O200kBase, text), "nor outside any tenant");
+    }
 
     #[test]
     fn counts_match_the_tokenizer_and_are_cached() {

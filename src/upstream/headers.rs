@@ -32,6 +32,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most requests carry none: one look at the few names they have, instead of a hashed
     // removal of every hop-by-hop name.
     if headers.keys().any(|name| HOP_BY_HOP.contains(name) || *name == PROXY_CONNECTION) {
+        // A message with both framings is framed by its transfer coding (RFC 9112 §6.3); a proxy
+        // drops the length, or the next hop would cut the body at a number that meant nothing.
+        if headers.contains_key(header::TRANSFER_ENCODING) {
+            headers.remove(header::CONTENT_LENGTH);
+        }
         for name in &HOP_BY_HOP {
             headers.remove(name);
         }
@@ -61,6 +66,19 @@ mod tests {
         assert!(headers.get(header::CONNECTION).is_none());
         assert_eq!(headers.get(header::AUTHORIZATION).unwrap(), "Bearer k");
         assert_eq!(headers.get("anthropic-beta").unwrap(), "a,b");
+    }
+
+    #[test]
+    fn a_length_beside_a_transfer_coding_is_dropped_and_a_length_alone_is_kept() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        headers.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        strip_hop_by_hop(&mut headers);
+        assert!(headers.is_empty(), "{headers:?}");
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.get(header::CONTENT_LENGTH).unwrap(), "10");
     }
 
     #[test]

@@ -31,6 +31,9 @@ enum Script {
     CloseUnanswered,
     /// Starts an event stream with one event, then sends nothing more (the connection stays open).
     HoldStream,
+    /// Answers chunked with a stale `content-length` of 10 beside `transfer-encoding: chunked`
+    /// (RFC 9112 §6.3: the transfer coding wins, and a proxy drops the length).
+    ChunkedWithStaleLength,
 }
 
 /// An upstream that plays its scripts in order, one a request (then [`Script::Answer`]), and
@@ -102,6 +105,12 @@ async fn serve(mut stream: TcpStream, scripts: Arc<Mutex<VecDeque<Script>>>, req
                 return;
             }
             Script::CloseUnanswered => return,
+            Script::ChunkedWithStaleLength => {
+                let (first, second) = ANSWER.split_at(25);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\ntransfer-encoding: chunked\r\n\r\n";
+                let chunks = format!("{:x}\r\n{first}\r\n{:x}\r\n{second}\r\n0\r\n\r\n", first.len(), second.len());
+                let _ = stream.write_all(format!("{head}{chunks}").as_bytes()).await;
+            }
             Script::HoldStream => {
                 let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n";
                 let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
@@ -217,4 +226,19 @@ async fn a_response_still_being_read_keeps_its_connection_from_the_next_request(
     let answer = tokio::time::timeout(Duration::from_secs(5), chat(&proxy, false)).await.expect("not queued");
     assert_eq!(answer.status, 200);
     assert_eq!(upstream.requests(), 3);
+}
+
+#[tokio::test]
+async fn a_chunked_answer_with_a_stale_length_reaches_the_client_whole_and_is_logged_as_sent() {
+    let upstream = ScriptedUpstream::start(&[Script::ChunkedWithStaleLength]).await;
+    let proxy = upstream.proxy();
+    let answer = chat(&proxy, false).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.text(), ANSWER, "the whole chunked body, not the stale length's 10 bytes");
+    assert_ne!(answer.header("content-length"), Some("10"));
+    let line = proxy.wait_for_log("route=chat_completions").await;
+    assert!(line.contains("outcome=complete"), "{line}");
+    assert!(line.contains(&format!("bytes_out={}", ANSWER.len())), "{line}");
+    // The connection is still good for the next request.
+    assert_eq!(chat(&proxy, false).await.text(), ANSWER);
 }

@@ -1,5 +1,5 @@
 //! The fault suite (issue 9): each fault an upstream, a client or the store can commit, played
-//! against the real binary, and what the client sees. The README's "Failure behaviour" lists the
+//! against the real binary, and what the client sees. docs/operations.md, "Failure behaviour", lists the
 //! same faults.
 
 use std::io::{Read, Write};
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
+use crate::common::redis_server::RedisServer;
 use crate::common::*;
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk-test");
@@ -465,4 +466,99 @@ async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_af
     }
     let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
     assert!(metrics.contains("compactor_session_store_corrupt_total 4"), "{metrics}");
+}
+
+#[tokio::test]
+async fn an_admin_compaction_of_an_unknown_session_is_a_404_and_creates_nothing() {
+    let redis = RedisServer::start();
+    let stores = [Some(String::new()), redis.as_ref().map(RedisServer::config)];
+    for store in stores.into_iter().flatten() {
+        let (_fake, proxy) = ProxyProcess::with_fake(&format!("[admin]\ntoken = \"admin\"\n{store}")).await;
+        let unknown = "t0a1b2c3.d4e5f6a7b8c9";
+        let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{unknown}/compact"), "admin").await;
+        assert_eq!(marked.status, 404, "{store}: {}", marked.text());
+        let seen = proxy.get_with_token(&format!("/admin/sessions/{unknown}"), "admin").await;
+        assert_eq!(seen.status, 404, "{store}: the request created the session: {}", seen.text());
+        if let Some(redis) = redis.as_ref().filter(|_| !store.is_empty()) {
+            assert!(redis.keys().iter().all(|key| !key.contains(unknown)), "{:?}", redis.keys());
+        }
+        // A session the proxy knows is still marked.
+        let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
+        let key = answer.header("x-compactor-session").unwrap().to_string();
+        let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{key}/compact"), "admin").await;
+        assert_eq!(marked.status, 202, "{store}: {}", marked.text());
+        let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin").await.json();
+        assert_eq!(state["state"]["counters"]["compact_requested"], 1, "{store}: {state}");
+    }
+}
+
+/// The token-count cache's entries, as `/metrics` shows them.
+async fn token_cache_entries(proxy: &ProxyProcess) -> f64 {
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    let line = metrics.lines().find(|l| l.starts_with(r#"compactor_cache_entries{cache="tokens"}"#)).unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn one_tenants_token_counts_are_never_another_tenants_cache_hits() {
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    let body = chat_with_output(2_000, false);
+    let as_tenant = |key: &'static str| [("authorization", key), ("x-session-id", "shared-id")];
+    let first =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &as_tenant("Bearer sk-tenant-a"), body.clone())).await;
+    assert_eq!(first.status, 200);
+    let after_a = token_cache_entries(&proxy).await;
+    assert!(after_a > 0.0);
+    // Tenant B sends the same texts: counted for B (new entries), not answered from A's counts,
+    // whose speed would tell B that A sent them.
+    let second =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &as_tenant("Bearer sk-tenant-b"), body.clone())).await;
+    assert_eq!(second.status, 200);
+    let after_b = token_cache_entries(&proxy).await;
+    assert!(after_b >= 2.0 * after_a, "B's counts were A's cache hits: {after_a} entries, then {after_b}");
+    // A's own next turn still finds its counts.
+    let third = send(request("POST", &proxy.url("/v1/chat/completions"), &as_tenant("Bearer sk-tenant-a"), body)).await;
+    assert_eq!(third.status, 200);
+    assert_eq!(token_cache_entries(&proxy).await, after_b);
+}
+
+/// A Messages request of about `bytes` bytes.
+fn messages_of(bytes: usize) -> String {
+    serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [
+        {"role": "user", "content": lines_until(bytes, |i| format!("line {i} of the file\n"))}
+    ]})
+    .to_string()
+}
+
+#[tokio::test]
+async fn past_the_inflight_body_budget_a_request_gets_503_with_retry_after_in_its_dialect() {
+    let fake = FakeUpstream::builder()
+        .respond_with(|received| {
+            // The large request is held upstream a while, its body bytes in flight.
+            let slow = received.body.len() > 40_000;
+            Some(Reply::json(200, serde_json::json!({"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}], "usage": {"input_tokens": 1, "output_tokens": 1}})).after(Duration::from_millis(if slow { 2_000 } else { 0 })))
+        })
+        .start()
+        .await;
+    let proxy = ProxyProcess::start(&fake, "[limits]\nmax_inflight_body_bytes = 65536\n");
+    let url = proxy.url("/v1/messages");
+    let headers = [("x-api-key", "k"), ("content-type", "application/json")];
+    let held = tokio::spawn(send(request("POST", &url, &headers, messages_of(50_000))));
+    assert!(eventually(async || !fake.received().is_empty()).await);
+
+    let refused = send(request("POST", &url, &headers, messages_of(50_000))).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.json()["type"], "error");
+    assert_eq!(refused.json()["error"]["type"], "overloaded_error");
+    assert_eq!(refused.header("x-compactor-error"), Some("inflight_body_limit"));
+    // A small request fits beside the held one.
+    assert_eq!(send(request("POST", &url, &headers, messages_of(2_000))).await.status, 200);
+
+    assert_eq!(held.await.unwrap().status, 200);
+    // The budget is given back: the same request goes now, and one larger than the whole budget
+    // goes when it is alone.
+    assert_eq!(send(request("POST", &url, &headers, messages_of(50_000))).await.status, 200);
+    assert_eq!(send(request("POST", &url, &headers, messages_of(100_000))).await.status, 200);
+    assert_eq!(fake.received().len(), 4, "the refused request never reached the upstream");
 }

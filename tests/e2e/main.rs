@@ -12,6 +12,7 @@ mod connections;
 mod conversations;
 mod count_tokens;
 mod deploy;
+mod docs;
 mod faults;
 mod fidelity;
 mod gemini;

@@ -302,3 +302,62 @@ async fn a_scrape_right_after_start_shows_every_family_with_its_series_at_zero()
         assert!(metrics.contains(&format!("compactor_cache_entries{{cache=\"{cache}\"}} 0")), "{metrics}");
     }
 }
+
+#[tokio::test]
+async fn secrets_that_look_like_numbers_are_read_as_the_text_given_and_never_quoted() {
+    // Leading zeros: read as a number, this token would lose them (and the message would quote it).
+    const TOKEN: &str = "0031415926535";
+    const TENANT: &str = "2.71828182845900";
+    let env = [("COMPACTOR_ADMIN__TOKEN", TOKEN), ("COMPACTOR_SESSION__TENANT_SECRET", TENANT)];
+    let (code, out, err) = run_binary(&["--check-config"], &env);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("token = \"[redacted]\"") && out.contains("tenant_secret = \"[redacted]\""), "{out}");
+    for secret in ["31415926535", "2.718"] {
+        assert!(!out.contains(secret) && !err.contains(secret), "{secret} printed: {out}\n{err}");
+    }
+    // The token in force is the text as written, leading zeros and all.
+    let fake = FakeUpstream::start().await;
+    let proxy =
+        ProxyProcess::start_with(&format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n", fake.url()), &env);
+    assert_eq!(proxy.get_with_token("/admin/sessions/x", TOKEN).await.status, 404);
+    assert_eq!(proxy.get_with_token("/admin/sessions/x", "31415926535").await.status, 401);
+
+    // A header list that parses as a number or a boolean is refused naming the key, not the value.
+    for value in ["8675309", "true"] {
+        let (code, out, err) = run_binary(&["--check-config"], &[("COMPACTOR_TRACE__HEADERS", value)]);
+        assert_ne!(code, Some(0), "{out}");
+        assert!(err.contains("trace.headers"), "{err}");
+        assert!(!err.contains(&format!("`{value}`")) && !err.contains("8675309"), "{err}");
+    }
+    // In a file, a secret must be a string: refused without its value.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("compactor.toml");
+    std::fs::write(&path, "[admin]\ntoken = 27182818284\n").unwrap();
+    let (code, _, err) = run_binary(&["--config", path.to_str().unwrap(), "--check-config"], &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("admin.token") && !err.contains("27182818284"), "{err}");
+}
+
+#[test]
+fn every_redis_credential_form_is_redacted_and_a_trace_endpoint_with_credentials_is_refused() {
+    for url in [
+        "redis+unix:///run/redis.sock?pass=pw-unix-41",
+        "redis+unix:///run/redis.sock?db=1&password=pw-unix-42&user=app",
+        "unix:///run/redis.sock?user=app&pass=pw-unix-43",
+        "redis://:pw-tcp-44@127.0.0.1:6379/0",
+        "redis://app:pw-tcp-45@127.0.0.1:6379/0?password=pw-tcp-46",
+    ] {
+        let (code, out, err) = run_binary(&["--check-config"], &[("COMPACTOR_SESSION__REDIS_URL", url)]);
+        assert_eq!(code, Some(0), "{url}: {err}");
+        assert!(out.contains("[redacted]"), "{out}");
+        assert!(!out.contains("pw-") && !err.contains("pw-"), "{url} printed its password:\n{out}\n{err}");
+    }
+    for endpoint in
+        ["http://otlp:pw-otlp-47@127.0.0.1:4318/v1/traces", "https://collector.example/v1/traces?api_key=pw-otlp-48"]
+    {
+        let (code, out, err) = run_binary(&["--check-config"], &[("COMPACTOR_TRACE__ENDPOINT", endpoint)]);
+        assert_ne!(code, Some(0), "{endpoint} accepted: {out}");
+        assert!(err.contains("trace.endpoint") && err.contains("trace.headers"), "{err}");
+        assert!(!out.contains("pw-otlp") && !err.contains("pw-otlp"), "{endpoint} printed:\n{out}\n{err}");
+    }
+}

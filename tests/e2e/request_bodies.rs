@@ -309,3 +309,79 @@ async fn a_compression_bomb_is_refused_with_413_and_a_corrupt_body_with_400() {
     assert_eq!(corrupt.json()["error"]["code"], "bad_content_encoding");
     assert!(fake.received().is_empty(), "neither reached the upstream");
 }
+
+#[tokio::test]
+async fn repeated_content_encoding_lines_are_read_as_one_list() {
+    let (fake, proxy) =
+        ProxyProcess::with_fake("[prune]\nenabled = false\n[truncate]\ntool_output_max_tokens = 40\n").await;
+    let plain = chat_with_long_output();
+    for (first, second) in [("gzip", "gzip"), ("gzip", "br")] {
+        // `content-encoding: gzip` then `content-encoding: br` means gzip applied first, then br.
+        let body = compress(second, &compress(first, plain.as_bytes()));
+        let headers = [
+            ("authorization", "Bearer k"),
+            ("content-type", "application/json"),
+            ("content-encoding", first),
+            ("content-encoding", second),
+        ];
+        let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &headers, body)).await;
+        assert_eq!(answer.status, 200, "{first}, {second}: {}", answer.text());
+        let sent = fake.last();
+        assert!(sent.headers.get("content-encoding").is_none(), "{first}, {second}: {:?}", sent.headers);
+        let forwarded = sent.json();
+        let output = forwarded["messages"][2]["content"].as_str().unwrap();
+        assert!(output.len() < plain.len() / 4, "{first}, {second}: rewritten ({} bytes)", output.len());
+    }
+}
+
+#[tokio::test]
+async fn more_than_four_content_codings_are_refused_with_400_in_the_clients_dialect() {
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
+    let plain = chat_body(false);
+    let mut four = plain.as_bytes().to_vec();
+    for _ in 0..4 {
+        four = compress("gzip", &four);
+    }
+    let headers =
+        [("authorization", "Bearer k"), ("content-encoding", "gzip, gzip"), ("content-encoding", "gzip,gzip")];
+    let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &headers, four.clone())).await;
+    assert_eq!(answer.status, 200, "four codings are decoded: {}", answer.text());
+
+    let five = compress("gzip", &four);
+    let headers = [("content-encoding", "gzip, gzip, gzip, gzip, gzip")];
+    let refused = send(request("POST", &proxy.url("/v1/chat/completions"), &headers, five)).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "too_many_content_codings");
+    assert!(refused.json()["error"]["message"].as_str().unwrap().contains('4'), "{}", refused.text());
+
+    // The issue's amplification: 12,000 stored deflate layers; refused before any is decoded.
+    let many = vec!["deflate"; 12_000].join(", ");
+    let headers = [("content-type", "application/json"), ("content-encoding", many.as_str())];
+    let refused = send(request("POST", &proxy.url("/v1/messages"), &headers, four)).await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(refused.json()["type"], "error");
+    assert_eq!(refused.json()["error"]["type"], "invalid_request_error");
+    assert_eq!(fake.received().len(), 1, "only the first request reached the upstream");
+}
+
+#[tokio::test]
+async fn a_request_transfer_coding_other_than_chunked_is_refused_with_501() {
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
+    let gzipped = compress("gzip", chat_body(false).as_bytes());
+    for path in ["/v1/chat/completions", "/v1/models"] {
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\ncontent-type: application/json\r\n\
+             transfer-encoding: gzip, chunked\r\nconnection: close\r\n\r\n{:x}\r\n",
+            gzipped.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(&gzipped).await.unwrap();
+        stream.write_all(b"\r\n0\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer)).await;
+        assert!(answer.starts_with("HTTP/1.1 501"), "{path}: {answer}");
+        assert!(answer.contains("unsupported_transfer_coding"), "{path}: {answer}");
+    }
+    assert!(fake.received().is_empty(), "nothing reached the upstream");
+}

@@ -94,7 +94,7 @@ fn fastest_in_turn(step: &Step, bodies: &[Vec<u8>], rounds: usize) -> Vec<Durati
 }
 
 /// Times every shape at n, 2n and 4n and fails naming each shape whose cost grew faster than
-/// linear (with every shape's figures, for the README).
+/// linear (with every shape's figures, for docs/architecture.md).
 fn assert_linear(shapes: Vec<Shape>) {
     let _machine = crate::one_at_a_time();
     let mut report = Vec::new();
