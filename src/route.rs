@@ -77,14 +77,16 @@ fn is_gemini_version(version: &str) -> bool {
 impl Route {
     /// `/v1/messages` and below go to Anthropic; so does anything carrying `anthropic-version`
     /// (the Anthropic SDK's `/v1/models`), because that header only ever means Anthropic.
-    /// Gemini's paths (a model method, anything under `/v1beta/` or `/v1alpha/`) and anything
-    /// carrying `x-goog-api-key` go to Gemini.
+    /// Gemini's paths (a model method, anything under `/v1beta/` or `/v1alpha/` but Google's
+    /// OpenAI-compatible `/v1beta/openai/`, which OpenAI clients call as they call OpenAI) and
+    /// anything carrying `x-goog-api-key` go to Gemini.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let post = method == Method::POST;
         let gemini = gemini_method(path);
         let beta = path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || path == "/v1beta";
-        if gemini.is_some() || beta || headers.contains_key(GOOG_API_KEY) {
+        let openai_compatible = path.starts_with("/v1beta/openai/");
+        if !openai_compatible && (gemini.is_some() || beta || headers.contains_key(GOOG_API_KEY)) {
             let endpoint = match gemini {
                 Some((_, "generateContent")) if post => Endpoint::GenerateContent,
                 Some((_, "streamGenerateContent")) if post => Endpoint::StreamGenerateContent,
@@ -234,6 +236,9 @@ mod tests {
         assert_eq!(route(Method::POST, "/v1beta/models/gemini-2.5-flash:embedContent").endpoint, Endpoint::Other);
         assert_eq!(route(Method::GET, "/v1beta/models").family, ApiFamily::Gemini);
         assert_eq!(route(Method::GET, "/v1beta/models").label(), "gemini_other");
+        // Google's OpenAI-compatible endpoint is called by OpenAI clients: Chat Completions.
+        let compatible = route(Method::POST, "/v1beta/openai/chat/completions");
+        assert_eq!((compatible.family, compatible.endpoint), (ApiFamily::OpenAi, Endpoint::ChatCompletions));
         assert_eq!(
             gemini_method("/v1beta/models/gemini-2.5-pro:generateContent"),
             Some(("gemini-2.5-pro", "generateContent"))
