@@ -254,3 +254,23 @@ async fn gemini_cli_sessions_stay_one_and_its_own_compression_is_left_alone() {
     assert_eq!(answer.status, 200);
     assert_eq!(sim.last().body.as_ref(), &body[..], "Gemini CLI's compression request went as it came");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn count_tokens_counts_the_conversation_as_its_next_request_is_sent() {
+    let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;
+    let config = "[prune]\nprotect_tokens = 1\nminimum_tokens = 1\n[truncate]\nenabled = false\n";
+    let proxy = ProxyProcess::start_with(&sim.compactor_config(config), &[]);
+    let body = corpus();
+    let sent = post(&proxy, STREAM, body.clone()).await;
+    assert_eq!(sent.status, 200);
+    let forwarded = sim.last().tokens;
+    let counted = post(&proxy, "/v1beta/models/gemini-2.5-pro:countTokens", body.clone()).await;
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    assert_eq!(counted.json()["totalTokens"].as_u64(), Some(forwarded as u64), "counted as it is sent, pruned");
+    let direct =
+        send(request("POST", &format!("{}/v1beta/models/gemini-2.5-pro:countTokens", sim.url()), &[], body)).await;
+    assert!(direct.json()["totalTokens"].as_u64().unwrap() > forwarded as u64, "the client's body counts more");
+    // A count never changes the session: the next request goes out the same.
+    post(&proxy, STREAM, corpus()).await;
+    assert_eq!(sim.last().tokens, forwarded);
+}
