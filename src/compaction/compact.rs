@@ -57,6 +57,8 @@ pub(super) struct Compacted {
     pub record: CompactionRecord,
     /// Time spent in summary calls (zero when another request's record was reused).
     pub summary_time: Duration,
+    /// Summary calls made (zero when another request's record was reused).
+    pub summary_calls: u32,
 }
 
 /// Where the client's conversation is cut: it is counted, and `cut` is the first message kept.
@@ -91,7 +93,9 @@ impl Compaction<'_> {
         let lock = match CompactionLock::claim(ctx, hold).await {
             Some(lock) => lock,
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
-                Waited::Record(record) => return Ok(Compacted { record, summary_time: Duration::ZERO }),
+                Waited::Record(record) => {
+                    return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
+                }
                 Waited::TimedOut => return Err(CompactError::Busy),
                 // The holder finished without a record for this history: summarize it here,
                 // unless the holder's failures opened the conversation's breaker.
@@ -206,6 +210,7 @@ impl Compaction<'_> {
             summary_ms = summary_time.as_millis() as u64,
             "compacted"
         );
-        Ok(Compacted { record, summary_time })
+        metric::summary_calls_per_compaction(calls);
+        Ok(Compacted { record, summary_time, summary_calls: calls })
     }
 }

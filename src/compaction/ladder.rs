@@ -70,8 +70,10 @@ pub struct Recovery {
     pub rungs: Vec<String>,
     /// Tool outputs the rungs replaced with the placeholder (in the body that went out last).
     pub pruned: usize,
-    /// Time spent in summary calls.
+    /// Time spent in summary calls (of the recovery and of a compaction ahead of time).
     pub summary: Duration,
+    /// Summary calls made for this request: each piece of a rolling summary, and each retry.
+    pub summary_calls: u32,
     /// compactor's estimate of the body that went out last, after a retry.
     pub tokens_after: Option<u32>,
 }

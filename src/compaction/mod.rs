@@ -507,8 +507,9 @@ impl Compactor {
                         continue;
                     };
                     match self.compaction().run(head, ladder, ctx, harder, "overflow", sizing).await {
-                        Ok(Compacted { record, summary_time }) => {
+                        Ok(Compacted { record, summary_time, summary_calls }) => {
                             ladder.trace.summary += summary_time;
+                            ladder.trace.summary_calls += summary_calls;
                             ladder.record = Some(record);
                             match self.derive(ladder, ctx, &self.settings_for_rebuild(), true).await {
                                 Some((body, report)) if self.fits(ctx, &report) => {
@@ -568,7 +569,9 @@ impl Compactor {
         let sizing = self.sizing(ladder, ctx, report);
         for harder in [false, true] {
             match self.compaction().run(head, ladder, ctx, harder, trigger, sizing).await {
-                Ok(Compacted { record, .. }) => {
+                Ok(Compacted { record, summary_time, summary_calls }) => {
+                    ladder.trace.summary += summary_time;
+                    ladder.trace.summary_calls += summary_calls;
                     ladder.record = Some(record);
                     // Everything after the summary is new to the provider: prune as under pressure.
                     let derived = self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::agent;
 use super::ladder::{DEFAULT_ORDER, Rung};
+use super::summarizer::Transcript;
 use crate::overflow::OverflowDetector;
 
 /// `[compaction]` settings.
@@ -25,6 +26,9 @@ pub struct CompactionSettings {
     pub min_output_tokens: u32,
     /// The most the window budget keeps free for an answer, whatever `max_tokens` asks.
     pub output_reserve_tokens: u32,
+    /// What the summarizer reads of each message: every message whole, in as many pieces as
+    /// its window needs (`whole`), or tool outputs cut to head and tail first (`head_tail`).
+    pub transcript: Transcript,
     pub transcript_output_tokens: u32,
     /// How long a summary call may take.
     #[serde(rename = "summary_timeout_ms", serialize_with = "crate::config::millis")]
@@ -48,13 +52,14 @@ another model continue the work seamlessly. You do not call tools and you do not
 
 pub const DEFAULT_INSTRUCTION: &str = "Write a detailed handoff summary of the conversation above, in this order:\n\
 1. The user's goal, and every constraint, preference and instruction the user stated (quote them when wording matters).\n\
-2. What has been done so far, step by step, with outcomes.\n\
-3. What was in progress at the end of the transcript.\n\
-4. Files, resources, commands and URLs involved, with exact paths and names.\n\
-5. Decisions made and why; approaches that failed and why.\n\
-6. Exact identifiers, values and error messages that matter, verbatim.\n\
-7. The next steps.\n\
-Be specific and complete; keep exact strings verbatim; do not invent anything that is not in the transcript.";
+2. Facts the agent found, verbatim: every value, identifier, name, path, command, URL, version, number, error message and \
+test result that appeared in a message or a tool output, wherever it appeared in that output (the middle of a file, one \
+line of a log), with where it came from. Copy them exactly; never paraphrase or round them.\n\
+3. What has been done so far, step by step, with outcomes.\n\
+4. Decisions made and why; approaches that failed and why.\n\
+5. What was pending at the end of the transcript: the task in progress, open questions, and the next steps.\n\
+When the transcript starts with a summary of the earlier conversation, keep every fact of that summary too. Be specific and \
+complete; do not invent anything that is not in the transcript.";
 
 pub const DEFAULT_SUMMARY_PREFIX: &str = "Another language model started to solve this task and produced a summary of its work \
 so far, because the conversation grew too long for its context window. Use this handoff summary to continue the task \
@@ -89,6 +94,7 @@ impl Default for CompactionSettings {
             emergency_protect_tokens: 4_000,
             min_output_tokens: 1_024,
             output_reserve_tokens: 4_096,
+            transcript: Transcript::Whole,
             transcript_output_tokens: 2_000,
             summary_timeout: Duration::from_millis(300_000),
             lock_wait: Duration::from_millis(120_000),

@@ -28,6 +28,31 @@ const MIN_PIECE_TOKENS: u32 = 256;
 const MAX_SUMMARY_CALLS: u32 = 64;
 /// Overflows of summary calls one compaction accepts before it gives up.
 const MAX_OVERFLOWS: u32 = 4;
+/// The most pieces a whole transcript is read in; a longer one is cut to head and tail first (and
+/// the calls left under [`MAX_SUMMARY_CALLS`] absorb the retries of overflows).
+const MAX_PIECES: u32 = 32;
+
+/// What the summarizer reads of each message (`compaction.transcript`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transcript {
+    /// Every message whole, read in as many pieces as the summarizer's window needs.
+    Whole,
+    /// Each tool output cut to its head and tail (plus its `key: value` and error lines) first:
+    /// fewer summary calls, but the middle of long outputs never reaches the summary.
+    HeadTail,
+}
+
+impl Transcript {
+    /// A mode by its name in `compaction.transcript`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "whole" => Some(Self::Whole),
+            "head_tail" => Some(Self::HeadTail),
+            _ => None,
+        }
+    }
+}
 
 /// A summary and what it cost.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,6 +106,7 @@ pub struct Summarizer {
     system_prompt: String,
     instruction: String,
     transcript_output_tokens: u32,
+    transcript: Transcript,
 }
 
 impl Summarizer {
@@ -92,7 +118,47 @@ impl Summarizer {
             system_prompt: settings.system_prompt.clone(),
             instruction: settings.instruction.clone(),
             transcript_output_tokens: settings.transcript_output_tokens,
+            transcript: settings.transcript,
         }
+    }
+
+    /// The transcript's entries, in order. `whole`: every message as it was, as long as at most
+    /// [`MAX_PIECES`] pieces carry them (an entry larger than a piece is read in consecutive parts
+    /// by [`next_piece`]); past that, and with `head_tail`, each tool output cut to head and tail
+    /// (plus the lines that state something), harder until the transcript fits one piece or the
+    /// cut reaches its floor.
+    async fn entries(&self, input: &SummaryInput<'_>) -> Result<Vec<String>, SummaryError> {
+        let count = input.count;
+        let carried = input.previous.map_or(0, count) + 16;
+        let size = |entries: &[String]| entries.iter().map(|e| count(e) + 2).sum::<u32>() + carried;
+        if self.transcript == Transcript::Whole {
+            let whole = || {
+                let entries = transcript_entries(input.parsed, input.from, input.cut, u32::MAX, count);
+                let tokens = size(&entries);
+                (entries, tokens)
+            };
+            let (entries, tokens) = work::step(whole).await.map_err(|_| SummaryError::Stopped)?;
+            // Each piece carries the summary so far, about a summary's answer.
+            let room = input.budget.saturating_sub(input.max_tokens.min(input.budget / 2)).max(MIN_PIECE_TOKENS);
+            if tokens.div_ceil(room) <= MAX_PIECES {
+                return Ok(entries);
+            }
+        }
+        let widest = self.transcript_output_tokens.min(input.budget / 4).max(64);
+        let mut entries = Vec::new();
+        for per_output in [widest, widest / 4, 64] {
+            let attempt = || {
+                let entries = transcript_entries(input.parsed, input.from, input.cut, per_output.max(64), count);
+                let fit = size(&entries) <= input.budget;
+                (entries, fit)
+            };
+            let (attempt, fit) = work::step(attempt).await.map_err(|_| SummaryError::Stopped)?;
+            entries = attempt;
+            if fit {
+                break;
+            }
+        }
+        Ok(entries)
     }
 
     /// Tokens of the summary request besides the transcript.
@@ -109,23 +175,7 @@ impl Summarizer {
         let started = Instant::now();
         let span = trace::summary_span(head.route.family, input.model);
         let mut input_tokens = 0u32;
-        // Tool outputs are cut harder (head and tail) before the transcript is split in pieces.
-        let widest = self.transcript_output_tokens.min(input.budget / 4).max(64);
-        let carried = input.previous.map_or(0, count) + 16;
-        let mut entries = Vec::new();
-        for per_output in [widest, widest / 4, 64] {
-            let fits = |entries: &[String]| entries.iter().map(|e| count(e) + 2).sum::<u32>() + carried <= input.budget;
-            let attempt = || {
-                let entries = transcript_entries(input.parsed, input.from, input.cut, per_output.max(64), count);
-                let fit = fits(&entries);
-                (entries, fit)
-            };
-            let (attempt, fit) = work::step(attempt).await.map_err(|_| SummaryError::Stopped)?;
-            entries = attempt;
-            if fit {
-                break;
-            }
-        }
+        let entries = self.entries(&input).await?;
         let mut entries: VecDeque<String> = entries.into();
         let mut summary = input.previous.map(str::to_string);
         let mut budget = input.budget;
@@ -424,22 +474,23 @@ pub fn next_piece(entries: &mut VecDeque<String>, room: u32, count: &dyn Fn(&str
     piece
 }
 
-/// `text` (`tokens` long) in parts of about `room` tokens, cut at line ends where there is one
-/// in the second half of a part, else at a character boundary. Linear in the text.
+/// `text` (`tokens` long) in consecutive parts of about `room` tokens: each ends at a line end
+/// in its second half, else (inside an overlong line) after a space there, so a word (a value, a
+/// path) stays whole, else at a character boundary. Nothing is dropped: the parts joined are the
+/// text. Linear in the text.
 fn split_text(text: &str, room: u32, tokens: u32) -> Vec<String> {
     let share = f64::from(room.max(1)) / f64::from(tokens.max(1));
     let step = ((text.len() as f64 * share * 0.9) as usize).max(1);
     let mut parts = Vec::new();
     let mut start = 0;
     while start < text.len() {
-        let mut end = (start + step).min(text.len());
-        while end < text.len() && !text.is_char_boundary(end) {
-            end += 1;
-        }
-        if end < text.len()
-            && let Some(newline) = text[start..end].rfind('\n').filter(|&n| n > step / 2)
-        {
-            end = start + newline + 1;
+        let mut end = text.ceil_char_boundary((start + step).min(text.len()));
+        if end < text.len() {
+            let part = &text[start..end];
+            let at = |found: Option<usize>| found.filter(|&n| n >= step / 2).map(|n| start + n + 1);
+            if let Some(cut) = at(part.rfind('\n')).or_else(|| at(part.rfind(' '))) {
+                end = cut;
+            }
         }
         parts.push(text[start..end].to_string());
         start = end;
@@ -511,5 +562,37 @@ mod tests {
         assert_eq!(cut_keeping_facts(&text, 400, &count), head_and_tail(&text, 400, &count));
         assert_eq!(cut_keeping_facts("short: output", 400, &count), "short: output");
         assert!(!looks_like_fact("row 12 of the listing") && looks_like_fact("status: green"));
+    }
+
+    #[test]
+    fn an_output_larger_than_a_piece_is_read_in_consecutive_parts_at_line_ends_and_nothing_is_lost() {
+        let lines: Vec<String> = (0..400).map(|i| format!("line {i} of the build log, all green")).collect();
+        let text = lines.join("\n");
+        let mut entries: VecDeque<String> = [text.clone()].into();
+        let mut parts = Vec::new();
+        while !entries.is_empty() {
+            let piece = next_piece(&mut entries, 500, &count);
+            assert!(count(&piece) <= 500, "{} tokens", count(&piece));
+            parts.push(piece);
+        }
+        assert!(parts.len() >= 4, "{} parts", parts.len());
+        assert_eq!(parts.concat(), text, "the parts are the text, in order");
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.ends_with('\n')), "every cut at a line end");
+    }
+
+    #[test]
+    fn a_single_long_line_is_cut_between_words_so_a_value_stays_whole() {
+        let words: Vec<String> = (0..2_000).map(|i| format!("ZEPHYR-LANTERN-{i}")).collect();
+        let text = words.join(" ");
+        let parts = split_text(&text, 300, count(&text));
+        assert!(parts.len() > 5);
+        assert_eq!(parts.concat(), text);
+        for part in &parts {
+            assert!(part.split(' ').filter(|w| !w.is_empty()).all(|w| words.contains(&w.to_string())), "{part}");
+        }
+        // No line end and no space: cut at character boundaries, still nothing lost.
+        let wide = "\u{00e9}".repeat(3_000);
+        let parts = split_text(&wide, 100, count(&wide));
+        assert_eq!(parts.concat(), wide);
     }
 }

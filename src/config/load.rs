@@ -13,6 +13,7 @@ use figment::value::Dict;
 use super::env;
 use super::*;
 use crate::compaction::ladder::Rung;
+use crate::compaction::summarizer::Transcript;
 use crate::overflow::OverflowDetector;
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TOKEN_ENTRY_BYTES};
 
@@ -278,6 +279,9 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         emergency_protect_tokens: r.get("compaction.emergency_protect_tokens", d.emergency_protect_tokens),
         min_output_tokens: r.parse("compaction.min_output_tokens", d.min_output_tokens, positive_u32),
         output_reserve_tokens: r.parse("compaction.output_reserve_tokens", d.output_reserve_tokens, positive_u32),
+        transcript: r.parse("compaction.transcript", d.transcript, |name: String| {
+            Transcript::parse(&name).ok_or_else(|| format!("`{name}` is not one of \"whole\", \"head_tail\""))
+        }),
         transcript_output_tokens: r.parse(
             "compaction.transcript_output_tokens",
             d.transcript_output_tokens,

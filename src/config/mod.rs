@@ -72,6 +72,9 @@ pub struct PruneConfig {
     pub enabled: bool,
     pub protect_tokens: u32,
     pub minimum_tokens: u32,
+    /// What a pruned output becomes: a template where `{tool}` is the call's tool name, `{args}`
+    /// its arguments on one line (cut to 100 characters), `{tokens}` the output's size; a text
+    /// without them is used as it is.
     pub placeholder: String,
     pub protected_tools: Vec<String>,
     pub dedupe: bool,
@@ -355,7 +358,7 @@ impl Default for Config {
                 enabled: true,
                 protect_tokens: 40_000,
                 minimum_tokens: 20_000,
-                placeholder: "[Old tool result content cleared]".into(),
+                placeholder: crate::rewrite::placeholder::DEFAULT.into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
                 pressure: 0.5,
@@ -398,7 +401,7 @@ impl Config {
             prune: PruneSettings {
                 protect_tokens: self.prune.protect_tokens,
                 minimum_tokens: self.prune.minimum_tokens,
-                placeholder: self.prune.placeholder.clone(),
+                placeholder: crate::rewrite::placeholder::Template::new(&self.prune.placeholder),
                 protected_tools: self.prune.protected_tools.clone(),
                 pressure: self.prune.pressure,
             },

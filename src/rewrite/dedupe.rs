@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use xxhash_rust::xxh3::xxh3_128;
 
+use super::placeholder::{Calls, Template, pointer};
 use crate::conversation::{Conversation, Edit, Kind};
 
 /// Outputs smaller than this are not worth a pointer.
@@ -17,19 +18,21 @@ const MIN_TOKENS: u32 = 64;
 /// Replaces newer duplicates of tool outputs with pointers to the oldest copy sent with its
 /// content; returns how many. Runs after pruning, so pruned copies (`placeholder`) are never
 /// pointed at. Copies are compared by what is sent: a copy cut to head and tail counts as its cut
-/// text, so the rewritten request, rewritten again, makes the same pointers (idempotent).
-pub fn apply(conversation: &mut Conversation, placeholder: &str) -> usize {
+/// text, so the rewritten request, rewritten again, makes the same pointers (idempotent). A
+/// pointer names the call it repeats (its tool and arguments), as a placeholder does.
+pub fn apply(conversation: &mut Conversation, placeholder: &Template) -> usize {
     // The oldest copy of each output sent with its content, by the hash of what is sent.
     let mut older_call: HashMap<u128, String> = HashMap::new();
-    let mut deduped = 0;
-    for item in conversation.items.iter_mut() {
+    let mut pointers: Vec<(usize, String)> = Vec::new();
+    let calls = Calls::of(conversation);
+    for (index, item) in conversation.items.iter().enumerate() {
         let Kind::ToolResult { call_id, text, attachments: 0 } = &item.kind else { continue };
         if !item.shortenable || item.tokens < MIN_TOKENS {
             continue;
         }
         let sent = match &item.edit {
             Edit::Keep => &text[..],
-            Edit::Replace(cut) if cut != placeholder => &cut[..],
+            Edit::Replace(cut) if !placeholder.rendered(&calls, call_id.as_deref(), cut) => &cut[..],
             _ => continue,
         };
         let hash = xxh3_128(sent.as_bytes());
@@ -37,17 +40,12 @@ pub fn apply(conversation: &mut Conversation, placeholder: &str) -> usize {
             older_call.insert(hash, call_id.as_deref().unwrap_or("").to_string());
             continue;
         };
-        item.edit = Edit::Replace(pointer(older));
-        deduped += 1;
+        pointers.push((index, pointer(&calls, older)));
+    }
+    drop(calls);
+    let deduped = pointers.len();
+    for (index, text) in pointers {
+        conversation.items[index].edit = Edit::Replace(text);
     }
     deduped
-}
-
-/// The text that stands in for a newer duplicate.
-pub fn pointer(older_call_id: &str) -> String {
-    if older_call_id.is_empty() {
-        "[Duplicate tool output: identical to an earlier tool output in this conversation]".to_string()
-    } else {
-        format!("[Duplicate tool output: identical to the earlier result of tool call {older_call_id}]")
-    }
 }

@@ -3,6 +3,7 @@
 
 pub mod dedupe;
 pub mod payback;
+pub mod placeholder;
 pub mod prune;
 pub mod repair;
 pub mod truncate;

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 
 use super::payback::{self, History, Reason};
+use super::placeholder::{Calls, Template};
 use crate::conversation::{Conversation, Edit, Kind};
 
 /// `[prune]` settings the policy needs.
@@ -13,7 +14,8 @@ use crate::conversation::{Conversation, Edit, Kind};
 pub struct PruneSettings {
     pub protect_tokens: u32,
     pub minimum_tokens: u32,
-    pub placeholder: String,
+    /// What a pruned output becomes: a fixed text or a template naming the call.
+    pub placeholder: Template,
     pub protected_tools: Vec<String>,
     /// Share of the window (less the output reserve) above which a batch goes whatever it costs
     /// the prompt cache (compaction's budget applies it).
@@ -54,9 +56,19 @@ pub fn apply(
             .collect()
     };
     let protected_call = |call_id: Option<&str>| call_id.is_some_and(|id| protected_ids.contains(id));
-    // Outputs no bigger than the placeholder (a synthetic "aborted", an empty result) gain nothing
-    // from pruning; leaving them out of the window too keeps a second pass deciding the same.
-    let not_worth = count(&settings.placeholder) + crate::conversation::FRAMING_TOKENS;
+    let calls = Calls::of(conversation);
+    // Each output's own placeholder (it names its call): the same bytes on every turn.
+    let placeholder_of = |index: usize| match &conversation.items[index].kind {
+        Kind::ToolResult { call_id, .. } => {
+            settings.placeholder.render(&calls, call_id.as_deref(), conversation.items[index].tokens)
+        }
+        _ => std::borrow::Cow::Borrowed(settings.placeholder.as_str()),
+    };
+    let is_placeholder = |index: usize, text: &str| {
+        let call_id = conversation.items[index].call_id();
+        settings.placeholder.rendered(&calls, call_id, text)
+    };
+    let mut placeholders = vec![0u32; conversation.items.len()];
     let mut protected = 0u32;
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
@@ -76,14 +88,19 @@ pub fn apply(
         }
         let call_id = call_id.as_deref();
         let current = match &item.edit {
-            Edit::Keep if text.as_ref() == settings.placeholder => continue,
+            Edit::Keep if is_placeholder(index, text) => continue,
             Edit::Keep => item.tokens,
-            Edit::Replace(text) if *text == settings.placeholder => continue,
+            Edit::Replace(text) if is_placeholder(index, text) => continue,
             // Counted as an item would be, framing included, so a second pass sees the same sizes.
             Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
             Edit::Remove => continue,
         };
         sizes[index] = current;
+        // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
+        // nothing from pruning; leaving them out of the window too keeps a second pass deciding
+        // the same.
+        let not_worth = count(&placeholder_of(index)) + crate::conversation::FRAMING_TOKENS;
+        placeholders[index] = not_worth;
         if current <= not_worth || protected_call(call_id) {
             continue;
         }
@@ -103,8 +120,7 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let placeholder = not_worth;
-        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder)).sum();
+        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholders[i])).sum();
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
@@ -121,9 +137,12 @@ pub fn apply(
             }
         }
     }
-    for index in forced.into_iter().chain(prunable) {
+    let texts: Vec<(usize, String)> =
+        forced.into_iter().chain(prunable).map(|index| (index, placeholder_of(index).into_owned())).collect();
+    drop(calls);
+    for (index, text) in texts {
         let item = &mut conversation.items[index];
-        item.edit = Edit::Replace(settings.placeholder.clone());
+        item.edit = Edit::Replace(text);
         pruned.count += 1;
         if let Kind::ToolResult { call_id: Some(id), .. } = &item.kind {
             pruned.call_ids.push(id.to_string());

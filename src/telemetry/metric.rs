@@ -15,6 +15,9 @@ pub const SECONDS_BUCKETS: [f64; 18] = [
     600.0,
 ];
 
+/// Histogram buckets of summary calls per compaction: one call, a few pieces, up to the cap.
+pub const CALLS_BUCKETS: [f64; 9] = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0];
+
 pub fn describe() {
     describe_rewrite();
     describe_counter!("compactor_requests_total", "Proxied requests by route and final status.");
@@ -107,6 +110,10 @@ fn describe_rewrite() {
         "Compactions by trigger (overflow, threshold, admin) and outcome."
     );
     describe_histogram!("compactor_summary_call_seconds", Unit::Seconds, "Latency of summary calls.");
+    describe_histogram!(
+        "compactor_summary_calls_per_compaction",
+        "Summary calls each compaction made: the pieces of a rolling summary and the retries of overflows."
+    );
     describe_counter!("compactor_summary_tokens_total", "Estimated tokens sent to and received from summary calls.");
 }
 
@@ -195,6 +202,11 @@ pub fn futile_compaction_avoided() {
 /// One summary call and its outcome (`ok`, `overflow`, `failed`).
 pub fn summary_call(outcome: &'static str) {
     counter!("compactor_summary_calls_total", "outcome" => outcome).increment(1);
+}
+
+/// The summary calls one compaction made (its pieces and retries).
+pub fn summary_calls_per_compaction(calls: u32) {
+    histogram!("compactor_summary_calls_per_compaction").record(f64::from(calls));
 }
 
 pub fn summary_latency(elapsed: Duration) {
@@ -333,6 +345,7 @@ pub fn present_at_start() {
     }
     counter!("compactor_futile_compactions_avoided_total").absolute(0);
     let _registered = histogram!("compactor_summary_call_seconds");
+    let _registered = histogram!("compactor_summary_calls_per_compaction");
     for direction in ["input", "output"] {
         counter!("compactor_summary_tokens_total", "direction" => direction).absolute(0);
     }

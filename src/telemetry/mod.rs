@@ -54,7 +54,13 @@ pub fn init_logging(config: &LogConfig, trace_config: &TraceConfig) -> Option<tr
 
 /// Installs the global Prometheus recorder and describes every metric compactor emits.
 pub fn init_metrics() -> Result<PrometheusHandle, BuildError> {
-    let handle = PrometheusBuilder::new().set_buckets(&metric::SECONDS_BUCKETS)?.install_recorder()?;
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&metric::SECONDS_BUCKETS)?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("compactor_summary_calls_per_compaction".into()),
+            &metric::CALLS_BUCKETS,
+        )?
+        .install_recorder()?;
     metric::describe();
     metric::present_at_start();
     Ok(handle)

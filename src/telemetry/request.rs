@@ -113,6 +113,7 @@ impl RequestLog {
         let overflow = recovery.and_then(|r| r.overflow.as_deref()).unwrap_or("-");
         let rungs = recovery.map(|r| r.rungs()).filter(|r| !r.is_empty()).unwrap_or_else(|| "-".into());
         let summary_ms = recovery.map_or(0, |r| r.summary.as_millis() as u64);
+        let summary_calls = recovery.map_or(0, |r| r.summary_calls);
         let (cache_read, cache_write) = self.cache.unwrap_or_default();
         tracing::info!(
             request_id = %self.request_id,
@@ -135,6 +136,7 @@ impl RequestLog {
             rungs = %rungs,
             retries = self.retries,
             summary_ms,
+            summary_calls,
             cache_read,
             cache_write,
             "request"

@@ -84,6 +84,20 @@ pub struct SessionSpec {
     /// `Some(n)`: the agent's `n`th subagent (Claude Code's Task tool) inside the session of
     /// `seed`: the same session id, its own system prompt, task, tool calls and facts.
     pub subagent: Option<u64>,
+    /// Where facts are planted.
+    pub placement: Placement,
+}
+
+/// Where a fact goes in the text that carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Near the start: a line at the top of an output, a short user message. A summarizer that
+    /// reads outputs cut to head and tail keeps these.
+    Edge,
+    /// A sentence in the middle: of a user message of `user_tokens` tokens of prose, and of a tool
+    /// output, every other one of which is a single long line. Only a summarizer that reads every
+    /// output whole keeps these.
+    Middle { user_tokens: usize },
 }
 
 impl SessionSpec {
@@ -99,7 +113,16 @@ impl SessionSpec {
             output_fact_every: 3,
             seed: 1,
             subagent: None,
+            placement: Placement::Edge,
         }
+    }
+
+    /// Facts planted in the middle of what carries them (see [`Placement::Middle`]), with a user
+    /// message of `user_tokens` carrying a fact every `user_fact_every` turns.
+    pub fn facts_in_middle(mut self, user_tokens: usize, user_fact_every: usize) -> Self {
+        self.placement = Placement::Middle { user_tokens };
+        self.user_fact_every = user_fact_every;
+        self
     }
 
     /// The `n`th subagent of this spec's session instead of its main loop.
@@ -286,7 +309,16 @@ impl AgentSession {
     fn add_user_fact(&mut self, turn: usize) {
         let marker = self.plant(turn, false);
         let done = format!("Done with step {turn}; the tests pass.");
-        let ask = format!("Good. Next, also note that the staging database is called {marker}; keep it in mind.");
+        let mut ask = format!("Good. Next, also note that the staging database is called {marker}; keep it in mind.");
+        if let Placement::Middle { user_tokens } = self.spec.placement {
+            let seed = self.content_seed ^ (0x0a5c + turn as u64);
+            let half = chars_for(user_tokens / 2, Text::Prose);
+            ask = format!(
+                "Good. Before you go on, read my notes.\n{}\nAlso note that the staging database is called {marker}, so keep it in mind.\n{}\nThat is all for now.",
+                prose(seed, half),
+                prose(seed ^ 0xff, half)
+            );
+        }
         let (assistant, user) = match self.spec.agent.dialect() {
             Dialect::Messages => (
                 json!({"role": "assistant", "content": [{"type": "text", "text": done}]}),
@@ -336,10 +368,14 @@ impl AgentSession {
                     format!("cargo test -p {}-{} -- --nocapture", pick(seed, NOUNS), pick(seed >> 9, NOUNS))
                 }
             };
-            let output = match kind {
-                CallKind::Read => self.file_output(seed, tokens, fact.as_deref()),
-                CallKind::Shell => self.shell_output(&target, seed, tokens, fact.as_deref()),
-                CallKind::Patch => {
+            let output = match (kind, self.spec.placement, fact.as_deref()) {
+                (CallKind::Read | CallKind::Shell, Placement::Middle { .. }, Some(marker)) => {
+                    let single_line = self.facts.iter().filter(|f| f.in_tool_output).count().is_multiple_of(2);
+                    self.output_with_fact_inside(kind, seed, tokens, marker, single_line)
+                }
+                (CallKind::Read, ..) => self.file_output(seed, tokens, fact.as_deref()),
+                (CallKind::Shell, ..) => self.shell_output(&target, seed, tokens, fact.as_deref()),
+                (CallKind::Patch, ..) => {
                     let note = fact.map(|m| format!("\nNote: the patch is tracked as {m}.")).unwrap_or_default();
                     format!("Success. Updated the following files:\nM {target}{note}\n")
                 }
@@ -348,6 +384,32 @@ impl AgentSession {
         };
         self.push_call(&call, seed);
         self.calls.push(call);
+    }
+
+    /// A file or a command's log with `marker` in a sentence in its middle line (`single_line`:
+    /// the whole output one line, the sentence in its middle), far from both ends.
+    fn output_with_fact_inside(
+        &self,
+        kind: CallKind,
+        seed: u64,
+        tokens: usize,
+        marker: &str,
+        single_line: bool,
+    ) -> String {
+        let (text, sentence) = match kind {
+            CallKind::Read => (
+                code(seed, chars_for(tokens, Text::Code)),
+                format!("    // Note that the release key of this module is {marker}, so leave it as it is."),
+            ),
+            _ => (
+                log(seed, chars_for(tokens, Text::Log)),
+                format!("the staging cluster reported release key {marker} while the tests ran"),
+            ),
+        };
+        let mut lines: Vec<&str> = text.lines().collect();
+        let middle = lines.len() / 2;
+        lines.insert(middle, &sentence);
+        lines.join(if single_line { " " } else { "\n" })
     }
 
     /// A file's content as the agent's read tool shows it; the same path always reads the same.

@@ -46,3 +46,10 @@ pub fn chat_with_many_outputs(bytes: usize) -> String {
     }
     serde_json::json!({"model": "gpt-4o", "messages": messages}).to_string()
 }
+
+/// Whether `text` is the default placeholder of a pruned output of tool `tool` called with
+/// `args` (as compactor shows them: on one line, cut to 100 characters).
+pub fn cleared(text: &str, tool: &str, args: &str) -> bool {
+    text.starts_with(&format!("[Old tool result content cleared: {tool} {args} ("))
+        && text.ends_with(" tokens). Call the tool again to see its current output.]")
+}

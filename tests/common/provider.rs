@@ -3,7 +3,8 @@
 //! it counts tokens its own way (characters / N), rejects what does not fit with each provider's
 //! real overflow error (naming the window or not), reports usage with prompt-cache reads and writes
 //! by prefix, rejects broken tool pairs, answers compactor's summary calls deterministically by
-//! echoing the fact markers it finds, and records every request for assertions and benchmarks.
+//! echoing the fact markers it finds in the transcript it was sent (not in the prompt around it),
+//! and records every request for assertions and benchmarks.
 //!
 //! It also prices sessions the way providers bill them (see [`bill_by_prefix`] and
 //! [`bill_by_breakpoints`]).
@@ -32,7 +33,7 @@ pub mod gemini;
 
 use super::agents;
 use super::strict;
-use super::window::markers;
+use super::window::{markers, transcript_of};
 
 /// What marks compactor's summary calls: its summarizer system prompt ("You are a
 /// context-compaction assistant…", `compaction::DEFAULT_SYSTEM_PROMPT`).
@@ -687,7 +688,8 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
 
     let (text, usage) = if summary {
         let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        let found = markers(&String::from_utf8_lossy(&body));
+        // Only what the summarizer was asked to read: the transcript (its previous summary first).
+        let found = markers(transcript_of(&String::from_utf8_lossy(&body)));
         let padding = agents::text(
             agents::Text::Prose,
             number as u64,

@@ -22,7 +22,7 @@ impl Settings {
     }
 
     pub fn placeholder(mut self, placeholder: &str) -> Self {
-        self.0.prune.placeholder = placeholder.to_string();
+        self.0.prune.placeholder = compactor::rewrite::placeholder::Template::new(placeholder);
         self
     }
 

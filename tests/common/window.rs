@@ -65,6 +65,15 @@ impl Summaries {
     }
 }
 
+/// What a summary call asks to be summarized: the text between its `<transcript>` tags (the
+/// summary so far and the piece), without the prompt around it. A simulated summarizer reports
+/// only the facts in there, as a real one could.
+pub fn transcript_of(body: &str) -> &str {
+    let start = body.find("<transcript>").map_or(0, |at| at + "<transcript>".len());
+    let end = body[start..].find("</transcript>").map_or(body.len(), |at| start + at);
+    &body[start..end]
+}
+
 pub fn markers(text: &str) -> Vec<String> {
     let re = regex::Regex::new(r"[A-Z]{3,}-[A-Z]{3,}-\d+").unwrap();
     let mut found: Vec<String> = re.find_iter(text).map(|m| m.as_str().to_string()).collect();
@@ -97,7 +106,7 @@ pub fn enforce_window(fake: &FakeUpstream, spec: WindowSpec) -> Summaries {
             if spec.summary_fails {
                 return Some(Reply::json(500, json!({"error": {"message": "summarizer exploded", "type": "server_error"}})).after(delay));
             }
-            let summary = format!("Handoff summary {}. Markers: {}", seen.count(), markers(&text).join(" "));
+            let summary = format!("Handoff summary {}. Markers: {}", seen.count(), markers(transcript_of(&text)).join(" "));
             if responses {
                 return Some(Reply::json(200, json!({"id": "resp_s", "object": "response", "status": "completed", "output": [{"type": "message", "id": "msg_s", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": summary, "annotations": []}]}], "usage": {"input_tokens": 10, "output_tokens": 10}})).after(delay));
             }

@@ -11,7 +11,8 @@ use crate::common::*;
 const UNKNOWN: &str = "sim-local-model";
 /// Tool outputs of the windows benchmark.
 const OUTPUTS: [usize; 6] = [300, 800, 1_500, 600, 1_200, 400];
-const PLACEHOLDER: &str = "[Old tool result content cleared]";
+/// The start of every placeholder, fixed or naming its call.
+const PLACEHOLDER: &str = "[Old tool result content cleared";
 
 async fn run(spec: ProviderSpec, session: SessionSpec, turns: usize, extra: &str) -> (Run, ProxyProcess) {
     let provider = ProviderSim::start(spec).await;

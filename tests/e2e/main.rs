@@ -25,4 +25,5 @@ mod responses;
 mod rewrite_proxy;
 mod sdk_e2e;
 mod sessions;
+mod summaries;
 mod traces;

@@ -105,7 +105,8 @@ async fn old_outputs_are_pruned_in_batches_that_clear_minimum_tokens_never_a_lit
     use crate::common::agents::{Agent, AgentSession, SessionSpec, drive};
     use crate::common::provider::{ANTHROPIC, bill_by_prefix};
 
-    const PLACEHOLDER: &str = "[Old tool result content cleared]";
+    // The start of every placeholder, fixed or naming its call.
+    const PLACEHOLDER: &str = "[Old tool result content cleared";
     let provider = ProviderSim::start(ProviderSpec { window: 64_000, ..ProviderSpec::default() }).await;
     let extra =
         "[models.\"sim-model\"]\ncontext_window = 64000\n[prune]\nprotect_tokens = 8000\nminimum_tokens = 4000\n";

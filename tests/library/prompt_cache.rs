@@ -8,9 +8,7 @@ use compactor::dialect::{Dialect, ParsedRequest};
 use compactor::rewrite::{CachePricing, History, Reason, Rewriter, Rewritten};
 use serde_json::{Value, json};
 
-use crate::common::{Settings, tool_output};
-
-const PLACEHOLDER: &str = "[Old tool result content cleared]";
+use crate::common::{Settings, cleared, tool_output};
 
 /// Small windows: 4,000 tokens of recent output protected, batches of at least 500.
 fn rewriter() -> Rewriter {
@@ -119,8 +117,12 @@ fn a_re_read_leaves_every_earlier_message_byte_identical_upstream() {
         let last = reports.last().unwrap();
         assert_eq!(last.report.deduped, 1, "{dialect:?}: the newest copy is the one made a pointer");
         let sent = messages(dialect, last.body.as_ref().unwrap());
-        assert!(sent.last().unwrap().contains("identical to the earlier result of tool call"), "{dialect:?}");
-        assert!(sent.last().unwrap().contains("_0"), "{dialect:?}: it points at the first read");
+        // The pointer names the call it repeats: its tool, its arguments and its id.
+        let pointer = sent.last().unwrap();
+        let tool = if dialect == Dialect::ChatCompletions { "read_file" } else { "Read" };
+        let named = format!(r#"identical to the earlier result of {tool} {{\"n\":0}} (call"#);
+        assert!(pointer.contains(&named), "{pointer}");
+        assert!(pointer.contains("_0)"), "{dialect:?}: it points at the first read");
     }
 }
 
@@ -181,7 +183,7 @@ fn a_pointer_never_points_at_a_pruned_copy() {
         .filter(|m| m["role"] == "tool")
         .map(|m| m["content"].as_str().unwrap())
         .collect();
-    assert_eq!(texts[0], PLACEHOLDER);
+    assert!(cleared(texts[0], "read_file", r#"{"n":0}"#), "{}", texts[0]);
     assert_eq!(texts[3], all[0], "the re-read is the copy the model can still read");
     assert_eq!(rewritten.report.deduped, 0);
 }
@@ -209,7 +211,7 @@ fn every_client_cache_control_marker_survives_pruning_and_truncation() {
     let forwarded = rewritten.body.unwrap();
     assert_eq!(markers(&forwarded), 4, "{}", String::from_utf8_lossy(&forwarded));
     let sent: Value = serde_json::from_slice(&forwarded).unwrap();
-    assert_eq!(sent["messages"][4]["content"][0]["content"], PLACEHOLDER);
+    assert!(cleared(sent["messages"][4]["content"][0]["content"].as_str().unwrap(), "Read", r#"{"n":1}"#));
     assert_eq!(sent["messages"][4]["content"][0]["cache_control"], json!({"type": "ephemeral"}));
 
     // Three client markers (the one inside the result's content gone): compactor adds its own

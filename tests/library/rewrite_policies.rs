@@ -7,9 +7,10 @@ use compactor::dialect::Dialect;
 use compactor::rewrite::{Rewriter, Rewritten};
 use serde_json::{Value, json};
 
-use crate::common::{Settings, tool_output};
+use crate::common::{Settings, cleared, tool_output};
 
-const PLACEHOLDER: &str = "[Old tool result content cleared]";
+/// The arguments of every call of [`chat_turns`].
+const ARGS: &str = r#"{"path":"src/lib.rs"}"#;
 
 /// The shipped defaults (placeholder, protected `skill` tool) with small windows.
 fn rewriter() -> Rewriter {
@@ -88,7 +89,7 @@ fn prunes_old_tool_outputs_but_keeps_the_newest_window() {
     let texts = tool_texts_chat(&after);
     // The newest ~400 tokens (three outputs, the third crossing the edge) stay whole.
     assert_eq!(&texts[5..], &[outputs[5].2.clone(), outputs[6].2.clone(), outputs[7].2.clone()]);
-    assert!(texts[..5].iter().all(|t| t == PLACEHOLDER), "{texts:?}");
+    assert!(texts[..5].iter().all(|t| cleared(t, "read_file", ARGS)), "{texts:?}");
     assert_eq!(rewritten.report.pruned, 5);
     assert_eq!(rewritten.report.pruned_call_ids, ["call_4", "call_3", "call_2", "call_1", "call_0"]);
     assert!(rewritten.report.tokens_after < rewritten.report.tokens_before);
@@ -122,7 +123,7 @@ fn outputs_of_protected_tools_are_never_pruned() {
     let (_, after) = rewrite(Dialect::ChatCompletions, &body);
     let texts = tool_texts_chat(&after);
     assert_eq!(texts[0], tool_output("skill", 300));
-    assert_eq!(texts[1], PLACEHOLDER);
+    assert!(cleared(&texts[1], "read_file", ARGS), "{}", texts[1]);
 }
 
 #[test]
@@ -131,7 +132,9 @@ fn an_output_pruned_once_stays_pruned_even_inside_the_window() {
         chat_turns(&[("call_0", "read_file", tool_output("a", 100)), ("call_1", "read_file", tool_output("b", 100))]);
     let pruned: BTreeSet<String> = ["call_1".to_string()].into();
     let (rewritten, after) = rewrite_with(&rewriter(), Dialect::ChatCompletions, &body, &pruned);
-    assert_eq!(tool_texts_chat(&after), [tool_output("a", 100), PLACEHOLDER.to_string()]);
+    let texts = tool_texts_chat(&after);
+    assert_eq!(texts[0], tool_output("a", 100));
+    assert!(cleared(&texts[1], "read_file", ARGS), "{}", texts[1]);
     assert_eq!(rewritten.report.pruned_call_ids, ["call_1"]);
 }
 
@@ -145,10 +148,11 @@ fn anthropic_tool_results_are_pruned_with_their_images_and_keep_cache_control() 
     ]);
     let (rewritten, after) = rewrite(Dialect::AnthropicMessages, &body);
     let first = &after["messages"][2]["content"][0];
-    assert_eq!(first["content"], PLACEHOLDER);
+    let read = r#"{"file_path":"/src/lib.rs","limit":2000}"#;
+    assert!(cleared(first["content"].as_str().unwrap(), "Read", read), "{first}");
     assert_eq!(first["tool_use_id"], "toolu_0");
     assert_eq!(first["cache_control"], json!({"type": "ephemeral"}));
-    assert_eq!(after["messages"][4]["content"][0]["content"], PLACEHOLDER);
+    assert!(cleared(after["messages"][4]["content"][0]["content"].as_str().unwrap(), "Read", read));
     assert_eq!(after["messages"][6]["content"][0]["content"], tool_output("new", 450));
     // Thinking blocks with signatures arrive exactly as sent.
     assert_eq!(after["messages"][1], body["messages"][1]);
@@ -278,7 +282,9 @@ fn untouched_messages_keep_their_exact_bytes_in_a_changed_request() {
     assert!(new.starts_with(
         r#"{"model":"gpt-4o","temperature":0.10000000000000001,"messages":[{"role":"user","content":"hi",  "x":1.0e5},"#
     ));
-    assert!(new.contains(&format!(r#"{{"role":"tool","tool_call_id":"call_0","content":"{PLACEHOLDER}"}}"#)));
+    assert!(
+        new.contains(r#"{"role":"tool","tool_call_id":"call_0","content":"[Old tool result content cleared: r {} ("#)
+    );
     assert!(new.ends_with(r#"],"stream":true}"#));
 }
 

@@ -1,0 +1,200 @@
+//! What a pruned tool output becomes, and what a deduplicated copy points at: a short text that
+//! names the tool call (its name and its arguments, cut to a bounded length), so the model knows
+//! which output is gone and that calling the tool again shows it. Made only from the call's own
+//! bytes and the output's size as the client sent it, so an output pruned on one turn reads the
+//! same on every later turn (the provider's prompt cache keeps it).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use crate::conversation::{Conversation, FRAMING_TOKENS, Kind};
+
+/// `prune.placeholder`'s default: names the call, says how to see its output again.
+pub const DEFAULT: &str = "[Old tool result content cleared: {tool} {args} ({tokens} tokens). Call the tool again to see its current output.]";
+/// Characters of a tool's name a placeholder shows at most.
+const MAX_TOOL_CHARS: usize = 64;
+/// Characters of a call's arguments a placeholder shows at most.
+pub const MAX_ARGS_CHARS: usize = 100;
+/// The name shown when the call is not in the conversation.
+const UNKNOWN_TOOL: &str = "a tool";
+
+/// `prune.placeholder`, parsed once: a fixed text, or a template with `{tool}`, `{args}` and
+/// `{tokens}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    text: String,
+    /// Whether the text names anything: a fixed text is used as it is, with no work per output.
+    fixed: bool,
+}
+
+impl Template {
+    pub fn new(text: &str) -> Self {
+        let fixed = !["{tool}", "{args}", "{tokens}"].iter().any(|name| text.contains(name));
+        Self { text: text.to_string(), fixed }
+    }
+
+    /// The template as configured.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The placeholder of the output of call `call_id` (`tokens`: the output's size as the client
+    /// sent it).
+    pub fn render<'t>(&'t self, calls: &Calls, call_id: Option<&str>, tokens: u32) -> Cow<'t, str> {
+        if self.fixed {
+            return Cow::Borrowed(&self.text);
+        }
+        Cow::Owned(self.naming(calls, call_id).replace("{tokens}", &tokens.saturating_sub(FRAMING_TOKENS).to_string()))
+    }
+
+    /// Whether `text` is the placeholder of call `call_id`'s output, whatever size it names (a
+    /// placeholder rewritten again counts its own tokens, not the output's): what was pruned is
+    /// never pruned again.
+    pub fn rendered(&self, calls: &Calls, call_id: Option<&str>, text: &str) -> bool {
+        if self.fixed || text.len() > self.max_len() {
+            return self.fixed && text == self.text;
+        }
+        let naming = self.naming(calls, call_id);
+        let mut pieces = naming.split("{tokens}");
+        let Some(mut rest) = pieces.next().and_then(|first| text.strip_prefix(first)) else { return false };
+        for piece in pieces {
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            match rest[digits..].strip_prefix(piece) {
+                Some(after) if digits > 0 => rest = after,
+                _ => return false,
+            }
+        }
+        rest.is_empty()
+    }
+
+    /// The template with the call named (`{tokens}` left as it is).
+    fn naming(&self, calls: &Calls, call_id: Option<&str>) -> String {
+        let call = call_id.and_then(|id| calls.get(id));
+        let tool = call.map_or(UNKNOWN_TOOL, |c| c.name);
+        let args = call.map_or(String::new(), |c| bounded(c.arguments, MAX_ARGS_CHARS));
+        self.text.replace("{tool}", &bounded(tool, MAX_TOOL_CHARS)).replace("{args}", &args)
+    }
+
+    /// The longest text a rendered placeholder can have, in bytes: an output no longer than this
+    /// may already be one.
+    pub fn max_len(&self) -> usize {
+        // Every character of a name or arguments is at most 4 bytes; "..." and a u32 besides.
+        self.text.len() + 4 * (MAX_TOOL_CHARS + MAX_ARGS_CHARS) + 2 * 3 + 10
+    }
+}
+
+/// One tool call, as a placeholder names it.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub name: &'a str,
+    pub arguments: &'a str,
+}
+
+/// Every tool call of a conversation by its id (the first call with an id names it).
+#[derive(Debug, Default)]
+pub struct Calls<'a> {
+    by_id: HashMap<&'a str, Call<'a>>,
+}
+
+impl<'a> Calls<'a> {
+    pub fn of(conversation: &'a Conversation<'_>) -> Self {
+        let mut by_id = HashMap::new();
+        for item in &conversation.items {
+            if let Kind::ToolCall { id: Some(id), name, arguments } = &item.kind {
+                by_id.entry(id.as_ref()).or_insert(Call { name: name.as_ref(), arguments: arguments.as_ref() });
+            }
+        }
+        Self { by_id }
+    }
+
+    pub fn get(&self, call_id: &str) -> Option<Call<'a>> {
+        self.by_id.get(call_id).copied()
+    }
+}
+
+/// The text that stands in for a newer duplicate of the output of `older` (its call id): it
+/// names the call it repeats like a placeholder does.
+pub fn pointer(calls: &Calls, older: &str) -> String {
+    match calls.get(older) {
+        _ if older.is_empty() => {
+            "[Duplicate tool output: identical to an earlier tool output in this conversation]".to_string()
+        }
+        Some(call) => format!(
+            "[Duplicate tool output: identical to the earlier result of {} {} (call {})]",
+            bounded(call.name, MAX_TOOL_CHARS),
+            bounded(call.arguments, MAX_ARGS_CHARS),
+            bounded(older, MAX_TOOL_CHARS)
+        ),
+        None => format!(
+            "[Duplicate tool output: identical to the earlier result of tool call {}]",
+            bounded(older, MAX_TOOL_CHARS)
+        ),
+    }
+}
+
+/// `text` on one line (every run of whitespace one space), cut to `max` characters with "..."
+/// when longer.
+fn bounded(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max * 4));
+    let mut chars = 0;
+    for word in text.split_whitespace() {
+        if chars > 0 {
+            out.push(' ');
+            chars += 1;
+        }
+        for c in word.chars() {
+            if chars >= max {
+                out.push_str("...");
+                return out;
+            }
+            out.push(c);
+            chars += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Item;
+
+    fn conversation(arguments: &str) -> Conversation<'_> {
+        let call = Kind::ToolCall { id: Some("call_1".into()), name: "read_file".into(), arguments: arguments.into() };
+        Conversation { items: vec![Item::new(0, None, call)], ..Conversation::default() }
+    }
+
+    #[test]
+    fn a_template_names_the_call_with_its_arguments_on_one_line_and_bounded() {
+        let template = Template::new("[cleared: {tool} {args}, {tokens} tokens; call it again to see it]");
+        let long = format!("{{\"path\": \"src/main.rs\",\n  \"note\": \"{}\"}}", "x".repeat(500));
+        let conversation = conversation(&long);
+        let calls = Calls::of(&conversation);
+        let text = template.render(&calls, Some("call_1"), 1_204);
+        assert!(text.starts_with(r#"[cleared: read_file {"path": "src/main.rs", "note": "xxx"#), "{text}");
+        assert!(text.ends_with("x..., 1200 tokens; call it again to see it]"), "{text}");
+        assert!(text.len() <= template.max_len() && !text.contains('\n'));
+        // Recognized whatever size it names, and only for its own call.
+        assert!(template.rendered(&calls, Some("call_1"), &text));
+        assert!(template.rendered(&calls, Some("call_1"), &text.replace("1200 tokens", "31 tokens")));
+        assert!(!template.rendered(&calls, Some("call_2"), &text));
+        assert!(!template.rendered(&calls, Some("call_1"), &text.replace("1200 tokens", " tokens")));
+        assert_eq!(
+            template.render(&calls, Some("call_9"), 10),
+            "[cleared: a tool , 6 tokens; call it again to see it]"
+        );
+    }
+
+    #[test]
+    fn a_fixed_text_stays_as_it_is_and_a_pointer_names_the_call_it_repeats() {
+        let conversation = conversation(r#"{"path":"a.rs"}"#);
+        let calls = Calls::of(&conversation);
+        let fixed = Template::new("[Old tool result content cleared]");
+        assert!(matches!(fixed.render(&calls, Some("call_1"), 99), Cow::Borrowed("[Old tool result content cleared]")));
+        assert_eq!(
+            pointer(&calls, "call_1"),
+            r#"[Duplicate tool output: identical to the earlier result of read_file {"path":"a.rs"} (call call_1)]"#
+        );
+        assert!(pointer(&calls, "").contains("an earlier tool output"));
+    }
+}
