@@ -136,8 +136,7 @@ impl Compaction<'_> {
     /// Where to cut the client's conversation: about `keep_recent_tokens` from the end (a quarter
     /// on the harder rung), after what the applied record already covers.
     async fn cut<'b>(&self, ladder: &'b Ladder, harder: bool, sizing: &Sizing) -> Result<Cut<'b>, CompactError> {
-        let mut parsed =
-            ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
+        let mut parsed = ladder.parse(&ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
         let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
         let after = ladder.record.as_ref().map_or(0, |r| r.covered_messages as usize);
         let (keep, user_budget) = budget::kept_sizes(self.settings, &sizing.pressure, sizing.fixed, harder);
@@ -202,7 +201,7 @@ impl Compaction<'_> {
             at_unix_ms: crate::session::unix_ms(),
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
-            && let Some(mut after) = ParsedRequest::parse(ladder.dialect, &rebuilt)
+            && let Some(mut after) = ladder.parse(&rebuilt)
         {
             self.rewriter.count_items(&mut after, model.encoding);
             record.tokens_after = u64::from(Rewriter::scaled(after.conversation.tokens_before(), model));

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod breakpoints;
 pub mod chat;
+pub mod gemini;
 pub mod prefix;
 pub mod responses;
 
@@ -19,6 +20,8 @@ pub enum Dialect {
     ChatCompletions,
     AnthropicMessages,
     Responses,
+    /// Google's Gemini API: `contents` of `parts`, the model in the path.
+    Gemini,
 }
 
 impl Dialect {
@@ -27,6 +30,7 @@ impl Dialect {
             Endpoint::ChatCompletions => Some(Self::ChatCompletions),
             Endpoint::Messages => Some(Self::AnthropicMessages),
             Endpoint::Responses => Some(Self::Responses),
+            Endpoint::GenerateContent | Endpoint::StreamGenerateContent => Some(Self::Gemini),
             _ => None,
         }
     }
@@ -37,6 +41,7 @@ impl Dialect {
         match endpoint {
             Endpoint::CountTokens => Some(Self::AnthropicMessages),
             Endpoint::InputTokens => Some(Self::Responses),
+            Endpoint::GeminiCountTokens => Some(Self::Gemini),
             _ => None,
         }
     }
@@ -45,6 +50,7 @@ impl Dialect {
     pub fn history_field(self) -> &'static str {
         match self {
             Self::Responses => "input",
+            Self::Gemini => "contents",
             _ => "messages",
         }
     }
@@ -267,6 +273,7 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::ChatCompletions => {}
                 Dialect::AnthropicMessages => anthropic::parse_top(&mut parsed)?,
                 Dialect::Responses => responses::parse_top(&mut parsed)?,
+                Dialect::Gemini => gemini::parse_top(&mut parsed)?,
             },
         }
         let top_system = parsed.system.len();
@@ -281,6 +288,7 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::ChatCompletions => chat::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::AnthropicMessages => anthropic::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::Responses => responses::parse_message(&mut parsed, index, raw, object)?,
+                Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
             }
             parsed.layout.system_ends.push(parsed.system.len() - top_system);
         }
@@ -306,6 +314,7 @@ impl<'a> ParsedRequest<'a> {
             Dialect::ChatCompletions => chat::render_messages(self, &mut array),
             Dialect::AnthropicMessages => anthropic::render_messages(self, &mut array),
             Dialect::Responses => responses::render_items(self, &mut array),
+            Dialect::Gemini => gemini::render_contents(self, &mut array),
         }
         let mut out = array.finish();
         out.push_str(after);
@@ -351,6 +360,17 @@ impl<'a> ParsedRequest<'a> {
     fn push_top_system(&mut self, text: Cow<'a, str>) {
         self.system.push(text.clone());
         self.top_system.push(text);
+    }
+
+    /// The same request with the model named in its path (Gemini's bodies carry none), when the
+    /// body names none itself.
+    pub fn with_model(mut self, model: Option<&str>) -> Self {
+        if self.model.is_none()
+            && let Some(model) = model
+        {
+            self.model = Some(Cow::Owned(model.to_string()));
+        }
+        self
     }
 
     /// The number of leading system/developer messages, which every rebuild keeps first.

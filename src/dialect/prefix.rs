@@ -415,6 +415,7 @@ fn system_field(dialect: Dialect) -> Option<&'static str> {
         Dialect::ChatCompletions => None,
         Dialect::AnthropicMessages => Some("system"),
         Dialect::Responses => Some("instructions"),
+        Dialect::Gemini => Some("systemInstruction"),
     }
 }
 

@@ -28,6 +28,7 @@ pub struct RewriteSettings {
     /// Prompt-cache prices of the `openai` upstream and of the `anthropic` one.
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
+    pub gemini_cache: CachePricing,
     pub truncate_enabled: bool,
     pub tool_output_max_tokens: u32,
     pub repair_enabled: bool,

@@ -15,6 +15,7 @@ mod deploy;
 mod docs;
 mod faults;
 mod fidelity;
+mod gemini;
 mod operations;
 mod prompt_cache;
 mod provider_sim;

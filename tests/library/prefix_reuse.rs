@@ -13,7 +13,7 @@ use compactor::rewrite::{History, Rewriter};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use crate::rewrite_properties::{Turn, anthropic_body, chat_body, responses_body, rewriter, turn};
+use crate::rewrite_properties::{Turn, anthropic_body, chat_body, gemini_body, responses_body, rewriter, turn};
 
 /// How the next turn's body differs from the earlier one, besides the messages added.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +55,7 @@ fn body(dialect: Dialect, turns: &[Turn], system: &str, tools: usize) -> Value {
         Dialect::ChatCompletions => chat_body(turns),
         Dialect::AnthropicMessages => anthropic_body(turns),
         Dialect::Responses => responses_body(turns),
+        Dialect::Gemini => gemini_body(turns),
     };
     let Value::Object(generated) = generated else { unreachable!() };
     let mut out = Map::new();
@@ -67,6 +68,7 @@ fn body(dialect: Dialect, turns: &[Turn], system: &str, tools: usize) -> Value {
         }
         match key.as_str() {
             "instructions" => out.insert(key, json!(system)),
+            "systemInstruction" => out.insert(key, json!({"parts": [{"text": system}]})),
             "messages" if dialect == Dialect::ChatCompletions => {
                 let mut messages = value;
                 messages[0]["content"] = json!(system);
@@ -252,7 +254,12 @@ fn assert_same(reused: String, fresh: String, what: &str) {
 }
 
 fn dialect() -> impl Strategy<Value = Dialect> {
-    prop_oneof![Just(Dialect::ChatCompletions), Just(Dialect::AnthropicMessages), Just(Dialect::Responses)]
+    prop_oneof![
+        Just(Dialect::ChatCompletions),
+        Just(Dialect::AnthropicMessages),
+        Just(Dialect::Responses),
+        Just(Dialect::Gemini)
+    ]
 }
 
 proptest! {
