@@ -78,6 +78,14 @@ pub struct PruneConfig {
     /// Share of the window (less the output reserve) above which a prune batch goes whatever it
     /// costs the prompt cache.
     pub pressure: f64,
+    /// Below pressure, on a warm cache, a prune batch goes only when it pays back over the turns
+    /// the conversation runs with at least this probability, by how long the deployment has seen
+    /// conversations of the model run.
+    pub payback_confidence: f64,
+    /// Run lengths (turns on a warm cache) counted as if measured, each as much as the estimate
+    /// needs to use it; none by default: until the deployment has measured its own, no batch
+    /// pays back.
+    pub assumed_runs: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -342,6 +350,8 @@ impl Default for Config {
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
                 pressure: 0.5,
+                payback_confidence: 0.9,
+                assumed_runs: Vec::new(),
             },
             truncate: TruncateConfig { enabled: true, tool_output_max_tokens: 10_000 },
             repair: RepairConfig { enabled: true },
@@ -384,6 +394,8 @@ impl Config {
                 placeholder: self.prune.placeholder.clone(),
                 protected_tools: self.prune.protected_tools.clone(),
                 pressure: self.prune.pressure,
+                payback_confidence: self.prune.payback_confidence,
+                assumed_runs: self.prune.assumed_runs.clone(),
             },
             openai_cache: self.upstream.openai_cache,
             anthropic_cache: self.upstream.anthropic_cache,

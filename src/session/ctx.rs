@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use super::error::StoreError;
 use super::identify::{ConversationId, SessionKey};
+use super::runs::RunLengths;
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, SessionState, SessionUpdate, Update,
-    Usage,
+    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, ModelRun, SessionState, SessionUpdate,
+    Update, Usage,
 };
 use super::store::Store;
 use crate::error::Chain;
@@ -69,6 +70,8 @@ pub struct SessionCtx {
     /// compactor's estimate (vendor factor applied, not calibrated) of the body that went out
     /// last, set against the usage the provider reports for it.
     forwarded_estimate: u64,
+    /// How long conversations of the model run, as the store last said.
+    runs: RunLengths,
 }
 
 impl SessionCtx {
@@ -85,6 +88,7 @@ impl SessionCtx {
             message_count: 0,
             model: None,
             forwarded_estimate: 0,
+            runs: RunLengths::default(),
         };
         let span = trace::stage("compactor.session.load", ctx.key.as_str());
         let loaded = ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).instrument(span.clone()).await;
@@ -145,7 +149,41 @@ impl SessionCtx {
             learned.model_tag = model.tag;
             self.set_learned(learned);
         }
+        self.runs = match self.store.run_lengths(&model.store_key).await {
+            Ok(runs) => runs,
+            Err(error) => {
+                self.report(&error, "load");
+                RunLengths::default()
+            }
+        };
         self.model = Some(model);
+    }
+
+    /// This request's turn in its conversation's run: 1 after a pause of `lifetime` or more (the
+    /// provider's cache has gone cold), the previous request's turn plus one otherwise.
+    pub fn run_turn(&self, lifetime: Duration) -> u64 {
+        match self.idle() {
+            Some(idle) if idle < lifetime => self.conversation.run + 1,
+            _ => 1,
+        }
+    }
+
+    /// Turns the conversation will still run on a warm cache after this request, with
+    /// probability `confidence`, by what the deployment measured of its model (and `assumed`
+    /// runs, `[prune] assumed_runs`); 0 when nothing is known.
+    pub fn later_turns(&self, lifetime: Duration, confidence: f64, assumed: &[u64]) -> u64 {
+        let runs = if assumed.is_empty() { self.runs } else { self.runs.with_assumed(assumed) };
+        runs.remaining(self.run_turn(lifetime), confidence)
+    }
+
+    /// Counts this request in its conversation's run, and the run in the model's histogram when
+    /// it starts a bucket (written with the commit).
+    pub fn count_turn(&mut self, lifetime: Duration) {
+        let turn = self.run_turn(lifetime);
+        self.pending.conversation.run = Some(turn);
+        if let (Some(bucket), Some(model)) = (RunLengths::boundary(turn), &self.model) {
+            self.pending.model_run = Some(ModelRun { store_key: model.store_key.clone(), bucket });
+        }
     }
 
     /// What the session learned of its model's window and tokenizer.
@@ -288,6 +326,7 @@ impl SessionCtx {
                 breaker: Some(Breaker::default()),
                 ..ConversationUpdate::default()
             },
+            model_run: None,
         };
         self.publish(update).await
     }

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::runs::RunLengths;
 use super::state::{
-    CompactionRecord, ConversationState, ConversationView, SessionState, SessionUpdate, SessionView, Update,
+    CompactionRecord, ConversationState, ConversationView, ModelRun, SessionState, SessionUpdate, SessionView, Update,
 };
 use crate::tokens::CacheSize;
 
@@ -122,6 +123,9 @@ impl MemoryStore {
     /// again, and the least recently used sessions leave until the store fits its bound again; one
     /// that alone outweighs the bound leaves instead.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
+        if let Some(run) = &update.model_run {
+            self.count_run(run);
+        }
         let found = self.sessions.entry_by_ref(key).or_insert_with(|| Arc::new(Held::new(key)));
         let fresh = found.is_fresh();
         let entry = found.into_value();
@@ -146,6 +150,21 @@ impl MemoryStore {
             // Evict now rather than at moka's next housekeeping, so the bounds hold at once.
             self.sessions.run_pending_tasks();
         }
+    }
+
+    /// Counts a run in its model's histogram, kept under the model's key like what was learned
+    /// of the model.
+    fn count_run(&self, run: &ModelRun) {
+        let entry = self.sessions.get_with(run.store_key.clone(), || Arc::new(Held::new(&run.store_key)));
+        if let Ok(mut session) = entry.session.lock() {
+            session.state.runs.count(run.bucket);
+        }
+    }
+
+    /// The histogram of run lengths kept under a model's key.
+    pub fn run_lengths(&self, key: &str) -> RunLengths {
+        let Some(entry) = self.sessions.get(key) else { return RunLengths::default() };
+        entry.session.lock().map(|session| session.state.runs).unwrap_or_default()
     }
 
     fn apply(&self, session: &mut MemorySession, conversation: &str, update: &Update) {
