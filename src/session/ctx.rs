@@ -512,6 +512,44 @@ mod tests {
         assert_eq!(ctx.conversation().compactions, vec![record(1)]);
     }
 
+    /// A request of conversation `id` of session `name`, to one model.
+    async fn turn(store: &Store, name: &str, id: &str) -> SessionCtx {
+        let mut ctx = SessionCtx::load(store.clone(), key(name), conversation(id)).await;
+        ctx.use_model(ModelKey::new("anthropic", "claude")).await;
+        ctx
+    }
+
+    #[tokio::test]
+    async fn conversations_that_ran_long_make_a_young_one_expect_more_turns_and_a_pause_starts_a_new_run() {
+        let store = Store::from_config(&Config::default().session);
+        let lifetime = Duration::from_secs(300);
+        let young = turn(&store, "new", MAIN).await;
+        assert_eq!(young.later_turns(lifetime, 0.9, &[]), 0, "nothing measured: no turn assumed");
+        // Ten sessions whose main conversation ran 20 turns on a warm cache.
+        for session in 0..10 {
+            for _ in 0..20 {
+                let mut ctx = turn(&store, &format!("s{session}"), MAIN).await;
+                ctx.record_request(&[], 0, 3);
+                ctx.count_turn(lifetime);
+                assert!(ctx.commit().await);
+            }
+        }
+        let mut ctx = turn(&store, "new", MAIN).await;
+        assert_eq!(ctx.run_turn(lifetime), 1);
+        assert_eq!(ctx.later_turns(lifetime, 0.9, &[]), 16 - 1, "every run so far reached turn 16");
+        ctx.record_request(&[], 0, 3);
+        ctx.count_turn(lifetime);
+        assert!(ctx.commit().await);
+        let ctx = turn(&store, "new", MAIN).await;
+        assert_eq!((ctx.run_turn(lifetime), ctx.later_turns(lifetime, 0.9, &[])), (2, 16 - 2));
+        // The same conversation after a pause past the cache's lifetime: a new run, at its start.
+        assert_eq!(ctx.run_turn(Duration::ZERO), 1);
+        // Another model has measured nothing.
+        let mut other = SessionCtx::load(store.clone(), key("new"), conversation(SUBAGENT)).await;
+        other.use_model(ModelKey::new("openai", "gpt")).await;
+        assert_eq!(other.later_turns(lifetime, 0.9, &[]), 0);
+    }
+
     #[tokio::test]
     async fn a_failed_commit_is_reported_not_dropped() {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
