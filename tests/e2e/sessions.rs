@@ -520,9 +520,11 @@ async fn how_long_a_models_conversations_run_is_measured_in_redis_and_read_by_ev
     // The histogram lives under the model's key, with a TTL, and only bucket starts were written.
     let mut connection = redis.connection();
     let all: Vec<String> = redis::cmd("KEYS").arg(format!("{}:*", redis.prefix)).query(&mut connection).unwrap();
-    let model_keys: Vec<String> = all.into_iter().filter(|k| k.contains("{model.") && k.ends_with(":session")).collect();
+    let model_keys: Vec<String> =
+        all.into_iter().filter(|k| k.contains("{model.") && k.ends_with(":session")).collect();
     assert_eq!(model_keys.len(), 1, "{model_keys:?}");
-    let runs: std::collections::HashMap<String, u64> = redis::cmd("HGETALL").arg(&model_keys[0]).query(&mut connection).unwrap();
+    let runs: std::collections::HashMap<String, u64> =
+        redis::cmd("HGETALL").arg(&model_keys[0]).query(&mut connection).unwrap();
     assert_eq!(runs.get("run_0"), Some(&10));
     assert_eq!(runs.get("run_9"), Some(&10), "turn 32 reached by all ten");
     assert_eq!(runs.get("run_10"), None, "turn 48 by none");
