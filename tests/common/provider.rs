@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use compactor::rewrite::{CachePricing, cache_cost};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::BoxBody;
@@ -983,6 +984,13 @@ pub const ANTHROPIC: Prices = Prices { name: "Anthropic", cache_read: 0.1, cache
 pub const OPENAI: Prices =
     Prices { name: "OpenAI gpt-4.1", cache_read: 0.25, cache_write: 1.0, output: 4.0, step: 128 };
 
+impl Prices {
+    /// The same prices as compactor's cache model takes them.
+    pub fn cache(&self) -> CachePricing {
+        CachePricing { read: self.cache_read, write: self.cache_write, lifetime: Duration::from_secs(300) }
+    }
+}
+
 /// What a session's upstream requests cost.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bill {
@@ -1033,7 +1041,7 @@ pub fn bill_by_prefix(records: &[Record], prices: &Prices) -> Bill {
         bill.cache_read += read;
         bill.cache_write += rest;
         bill.prefilled += record.tokens - prefix;
-        bill.cost += read as f64 * prices.cache_read + rest as f64 * prices.cache_write;
+        bill.cost += cache_cost::request(&prices.cache(), record.tokens as u64, read as u64);
         previous = Some(record);
     }
     summary_costs(&mut bill, records, prices);
@@ -1080,7 +1088,9 @@ pub fn bill_by_breakpoints(records: &[Record], prices: &Prices) -> Bill {
         bill.cache_read += read;
         bill.cache_write += write;
         bill.prefilled += record.tokens - prefix;
-        bill.cost += read as f64 * prices.cache_read + write as f64 * prices.cache_write + plain as f64;
+        // Reads and writes as the cache model prices them; what follows the last breakpoint is
+        // plain input.
+        bill.cost += cache_cost::request(&prices.cache(), (read + write) as u64, read as u64) + plain as f64;
         previous = Some(record);
     }
     summary_costs(&mut bill, records, prices);
