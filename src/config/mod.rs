@@ -75,8 +75,11 @@ pub struct PruneConfig {
     pub placeholder: String,
     pub protected_tools: Vec<String>,
     pub dedupe: bool,
-    /// Share of the window (less the output reserve) above which a prune batch goes whatever it
-    /// costs the prompt cache.
+    /// Share of the window (less the output reserve) above which a ready prune batch goes whatever
+    /// it costs the prompt cache: by default compaction's threshold, so old outputs are the first
+    /// thing given up when the window runs out of room, and nothing the model read goes before.
+    /// Below it a batch goes only when the cache is cold (the conversation idle past the
+    /// upstream's cache lifetime) or when it pays back (see docs/payback.md).
     pub pressure: f64,
     /// Below pressure, on a warm cache, a prune batch goes only when it pays back over the turns
     /// the conversation runs with at least this probability, by how long the deployment has seen
@@ -349,7 +352,7 @@ impl Default for Config {
                 placeholder: "[Old tool result content cleared]".into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
-                pressure: 0.5,
+                pressure: 0.8,
                 payback_confidence: 0.9,
                 assumed_runs: Vec::new(),
             },
