@@ -108,7 +108,7 @@ async fn old_outputs_are_pruned_in_batches_that_clear_minimum_tokens_never_a_lit
     const PLACEHOLDER: &str = "[Old tool result content cleared]";
     let provider = ProviderSim::start(ProviderSpec { window: 64_000, ..ProviderSpec::default() }).await;
     let extra =
-        "[models.\"sim-model\"]\ncontext_window = 64000\n[prune]\nprotect_tokens = 8000\nminimum_tokens = 4000\n";
+        "[models.\"sim-model\"]\ncontext_window = 64000\n[prune]\nprotect_tokens = 8000\nminimum_tokens = 4000\npressure = 0.5\n";
     let proxy = ProxyProcess::start_with(&provider.compactor_config(extra), &[]);
     let spec = SessionSpec::new(Agent::Plain(Dialect::Messages), "sim-model").outputs(&[1_500]);
     let turns = 30;
