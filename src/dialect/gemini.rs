@@ -182,7 +182,7 @@ pub(super) fn render_contents(parsed: &ParsedRequest, out: &mut json::ArrayWrite
     }
     let none: &[&InsertResult] = &[];
     let answers = |index: usize| matches!(parsed.messages.get(index).map(|m| m.role), Some(Role::User | Role::Tool));
-    let mut renders = parsed.memo.renders();
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         let owed_here = if index > 0 && answers(index) { owed[index - 1].as_slice() } else { none };
         if !owed_here.is_empty() {
@@ -270,7 +270,12 @@ fn render_content(parsed: &ParsedRequest, index: usize, message: &Message, owed:
         match item.map(|i| &i.edit) {
             Some(Edit::Remove) => {}
             Some(Edit::Replace(text)) if response => {
-                rendered.push((true, replace_response(part, text).unwrap_or_else(|| part.to_string())))
+                // A response that cannot be rewritten goes as it came, and is not counted as saved.
+                let replaced = replace_response(part, text).unwrap_or_else(|| {
+                    parsed.unapplied.push(index);
+                    part.to_string()
+                });
+                rendered.push((true, replaced))
             }
             _ => rendered.push((response, part.to_string())),
         }
