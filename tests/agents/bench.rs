@@ -3,7 +3,8 @@
 //! at the provider and through compactor at its defaults, and every upstream request is priced
 //! under the provider's prefix caching: Anthropic prices for Claude Code (reads 0.1x, writes
 //! 1.25x), OpenAI prices for the others (reads 0.25x, no write surcharge), with the same model of
-//! the cache the sessions bench uses (`bill_by_prefix`, and `bill_by_breakpoints` for Claude Code).
+//! the cache the sessions bench uses (`bill_by_prefix`, and `bill_by_breakpoints` for Claude Code),
+//! and the tokens a local server (llama.cpp, vLLM, SGLang) would prefill again after each change.
 //!
 //! Settings (environment): `COMPACTOR_BENCH_AGENTS` (comma-separated: claude, codex, opencode,
 //! qwen; default all), `COMPACTOR_BENCH_ROUNDS` (30), `COMPACTOR_BENCH_FILLER` (4000),
@@ -125,9 +126,9 @@ async fn bench_agents() {
         "\n{rounds} rounds of {filler} tokens, compactor at its defaults; cost in base input tokens, ratio = through compactor / direct\n"
     );
     println!(
-        "| agent | window | prices | cost direct | cost via compactor | ratio | breaks | cache writes (direct -> via) | facts direct | facts via | summary calls | overflows via | prompt at last turn (direct -> via) |"
+        "| agent | window | prices | cost direct | cost via compactor | ratio | breaks | cache writes (direct -> via) | re-prefilled on a local server (direct -> via) | facts direct | facts via | summary calls | overflows via | prompt at last turn (direct -> via) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in &rows {
         let ratio = row.through.cost / row.direct.cost;
         let breakpoints = row
@@ -135,7 +136,7 @@ async fn bench_agents() {
             .map(|(direct, through)| format!(" ({:.2}x at breakpoints)", through / direct))
             .unwrap_or_default();
         println!(
-            "| {} | {}k | {} | {:.0} | {:.0} | **{ratio:.2}x**{breakpoints} | {} | {} -> {} | {}/{} | {}/{} | {} | {} | {} -> {} |",
+            "| {} | {}k | {} | {:.0} | {:.0} | **{ratio:.2}x**{breakpoints} | {} | {} -> {} | {} -> {} | {}/{} | {}/{} | {} | {} | {} -> {} |",
             row.cli.name(),
             row.window / 1000,
             prices(row.cli).name,
@@ -144,6 +145,8 @@ async fn bench_agents() {
             row.through.breaks,
             row.direct.cache_write,
             row.through.cache_write,
+            row.direct.prefilled,
+            row.through.prefilled,
             row.facts_direct,
             row.facts,
             row.facts_through,

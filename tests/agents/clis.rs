@@ -172,7 +172,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
         }
         Cli::QwenCode => {
             command
-                .args(["--yolo", "--auth-type", "openai", "-m", cli.model(), "-o", "json", PROMPT])
+                .args(["--yolo", "--auth-type", "openai", "-m", cli.model(), "-o", "text", PROMPT])
                 .env("OPENAI_BASE_URL", format!("{base}/v1"))
                 .env("OPENAI_API_KEY", "sk-test")
                 .env("OPENAI_MODEL", cli.model())
@@ -221,7 +221,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
             .filter_map(|event| event["part"]["text"].as_str().map(String::from))
             .collect::<Vec<_>>()
             .join("\n"),
-        Cli::QwenCode => qwen_answer(&stdout),
+        Cli::QwenCode => stdout.clone(),
     };
     Outcome { code, timed_out, answer, stdout, stderr }
 }
@@ -229,21 +229,4 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
 /// The last line of `text` that parses as JSON (Claude Code prints one object).
 fn last_json(text: &str) -> Option<Value> {
     serde_json::from_str(text.trim()).ok().or_else(|| text.lines().rev().find_map(|l| serde_json::from_str(l).ok()))
-}
-
-/// Qwen Code's `-o json` prints its messages as a JSON array; the answer is the `result` entry.
-fn qwen_answer(stdout: &str) -> String {
-    // Other lines can come first: the array starts on a line of its own.
-    let starts = std::iter::once(0).chain(stdout.match_indices('\n').map(|(i, _)| i + 1));
-    let Some(value) = starts
-        .filter(|&i| stdout[i..].starts_with(['[', '{']))
-        .find_map(|i| serde_json::from_str::<Value>(stdout[i..].trim_end()).ok())
-    else {
-        return String::new();
-    };
-    let entries = match value {
-        Value::Array(entries) => entries,
-        other => vec![other],
-    };
-    entries.iter().rev().find_map(|e| e["result"].as_str().map(String::from)).unwrap_or_default()
 }

@@ -107,3 +107,20 @@ async fn opencode_direct_fails() {
 async fn qwen_code_direct_fails() {
     direct_fails(Cli::QwenCode).await;
 }
+
+/// The scripted command keeps its fact token out of the call: only running it shows the token,
+/// so a fact can reach the final answer only through the output (or a summary of it).
+#[test]
+fn the_fact_token_is_in_the_output_only() {
+    use crate::common::script::{command, fact};
+    use crate::common::window::markers;
+    let chars_per_token = 4.0;
+    let command = command(3, 8, 2_000, chars_per_token);
+    assert!(markers(&command).is_empty(), "the call shows a fact token: {command}");
+    let output = std::process::Command::new("bash").args(["-c", &command]).output().expect("bash runs");
+    let output = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(markers(&output), vec![fact(3)]);
+    assert!(output.starts_with("step 3 of 8\n"), "progress is the first line: {}", &output[..40]);
+    let tokens = output.len() as f64 / chars_per_token;
+    assert!((2_000.0..2_200.0).contains(&tokens), "the output is {tokens} tokens, not about 2,000");
+}

@@ -730,25 +730,23 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         return reply;
     }
 
-    let summary_text = |number: usize| {
+    // A summary carries only what it was asked to read: compactor's summarizer its transcript (its
+    // previous summary first), an agent's own summary request the whole conversation.
+    let summary_text = |number: usize, source: &str| {
         let padding = agents::text(
             agents::Text::Prose,
             number as u64,
             (spec.summary_tokens as f64 * spec.chars_per_token) as usize,
         );
         if spec.script.is_some() {
-            script::summary(number, transcript_of(&text), &padding)
+            script::summary(number, source, &padding)
         } else {
-            // Only what the summarizer was asked to read: the transcript (its previous summary first).
-            format!(
-                "Handoff summary {number}. Facts carried over: {}.\n\n{padding}",
-                markers(transcript_of(&text)).join(" ")
-            )
+            format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", markers(source).join(" "))
         }
     };
     let (reply, usage) = if summary {
         let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        let reply = summary_text(number);
+        let reply = summary_text(number, transcript_of(&text));
         let output = spec.tokens(reply.chars().count());
         (Move::Text(reply), Usage { prompt: prompt.tokens, read: 0, write: 0, cached: 0, output })
     } else {
@@ -775,7 +773,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         };
         let reply = match (&spec.script, kind) {
             (Some(script), Some(Kind::Turn)) => script::next_move(script, dialect, &value, &text, spec.chars_per_token),
-            (Some(_), Some(Kind::AgentSummary)) => Move::Text(summary_text(1000 + record.tokens)),
+            (Some(_), Some(Kind::AgentSummary)) => Move::Text(summary_text(1000 + record.tokens, &text)),
             (Some(_), _) => Move::Text("Scripted task".into()),
             (None, _) => {
                 let seed = record.tokens as u64;
