@@ -75,6 +75,18 @@ impl Template {
         self.text.replace("{tool}", &bounded(tool, MAX_TOOL_CHARS)).replace("{args}", &args)
     }
 
+    /// The most tokens a rendered placeholder can take: every byte of a name, arguments and size
+    /// counted as a token.
+    pub fn max_tokens(&self, count: &dyn Fn(&str) -> u32) -> u32 {
+        if self.fixed {
+            return count(&self.text);
+        }
+        let frame = self.text.replace("{tool}", "").replace("{args}", "").replace("{tokens}", "");
+        let names = ["{tool}", "{args}", "{tokens}"].map(|name| self.text.matches(name).count());
+        let bytes = names[0] * (4 * MAX_TOOL_CHARS + 3) + names[1] * (4 * MAX_ARGS_CHARS + 3) + names[2] * 10;
+        count(&frame) + u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+
     /// The longest text a rendered placeholder can have, in bytes: an output no longer than this
     /// may already be one.
     pub fn max_len(&self) -> usize {

@@ -68,7 +68,10 @@ pub fn apply(
         let call_id = conversation.items[index].call_id();
         settings.placeholder.rendered(&calls, call_id, text)
     };
-    let mut placeholders = vec![0u32; conversation.items.len()];
+    let framing = crate::conversation::FRAMING_TOKENS;
+    let placeholder_tokens = |index: usize| count(&placeholder_of(index)) + framing;
+    // No placeholder is larger: a larger output is worth pruning without rendering its own.
+    let largest = settings.placeholder.max_tokens(count) + framing;
     let mut protected = 0u32;
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
@@ -99,9 +102,8 @@ pub fn apply(
         // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
         // nothing from pruning; leaving them out of the window too keeps a second pass deciding
         // the same.
-        let not_worth = count(&placeholder_of(index)) + crate::conversation::FRAMING_TOKENS;
-        placeholders[index] = not_worth;
-        if current <= not_worth || protected_call(call_id) {
+        let not_worth = current <= largest && current <= placeholder_tokens(index);
+        if not_worth || protected_call(call_id) {
             continue;
         }
         if call_id.is_some_and(|id| previously.contains(id)) {
@@ -120,7 +122,7 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholders[i])).sum();
+        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).sum();
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
