@@ -5,6 +5,7 @@
 //! same on every later turn (the provider's prompt cache keeps it).
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use crate::conversation::{Conversation, FRAMING_TOKENS, Kind};
@@ -102,25 +103,30 @@ pub struct Call<'a> {
     pub arguments: &'a str,
 }
 
-/// Every tool call of a conversation by its id (the first call with an id names it).
-#[derive(Debug, Default)]
-pub struct Calls<'a> {
-    by_id: HashMap<&'a str, Call<'a>>,
+/// Every tool call of a conversation by its id (the first call with an id names it), looked up
+/// the first time a placeholder needs one: a request whose outputs all stay costs no map.
+#[derive(Debug)]
+pub struct Calls<'a, 'c> {
+    conversation: &'a Conversation<'c>,
+    by_id: OnceCell<HashMap<&'a str, Call<'a>>>,
 }
 
-impl<'a> Calls<'a> {
-    pub fn of(conversation: &'a Conversation<'_>) -> Self {
-        let mut by_id = HashMap::new();
-        for item in &conversation.items {
-            if let Kind::ToolCall { id: Some(id), name, arguments } = &item.kind {
-                by_id.entry(id.as_ref()).or_insert(Call { name: name.as_ref(), arguments: arguments.as_ref() });
-            }
-        }
-        Self { by_id }
+impl<'a, 'c> Calls<'a, 'c> {
+    pub fn of(conversation: &'a Conversation<'c>) -> Self {
+        Self { conversation, by_id: OnceCell::new() }
     }
 
     pub fn get(&self, call_id: &str) -> Option<Call<'a>> {
-        self.by_id.get(call_id).copied()
+        let by_id = self.by_id.get_or_init(|| {
+            let mut by_id = HashMap::new();
+            for item in &self.conversation.items {
+                if let Kind::ToolCall { id: Some(id), name, arguments } = &item.kind {
+                    by_id.entry(id.as_ref()).or_insert(Call { name: name.as_ref(), arguments: arguments.as_ref() });
+                }
+            }
+            by_id
+        });
+        by_id.get(call_id).copied()
     }
 }
 
