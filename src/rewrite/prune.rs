@@ -70,8 +70,10 @@ pub fn apply(
     };
     let framing = crate::conversation::FRAMING_TOKENS;
     let placeholder_tokens = |index: usize| count(&placeholder_of(index)) + framing;
-    // No placeholder is larger: a larger output is worth pruning without rendering its own.
-    let largest = settings.placeholder.max_tokens(count) + framing;
+    // No placeholder is larger: a larger output is worth pruning without rendering its own
+    // (worked out once, at the first output: a request without any pays nothing).
+    let largest = std::cell::OnceCell::new();
+    let largest = || *largest.get_or_init(|| settings.placeholder.max_tokens(count) + framing);
     let mut protected = 0u32;
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
@@ -102,7 +104,7 @@ pub fn apply(
         // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
         // nothing from pruning; leaving them out of the window too keeps a second pass deciding
         // the same.
-        let not_worth = current <= largest && current <= placeholder_tokens(index);
+        let not_worth = current <= largest() && current <= placeholder_tokens(index);
         if not_worth || protected_call(call_id) {
             continue;
         }
