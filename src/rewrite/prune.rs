@@ -72,7 +72,12 @@ pub fn apply(
         let call_id = conversation.items[index].call_id();
         settings.placeholder.rendered(&calls, call_id, text)
     };
-    let mut placeholders = vec![0u32; conversation.items.len()];
+    let framing = crate::conversation::FRAMING_TOKENS;
+    let placeholder_tokens = |index: usize| count(&placeholder_of(index)) + framing;
+    // No placeholder is larger: a larger output is worth pruning without rendering its own
+    // (worked out once, at the first output: a request without any pays nothing).
+    let largest = std::cell::OnceCell::new();
+    let largest = || *largest.get_or_init(|| settings.placeholder.max_tokens(count) + framing);
     let mut protected = 0u32;
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
@@ -103,9 +108,8 @@ pub fn apply(
         // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
         // nothing from pruning; leaving them out of the window too keeps a second pass deciding
         // the same.
-        let not_worth = count(&placeholder_of(index)) + crate::conversation::FRAMING_TOKENS;
-        placeholders[index] = not_worth;
-        if current <= not_worth || protected_call(call_id) {
+        let not_worth = current <= largest() && current <= placeholder_tokens(index);
+        if not_worth || protected_call(call_id) {
             continue;
         }
         if call_id.is_some_and(|id| previously.contains(id)) {
@@ -124,7 +128,7 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let freed = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholders[i])).fold(0, u32::saturating_add);
+        let freed = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).fold(0, u32::saturating_add);
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
@@ -138,7 +142,7 @@ pub fn apply(
                 }
             }
             // What replaces the batch stays after the first change: re-written, not read.
-            pending.after += prunable.iter().map(|&i| u64::from(placeholders[i])).sum::<u64>();
+            pending.after += prunable.iter().map(|&i| u64::from(placeholder_tokens(i))).sum::<u64>();
             match payback::decide(history, &pending) {
                 Some(reason) => pruned.prefix_break = Some(reason),
                 None => {
@@ -168,7 +172,7 @@ fn item_size(conversation: &Conversation, index: usize, sizes: &[u32], count: &d
     match &item.edit {
         _ if sizes[index] > 0 => sizes[index],
         Edit::Keep => item.tokens,
-        Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
+        Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
         Edit::Remove => 0,
     }
 }
