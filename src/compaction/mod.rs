@@ -350,7 +350,7 @@ impl Compactor {
     /// summary the body carries), in the provider's tokens.
     fn fixed_tokens(&self, ladder: &Ladder, pressure: &Pressure, report: &RewriteReport) -> u64 {
         let from = ladder.lead + usize::from(ladder.record.is_some());
-        let history: u32 = report.message_tokens.iter().skip(from).sum();
+        let history = report.message_tokens.iter().skip(from).fold(0, |sum: u32, t| sum.saturating_add(*t));
         let history = Rewriter::scaled(history, report.model);
         pressure.calibrated(u64::from(report.tokens_after.saturating_sub(history)))
     }

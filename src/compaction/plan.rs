@@ -98,10 +98,10 @@ pub fn user_messages(parsed: &ParsedRequest, cut: usize, budget: u32) -> Vec<u32
             continue;
         }
         let tokens = parsed.message_tokens(index);
-        if used + tokens > budget {
+        if used.saturating_add(tokens) > budget {
             break;
         }
-        used += tokens;
+        used = used.saturating_add(tokens);
         chosen.push(index as u32);
     }
     chosen.reverse();

@@ -385,18 +385,6 @@ fn looks_like_fact(line: &str) -> bool {
     keyed || alarming
 }
 
-/// The whole transcript of messages `from..cut` after the previous summary, as one piece.
-pub fn transcript(
-    parsed: &ParsedRequest,
-    from: usize,
-    cut: usize,
-    previous: Option<&str>,
-    per_output: u32,
-    count: &dyn Fn(&str) -> u32,
-) -> String {
-    render(previous, &transcript_entries(parsed, from, cut, per_output, count).join("\n\n"))
-}
-
 /// What one summary call reads: the summary so far, then the piece.
 fn render(summary: Option<&str>, piece: &str) -> String {
     let mut out = String::with_capacity(piece.len() + summary.map_or(0, str::len) + 64);

@@ -92,6 +92,37 @@ pub struct ParsedRequest<'a> {
     /// Token counts, truncations and rendered messages carried from the last turn and kept for
     /// the next ([`prefix`]).
     pub memo: prefix::Memo,
+    /// Messages whose replaced content the last render could not write: their original bytes
+    /// went instead, so nothing may count as saved in them ([`ParsedRequest::render`]).
+    pub unapplied: Unapplied,
+}
+
+/// Messages whose replaced content a render could not write (a lock only so the parse can move
+/// between threads: one request renders on one thread at a time).
+#[derive(Debug, Default)]
+pub struct Unapplied(std::sync::Mutex<Vec<usize>>);
+
+impl Unapplied {
+    fn messages(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn push(&self, message: usize) {
+        self.messages().push(message);
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages().is_empty()
+    }
+
+    /// The messages recorded so far, leaving none.
+    pub fn take(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.messages())
+    }
 }
 
 /// Where a parse found the history, and which system texts each message gave.
@@ -225,6 +256,7 @@ impl<'a> ParsedRequest<'a> {
             marker: None,
             layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
             memo: prefix::Memo::default(),
+            unapplied: Unapplied::default(),
         };
         match reused.top_system.take() {
             Some(top_system) => {
@@ -335,7 +367,8 @@ impl<'a> ParsedRequest<'a> {
 
     /// Tokens of message `index` as counted (items plus framing).
     pub fn message_tokens(&self, index: usize) -> u32 {
-        self.conversation.items_of(index).iter().map(|i| i.tokens).sum::<u32>() + crate::conversation::FRAMING_TOKENS
+        let items = self.conversation.items_of(index).iter().map(|i| i.tokens);
+        items.fold(crate::conversation::FRAMING_TOKENS, u32::saturating_add)
     }
 }
 

@@ -152,9 +152,14 @@ enum Key {
     Other,
 }
 
-/// A value's whole number, or none for any other value.
+/// The most tokens one reported count is taken for: far past any model's window, and small
+/// enough that the session's counters (sums over every request, HINCRBY's signed 64 bits in
+/// Redis) never overflow however large the numbers an upstream sends.
+pub const MAX_REPORTED_TOKENS: u64 = 1 << 40;
+
+/// A value's whole number (at most [`MAX_REPORTED_TOKENS`]), or none for any other value.
 fn whole(raw: &RawValue) -> Option<u64> {
-    serde_json::from_str(raw.get()).ok()
+    serde_json::from_str::<u64>(raw.get()).ok().map(|tokens| tokens.min(MAX_REPORTED_TOKENS))
 }
 
 /// A details value: an object's `cached_tokens`, or nothing in any other value.
@@ -209,13 +214,13 @@ fn merge(usage: &mut Option<Usage>, event: &str) {
     let Some(reported) = reported_usage(event) else { return };
     let current = usage.get_or_insert_with(Usage::default);
     let anthropic_cache =
-        reported.cache_read_input_tokens.unwrap_or(0) + reported.cache_creation_input_tokens.unwrap_or(0);
+        reported.cache_read_input_tokens.unwrap_or(0).saturating_add(reported.cache_creation_input_tokens.unwrap_or(0));
     if let Some(prompt) = reported.prompt_tokens {
         current.prompt_tokens = prompt;
     } else if let Some(input) = reported.input_tokens {
         // Anthropic's input_tokens excludes cache reads and writes; the prompt is their sum.
         let is_responses = reported.input_tokens_details.is_some();
-        current.prompt_tokens = if is_responses { input } else { input + anthropic_cache };
+        current.prompt_tokens = if is_responses { input } else { input.saturating_add(anthropic_cache) };
     }
     if let Some(cached) = reported
         .prompt_tokens_details
@@ -243,6 +248,25 @@ mod tests {
             tap.observe(&Bytes::copy_from_slice(chunk.as_bytes()));
         }
         tap.finish()
+    }
+
+    #[test]
+    fn numbers_past_any_window_are_taken_at_the_cap_and_their_sums_never_wrap() {
+        let max = u64::MAX;
+        let usage = feed(
+            Framing::Json,
+            &[&format!(
+                r#"{{"type":"message","usage":{{"input_tokens":{max},"cache_creation_input_tokens":{max},"cache_read_input_tokens":{max},"output_tokens":{max}}}}}"#
+            )],
+        )
+        .unwrap();
+        assert_eq!(usage.prompt_tokens, 3 * MAX_REPORTED_TOKENS);
+        assert_eq!((usage.cached_tokens, usage.cache_write_tokens), (MAX_REPORTED_TOKENS, MAX_REPORTED_TOKENS));
+        assert_eq!(usage.output_tokens, MAX_REPORTED_TOKENS);
+        // Past u64 the number is not a count at all.
+        let beyond =
+            feed(Framing::Json, &[r#"{"usage":{"prompt_tokens":18446744073709551616,"completion_tokens":1}}"#]);
+        assert_eq!(beyond.map(|u| u.prompt_tokens), Some(0));
     }
 
     #[test]

@@ -261,7 +261,7 @@ impl SessionCtx {
         self.pending.conversation.usage = Some(usage);
         self.pending.session.usage = Some(usage);
         self.measure(usage.prompt_tokens, self.forwarded_estimate);
-        let answered = usage.prompt_tokens + usage.output_tokens;
+        let answered = usage.prompt_tokens.saturating_add(usage.output_tokens);
         self.learn(|learned| {
             learned.window_at_least = learned.window_at_least.max(answered);
             learned.output_peak = learned.output_peak.max(usage.output_tokens);

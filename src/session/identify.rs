@@ -93,12 +93,7 @@ impl Identifier {
     /// The session of a request.
     pub fn identify(&self, headers: &HeaderMap, parsed: Option<&ParsedRequest>) -> SessionKey {
         let (source, id) = self.session_id(headers, parsed);
-        // The same bytes as hashing `"{source}\0{id}"`, without building that string.
-        let mut hasher = Xxh3::new();
-        hasher.update(source.as_str().as_bytes());
-        hasher.update(b"\0");
-        hasher.update(id.as_bytes());
-        let session = hasher.digest128();
+        let session = session_digest(source, &id);
         let mut key = String::with_capacity(TENANT_LEN + 1 + 32);
         match self.credential(headers) {
             None => key.push_str("anonymous"),
@@ -191,12 +186,17 @@ impl Identifier {
 /// The session part of a key: a hash of where the id came from and the id, the same in every
 /// tenant. The admin API finds an agent's sessions from it, so no store keeps the raw id.
 pub fn session_hash(source: SessionSource, id: &str) -> String {
-    // The hash of `source\0id`, streamed: equal to the one-shot hash of the joined text.
+    crate::hex::u128(session_digest(source, id))
+}
+
+/// The hash of `source\0id`, streamed: equal to the one-shot hash of the joined text, without
+/// building it.
+fn session_digest(source: SessionSource, id: &str) -> u128 {
     let mut hasher = Xxh3::new();
     hasher.update(source.as_str().as_bytes());
     hasher.update(b"\0");
     hasher.update(id.as_bytes());
-    crate::hex::u128(hasher.digest128())
+    hasher.digest128()
 }
 
 /// The session hashes an id an agent shows (Claude Code's or Codex's session id) may have: as a

@@ -260,14 +260,14 @@ impl SessionState {
         if let Some(learned) = &update.learned {
             self.counters.learned.merge(learned);
         }
-        if update.count_request {
-            self.counters.requests += 1;
-        }
-        self.counters.tokens_saved += update.tokens_saved;
+        // Saturating: a counter that wrapped would report a long session as a fresh one.
+        let counters = &mut self.counters;
+        counters.requests = counters.requests.saturating_add(u64::from(update.count_request));
+        counters.tokens_saved = counters.tokens_saved.saturating_add(update.tokens_saved);
         if let Some(usage) = update.usage {
-            self.counters.prompt_tokens += usage.prompt_tokens;
-            self.counters.cache_read_tokens += usage.cached_tokens;
-            self.counters.cache_write_tokens += usage.cache_write_tokens;
+            counters.prompt_tokens = counters.prompt_tokens.saturating_add(usage.prompt_tokens);
+            counters.cache_read_tokens = counters.cache_read_tokens.saturating_add(usage.cached_tokens);
+            counters.cache_write_tokens = counters.cache_write_tokens.saturating_add(usage.cache_write_tokens);
         }
     }
 }
@@ -341,5 +341,29 @@ impl SessionView {
 impl ConversationView {
     pub fn new(id: String, last_used_unix_ms: u64, state: ConversationState) -> Self {
         Self { id, last_used_unix_ms, pruned_count: state.pruned.len(), state }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_near_their_limit_stay_at_it_instead_of_wrapping() {
+        let mut session = SessionState::default();
+        session.counters.requests = u64::MAX;
+        session.counters.tokens_saved = u64::MAX - 1;
+        session.counters.prompt_tokens = u64::MAX - 5;
+        let usage = Usage { prompt_tokens: 10, cached_tokens: u64::MAX, cache_write_tokens: 3, ..Usage::default() };
+        session.apply(&SessionUpdate {
+            count_request: true,
+            tokens_saved: 7,
+            usage: Some(usage),
+            ..Default::default()
+        });
+        session.apply(&SessionUpdate { usage: Some(usage), ..Default::default() });
+        let counters = &session.counters;
+        assert_eq!((counters.requests, counters.tokens_saved, counters.prompt_tokens), (u64::MAX, u64::MAX, u64::MAX));
+        assert_eq!((counters.cache_read_tokens, counters.cache_write_tokens), (u64::MAX, 6));
     }
 }

@@ -305,6 +305,28 @@ fn a_cache_of_zero_bytes_is_off() {
 }
 
 #[test]
+fn a_parse_heavier_than_half_the_cache_is_not_kept_nor_built_and_a_light_one_is() {
+    let cache = PrefixCache::new(4 << 20);
+    let key = PrefixKey::new(Dialect::ChatCompletions, []);
+    // 100,000 one-letter messages: a 3 MB body whose skeleton weighs more than 2 MiB.
+    let heavy = [
+        &b"{\"model\":\"m\",\"messages\":["[..],
+        &[&br#"{"role":"user","content":"a"}"#[..]; 100_000].join(&b","[..]),
+        b"]}",
+    ]
+    .concat();
+    let heavy = Bytes::from(heavy);
+    let earlier = Earlier::default();
+    let (parsed, _) = cache.parse(|| key, Dialect::ChatCompletions, &heavy, &earlier);
+    assert!(parsed.unwrap().memo.own().is_none(), "no skeleton built for a parse the cache cannot hold");
+    assert_eq!(cache.size().entries, 0);
+    let light = Bytes::from(serde_json::to_vec(&chat_body(&[Turn::User("hi".into())])).unwrap());
+    let (parsed, _) = cache.parse(|| key, Dialect::ChatCompletions, &light, &earlier);
+    assert!(parsed.unwrap().memo.own().is_some());
+    assert_eq!(cache.size().entries, 1);
+}
+
+#[test]
 fn bodies_a_fresh_parse_refuses_are_refused_when_reusing_too() {
     let old = br#"{"model":"m","messages":[{"role":"user","content":"a"}],"x":1}"#;
     for new in [

@@ -1,11 +1,13 @@
 //! Properties of every rewrite, for any generated conversation in either dialect: tool calls stay
 //! paired, user and assistant text is untouched, the estimate never grows beyond what repair must
-//! add, and rewriting the rewritten request changes nothing.
+//! add, and rewriting the rewritten request changes nothing; with no cache, a warm one, under
+//! window pressure and with a cold one.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use compactor::dialect::Dialect;
-use compactor::rewrite::Rewriter;
+use compactor::rewrite::{CachePricing, History, Rewriter};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -285,8 +287,13 @@ fn texts(body: &Value) -> Vec<String> {
         }
         match &message["content"] {
             Value::String(s) => out.push(s.clone()),
-            Value::Array(blocks) => out
-                .extend(blocks.iter().filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap().to_string())),
+            // Chat and Anthropic write `text`, Responses `input_text` and `output_text`.
+            Value::Array(blocks) => out.extend(
+                blocks
+                    .iter()
+                    .filter(|b| matches!(b["type"].as_str(), Some("text" | "input_text" | "output_text")))
+                    .map(|b| b["text"].as_str().unwrap().to_string()),
+            ),
             _ => {}
         }
     }
@@ -302,10 +309,48 @@ pub(crate) fn rewriter() -> Rewriter {
         .rewriter(32 << 20)
 }
 
+/// The histories every property holds under: no cache (every policy at once), a warm prompt cache
+/// over half the conversation (pruning held back unless it pays), the same under window pressure,
+/// and a cache gone cold.
+fn histories(pruned: &BTreeSet<String>, messages: usize) -> Vec<History<'_>> {
+    let warm = History {
+        pruned_before: pruned,
+        seen_messages: messages / 2,
+        pricing: CachePricing::ANTHROPIC,
+        turns: 12,
+        idle: Some(Duration::from_secs(5)),
+        pressure: false,
+    };
+    vec![
+        History::eager(pruned),
+        warm.clone(),
+        History { pressure: true, ..warm.clone() },
+        History { idle: Some(Duration::from_secs(3_600)), pricing: CachePricing::OPENAI, ..warm },
+    ]
+}
+
 fn check(dialect: Dialect, body: Value) {
+    let none = BTreeSet::new();
+    let messages = body.get("input").or(body.get("messages")).and_then(Value::as_array).map_or(0, Vec::len);
+    for (at, history) in histories(&none, messages).into_iter().enumerate() {
+        check_with(dialect, &body, &history, |pruned| histories(pruned, messages).swap_remove(at));
+    }
+}
+
+fn check_with(
+    dialect: Dialect,
+    body: &Value,
+    history: &History,
+    again: impl for<'a> Fn(&'a BTreeSet<String>) -> History<'a>,
+) {
+    let body = body.clone();
     let rewriter = rewriter();
     let bytes = serde_json::to_vec(&body).unwrap();
-    let first = rewriter.rewrite_body(dialect, &bytes, &BTreeSet::new()).unwrap();
+    if dialect == Dialect::Responses {
+        // Every generated Responses conversation opens with developer text: the property sees it.
+        assert!(!texts(&body).is_empty(), "the property must see the conversation's text");
+    }
+    let first = rewriter.rewrite_body_in(dialect, &bytes, history).unwrap();
     let out_bytes = first.body.clone().unwrap_or(bytes.clone());
     let out: Value = serde_json::from_slice(&out_bytes).unwrap();
     assert_paired(dialect, &out);
@@ -315,7 +360,7 @@ fn check(dialect: Dialect, body: Value) {
     let allowance = first.report.repaired as u32 * 12;
     assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);
     let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
-    let second = rewriter.rewrite_body(dialect, &out_bytes, &pruned).unwrap();
+    let second = rewriter.rewrite_body_in(dialect, &out_bytes, &again(&pruned)).unwrap();
     assert!(
         second.body.is_none(),
         "rewriting the rewritten request must change nothing:\n{}\n---\n{}",
