@@ -78,9 +78,20 @@ pub struct PruneConfig {
     pub placeholder: String,
     pub protected_tools: Vec<String>,
     pub dedupe: bool,
-    /// Share of the window (less the output reserve) above which a prune batch goes whatever it
-    /// costs the prompt cache.
+    /// Share of the window (less the output reserve) above which a ready prune batch goes whatever
+    /// it costs the prompt cache: by default compaction's threshold, so old outputs are the first
+    /// thing given up when the window runs out of room, and nothing the model read goes before.
+    /// Below it a batch goes only when the cache is cold (the conversation idle past the
+    /// upstream's cache lifetime) or when it pays back (see docs/payback.md).
     pub pressure: f64,
+    /// Below pressure, on a warm cache, a prune batch goes only when it pays back over the turns
+    /// the conversation runs with at least this probability, by how long the deployment has seen
+    /// conversations of the model run.
+    pub payback_confidence: f64,
+    /// Run lengths (turns on a warm cache) counted as if measured, each as much as the estimate
+    /// needs to use it; none by default: until the deployment has measured its own, no batch
+    /// pays back.
+    pub assumed_runs: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -140,6 +151,9 @@ pub struct UpstreamConfig {
     pub openai: BaseUrl,
     /// Base URL for `/v1/messages` and below.
     pub anthropic: BaseUrl,
+    /// Base URL for Google's Gemini API: `/{v1|v1beta}/models/{model}:generateContent` and the
+    /// other Gemini paths, and anything carrying `x-goog-api-key`.
+    pub gemini: BaseUrl,
     #[serde(rename = "connect_timeout_ms", serialize_with = "millis")]
     pub connect_timeout: Duration,
     #[serde(rename = "first_byte_timeout_ms", serialize_with = "millis")]
@@ -150,9 +164,11 @@ pub struct UpstreamConfig {
     pub http2: bool,
     /// Trust the operating system's root certificates in addition to the built-in webpki roots.
     pub native_roots: bool,
-    /// Prompt-cache prices and lifetime of the `openai` upstream, and of the `anthropic` one.
+    /// Prompt-cache prices and lifetime of the `openai` upstream, of the `anthropic` one, and of
+    /// the `gemini` one.
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
+    pub gemini_cache: CachePricing,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -310,6 +326,10 @@ impl Default for Config {
             upstream: UpstreamConfig {
                 openai: BaseUrl { text: "https://api.openai.com".into(), authority: "api.openai.com".into() },
                 anthropic: BaseUrl { text: "https://api.anthropic.com".into(), authority: "api.anthropic.com".into() },
+                gemini: BaseUrl {
+                    text: "https://generativelanguage.googleapis.com".into(),
+                    authority: "generativelanguage.googleapis.com".into(),
+                },
                 connect_timeout: Duration::from_millis(10_000),
                 first_byte_timeout: Duration::from_millis(600_000),
                 idle_timeout: Duration::from_millis(300_000),
@@ -317,6 +337,7 @@ impl Default for Config {
                 native_roots: false,
                 openai_cache: CachePricing::OPENAI,
                 anthropic_cache: CachePricing::ANTHROPIC,
+                gemini_cache: CachePricing::GEMINI,
             },
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
@@ -351,7 +372,9 @@ impl Default for Config {
                 placeholder: crate::rewrite::placeholder::DEFAULT.into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
-                pressure: 0.5,
+                pressure: 0.8,
+                payback_confidence: 0.9,
+                assumed_runs: Vec::new(),
             },
             truncate: TruncateConfig { enabled: true, tool_output_max_tokens: 10_000 },
             repair: RepairConfig { enabled: true },
@@ -394,9 +417,12 @@ impl Config {
                 placeholder: crate::rewrite::placeholder::Template::new(&self.prune.placeholder),
                 protected_tools: self.prune.protected_tools.clone(),
                 pressure: self.prune.pressure,
+                payback_confidence: self.prune.payback_confidence,
+                assumed_runs: self.prune.assumed_runs.clone(),
             },
             openai_cache: self.upstream.openai_cache,
             anthropic_cache: self.upstream.anthropic_cache,
+            gemini_cache: self.upstream.gemini_cache,
             truncate_enabled: self.truncate.enabled,
             tool_output_max_tokens: self.truncate.tool_output_max_tokens,
             repair_enabled: self.repair.enabled,

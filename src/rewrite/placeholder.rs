@@ -5,6 +5,7 @@
 //! same on every later turn (the provider's prompt cache keeps it).
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use crate::conversation::{Conversation, FRAMING_TOKENS, Kind};
@@ -75,6 +76,18 @@ impl Template {
         self.text.replace("{tool}", &bounded(tool, MAX_TOOL_CHARS)).replace("{args}", &args)
     }
 
+    /// The most tokens a rendered placeholder can take: every byte of a name, arguments and size
+    /// counted as a token.
+    pub fn max_tokens(&self, count: &dyn Fn(&str) -> u32) -> u32 {
+        if self.fixed {
+            return count(&self.text);
+        }
+        let frame = self.text.replace("{tool}", "").replace("{args}", "").replace("{tokens}", "");
+        let names = ["{tool}", "{args}", "{tokens}"].map(|name| self.text.matches(name).count());
+        let bytes = names[0] * (4 * MAX_TOOL_CHARS + 3) + names[1] * (4 * MAX_ARGS_CHARS + 3) + names[2] * 10;
+        count(&frame) + u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+
     /// The longest text a rendered placeholder can have, in bytes: an output no longer than this
     /// may already be one.
     pub fn max_len(&self) -> usize {
@@ -90,25 +103,30 @@ pub struct Call<'a> {
     pub arguments: &'a str,
 }
 
-/// Every tool call of a conversation by its id (the first call with an id names it).
-#[derive(Debug, Default)]
-pub struct Calls<'a> {
-    by_id: HashMap<&'a str, Call<'a>>,
+/// Every tool call of a conversation by its id (the first call with an id names it), looked up
+/// the first time a placeholder needs one: a request whose outputs all stay costs no map.
+#[derive(Debug)]
+pub struct Calls<'a, 'c> {
+    conversation: &'a Conversation<'c>,
+    by_id: OnceCell<HashMap<&'a str, Call<'a>>>,
 }
 
-impl<'a> Calls<'a> {
-    pub fn of(conversation: &'a Conversation<'_>) -> Self {
-        let mut by_id = HashMap::new();
-        for item in &conversation.items {
-            if let Kind::ToolCall { id: Some(id), name, arguments } = &item.kind {
-                by_id.entry(id.as_ref()).or_insert(Call { name: name.as_ref(), arguments: arguments.as_ref() });
-            }
-        }
-        Self { by_id }
+impl<'a, 'c> Calls<'a, 'c> {
+    pub fn of(conversation: &'a Conversation<'c>) -> Self {
+        Self { conversation, by_id: OnceCell::new() }
     }
 
     pub fn get(&self, call_id: &str) -> Option<Call<'a>> {
-        self.by_id.get(call_id).copied()
+        let by_id = self.by_id.get_or_init(|| {
+            let mut by_id = HashMap::new();
+            for item in &self.conversation.items {
+                if let Kind::ToolCall { id: Some(id), name, arguments } = &item.kind {
+                    by_id.entry(id.as_ref()).or_insert(Call { name: name.as_ref(), arguments: arguments.as_ref() });
+                }
+            }
+            by_id
+        });
+        by_id.get(call_id).copied()
     }
 }
 

@@ -20,6 +20,10 @@ pub struct PruneSettings {
     /// Share of the window (less the output reserve) above which a batch goes whatever it costs
     /// the prompt cache (compaction's budget applies it).
     pub pressure: f64,
+    /// Probability with which the conversation must run the turns a batch pays back over.
+    pub payback_confidence: f64,
+    /// Run lengths counted as if measured (`[prune] assumed_runs`).
+    pub assumed_runs: Vec<u64>,
 }
 
 /// What pruning did.
@@ -68,7 +72,12 @@ pub fn apply(
         let call_id = conversation.items[index].call_id();
         settings.placeholder.rendered(&calls, call_id, text)
     };
-    let mut placeholders = vec![0u32; conversation.items.len()];
+    let framing = crate::conversation::FRAMING_TOKENS;
+    let placeholder_tokens = |index: usize| count(&placeholder_of(index)) + framing;
+    // No placeholder is larger: a larger output is worth pruning without rendering its own
+    // (worked out once, at the first output: a request without any pays nothing).
+    let largest = std::cell::OnceCell::new();
+    let largest = || *largest.get_or_init(|| settings.placeholder.max_tokens(count) + framing);
     let mut protected = 0u32;
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
@@ -92,16 +101,15 @@ pub fn apply(
             Edit::Keep => item.tokens,
             Edit::Replace(text) if is_placeholder(index, text) => continue,
             // Counted as an item would be, framing included, so a second pass sees the same sizes.
-            Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
+            Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
             Edit::Remove => continue,
         };
         sizes[index] = current;
         // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
         // nothing from pruning; leaving them out of the window too keeps a second pass deciding
         // the same.
-        let not_worth = count(&placeholder_of(index)) + crate::conversation::FRAMING_TOKENS;
-        placeholders[index] = not_worth;
-        if current <= not_worth || protected_call(call_id) {
+        let not_worth = current <= largest() && current <= placeholder_tokens(index);
+        if not_worth || protected_call(call_id) {
             continue;
         }
         if call_id.is_some_and(|id| previously.contains(id)) {
@@ -120,15 +128,22 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholders[i])).sum();
+        let freed = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).fold(0, u32::saturating_add);
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
-            let after: u64 = (first..conversation.items.len())
-                .filter(|&i| seen(i) && !batch.contains(&i))
-                .map(|i| u64::from(item_size(conversation, i, &sizes, count)))
-                .sum();
-            match payback::decide(history, u64::from(freed), after) {
+            let mut pending = payback::Pending { freed: u64::from(freed), ..payback::Pending::default() };
+            for index in (0..conversation.items.len()).filter(|i| !batch.contains(i)) {
+                let size = u64::from(item_size(conversation, index, &sizes, count));
+                match (seen(index), index < first) {
+                    (true, true) => pending.before += size,
+                    (true, false) => pending.after += size,
+                    (false, _) => pending.new += size,
+                }
+            }
+            // What replaces the batch stays after the first change: re-written, not read.
+            pending.after += prunable.iter().map(|&i| u64::from(placeholder_tokens(i))).sum::<u64>();
+            match payback::decide(history, &pending) {
                 Some(reason) => pruned.prefix_break = Some(reason),
                 None => {
                     pruned.held_tokens = freed;
@@ -157,7 +172,7 @@ fn item_size(conversation: &Conversation, index: usize, sizes: &[u32], count: &d
     match &item.edit {
         _ if sizes[index] > 0 => sizes[index],
         Edit::Keep => item.tokens,
-        Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
+        Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
         Edit::Remove => 0,
     }
 }

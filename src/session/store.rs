@@ -10,6 +10,7 @@ use super::breaker::{Admission, Breaker};
 use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
+use super::runs::RunLengths;
 use super::state::{ConversationState, SessionState, SessionUpdate, SessionView, Update};
 use crate::config::{SessionConfig, StoreKind};
 use crate::telemetry::metric;
@@ -68,10 +69,11 @@ impl Store {
     }
 
     /// The session's state and its conversation's; empty when new. A stored value compactor
-    /// cannot read (a key of the wrong type, unparseable JSON, another schema version, a counter
-    /// that is not a number) is deleted with the whole session, with a warning and a metric, and
-    /// the session starts afresh: left alone it would fail every request of the session and have
-    /// its TTL refreshed forever.
+    /// cannot read (a key of the wrong type, unparseable JSON, a counter that is not a number) is
+    /// deleted with the whole session, with a warning and a metric, and the session starts
+    /// afresh: left alone it would fail every request of the session and have its TTL refreshed
+    /// forever. A session another schema version wrote is not corrupt: it is answered with
+    /// [`StoreError::OtherVersion`] and left as it is (its own version's replicas still use it).
     pub async fn load(
         &self,
         key: &str,
@@ -115,6 +117,15 @@ impl Store {
                 Ok(())
             }
             Backend::Redis(store) => self.guarded(store.update(key, conversation, update)).await,
+        }
+    }
+
+    /// How long conversations of a model run: the histogram kept under the model's key
+    /// ([`super::runs`]); from a shared store, as read at most half a minute ago.
+    pub async fn run_lengths(&self, model_key: &str) -> Result<RunLengths, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.run_lengths(model_key)),
+            Backend::Redis(store) => self.guarded(store.run_lengths(model_key)).await,
         }
     }
 
@@ -204,6 +215,20 @@ impl Store {
         match &self.backend {
             Backend::Memory(store) => Ok(store.try_lock(key, conversation, owner, hold)),
             Backend::Redis(store) => self.guarded(store.try_lock(key, conversation, owner, hold)).await,
+        }
+    }
+
+    /// Extends the lease of `owner`'s lock on a conversation; false when it no longer holds it.
+    pub async fn renew_lock(
+        &self,
+        key: &str,
+        conversation: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.renew_lock(key, conversation, owner, lease)),
+            Backend::Redis(store) => self.guarded(store.renew_lock(key, conversation, owner, lease)).await,
         }
     }
 

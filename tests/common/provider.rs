@@ -1,5 +1,5 @@
-//! A provider simulator on 127.0.0.1:0 speaking Chat Completions, Anthropic Messages and Responses
-//! (plain JSON and SSE) the way a real provider with a given context window and tokenizer would:
+//! A provider simulator on 127.0.0.1:0 speaking Chat Completions, Anthropic Messages, Responses
+//! and Gemini's `generateContent` ([`gemini`]) (plain JSON and SSE) the way a real provider with a given context window and tokenizer would:
 //! it counts tokens its own way (characters / N), rejects what does not fit with each provider's
 //! real overflow error (naming the window or not), reports usage with prompt-cache reads and writes
 //! by prefix, rejects broken tool pairs, answers compactor's summary calls deterministically by
@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use compactor::rewrite::{CachePricing, cache_cost};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::BoxBody;
@@ -31,6 +32,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use xxhash_rust::xxh3::xxh3_64;
+
+pub mod gemini;
 
 use super::agents;
 use super::script::{self, Kind, Move, Script};
@@ -499,11 +502,11 @@ impl ProviderSim {
         &self.state.spec
     }
 
-    /// compactor's configuration with both upstreams pointing here and the admin API on (token
+    /// compactor's configuration with every upstream pointing here and the admin API on (token
     /// [`agents::ADMIN_TOKEN`], which [`agents::drive`] uses), then `extra` (tables, no `[admin]`).
     pub fn compactor_config(&self, extra: &str) -> String {
         format!(
-            "[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n[admin]\ntoken = \"{1}\"\n{extra}",
+            "[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\ngemini = \"{0}\"\n[admin]\ntoken = \"{1}\"\n{extra}",
             self.url(),
             agents::ADMIN_TOKEN
         )
@@ -666,6 +669,10 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         record.tokens = tokens;
         push(record);
         return json_reply(200, &json!({"input_tokens": tokens}));
+    }
+    if let Some((model, method)) = gemini::method(&path).filter(|_| parts.method == Method::POST) {
+        let query = parts.uri.query().unwrap_or("");
+        return gemini::handle(&state, record, &parts.headers, query, &model, &method, &body, value).await;
     }
     let Some(dialect) = Dialect::of_path(&path).filter(|_| parts.method == Method::POST) else {
         push(record);
@@ -1066,6 +1073,18 @@ pub const ANTHROPIC: Prices = Prices { name: "Anthropic", cache_read: 0.1, cache
 pub const OPENAI: Prices =
     Prices { name: "OpenAI gpt-4.1", cache_read: 0.25, cache_write: 1.0, output: 4.0, step: 128 };
 
+impl Prices {
+    /// The same prices as compactor's cache model takes them.
+    pub fn cache(&self) -> CachePricing {
+        CachePricing {
+            read: self.cache_read,
+            write: self.cache_write,
+            lifetime: Duration::from_secs(300),
+            preset: None,
+        }
+    }
+}
+
 /// What a session's upstream requests cost.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bill {
@@ -1116,7 +1135,7 @@ pub fn bill_by_prefix(records: &[Record], prices: &Prices) -> Bill {
         bill.cache_read += read;
         bill.cache_write += rest;
         bill.prefilled += record.tokens - prefix;
-        bill.cost += read as f64 * prices.cache_read + rest as f64 * prices.cache_write;
+        bill.cost += cache_cost::request(&prices.cache(), record.tokens as u64, read as u64);
         previous = Some(record);
     }
     summary_costs(&mut bill, records, prices);
@@ -1163,7 +1182,9 @@ pub fn bill_by_breakpoints(records: &[Record], prices: &Prices) -> Bill {
         bill.cache_read += read;
         bill.cache_write += write;
         bill.prefilled += record.tokens - prefix;
-        bill.cost += read as f64 * prices.cache_read + write as f64 * prices.cache_write + plain as f64;
+        // Reads and writes as the cache model prices them; what follows the last breakpoint is
+        // plain input.
+        bill.cost += cache_cost::request(&prices.cache(), (read + write) as u64, read as u64) + plain as f64;
         previous = Some(record);
     }
     summary_costs(&mut bill, records, prices);
