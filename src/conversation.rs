@@ -134,22 +134,18 @@ pub enum Pairing {
 impl<'a> Conversation<'a> {
     /// Tokens as the conversation would be sent now, with every edit applied.
     pub fn tokens_after(&self, count: impl Fn(&str) -> u32) -> u32 {
-        let items: u32 = self
-            .items
-            .iter()
-            .map(|item| match &item.edit {
-                Edit::Keep => item.tokens,
-                Edit::Replace(text) => count(text) + FRAMING_TOKENS,
-                Edit::Remove => 0,
-            })
-            .sum();
-        let inserted: u32 = self.inserts.iter().map(|i| count(&i.text) + FRAMING_TOKENS).sum();
-        self.fixed_tokens + items + inserted
+        let items = self.items.iter().map(|item| match &item.edit {
+            Edit::Keep => item.tokens,
+            Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
+            Edit::Remove => 0,
+        });
+        let inserted = self.inserts.iter().map(|i| count(&i.text).saturating_add(FRAMING_TOKENS));
+        items.chain(inserted).fold(self.fixed_tokens, u32::saturating_add)
     }
 
     /// Tokens as the client sent it.
     pub fn tokens_before(&self) -> u32 {
-        self.fixed_tokens + self.items.iter().map(|i| i.tokens).sum::<u32>()
+        self.items.iter().map(|i| i.tokens).fold(self.fixed_tokens, u32::saturating_add)
     }
 
     /// Whether any policy changed anything.
@@ -176,13 +172,17 @@ impl<'a> Conversation<'a> {
         &self.items[self.item_range(index)]
     }
 
-    /// The name of the tool a call id belongs to (the first call with that id). One lookup scans
-    /// the conversation; a policy asking for many builds [`Conversation::tool_names`] once.
-    pub fn tool_name(&self, call_id: &str) -> Option<&str> {
-        self.items.iter().find_map(|item| match &item.kind {
-            Kind::ToolCall { id: Some(id), name, .. } if id == call_id => Some(name.as_ref()),
-            _ => None,
-        })
+    /// The synthetic results grouped by the message each goes after: `anchor` maps the message
+    /// of the call to that message (`messages` of them in all).
+    pub fn inserts_by(&self, messages: usize, mut anchor: impl FnMut(usize) -> usize) -> Vec<Vec<&InsertResult>> {
+        let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); messages];
+        for insert in &self.inserts {
+            let Some(call) = self.items.get(insert.call_item) else { continue };
+            if let Some(slot) = owed.get_mut(anchor(call.message)) {
+                slot.push(insert);
+            }
+        }
+        owed
     }
 
     /// The name of the tool of every call id (the first call with an id names it).

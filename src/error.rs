@@ -128,6 +128,19 @@ impl ProxyError {
         }
     }
 
+    /// The `google.rpc.Code` name Google's APIs give with this status.
+    fn google_status(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "UNAUTHENTICATED",
+            StatusCode::NOT_FOUND => "NOT_FOUND",
+            StatusCode::METHOD_NOT_ALLOWED => "UNIMPLEMENTED",
+            StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => "DEADLINE_EXCEEDED",
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => "UNAVAILABLE",
+            s if s.is_client_error() => "INVALID_ARGUMENT",
+            _ => "INTERNAL",
+        }
+    }
+
     /// The `error.type` OpenAI's SDKs know for this status.
     fn openai_type(&self) -> &'static str {
         match self.status() {
@@ -147,6 +160,10 @@ impl ProxyError {
             ApiFamily::Anthropic => serde_json::json!({
                 "type": "error",
                 "error": { "type": self.anthropic_type(), "message": message }
+            }),
+            // google.rpc.Status, as the Gemini API answers its own errors.
+            ApiFamily::Gemini => serde_json::json!({
+                "error": { "code": self.status().as_u16(), "message": message, "status": self.google_status() }
             }),
         };
         Bytes::from(value.to_string())
@@ -202,6 +219,22 @@ mod tests {
         assert_eq!(body["type"], "error");
         assert_eq!(body["error"]["type"], "request_too_large");
         assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[test]
+    fn gemini_clients_get_google_s_error_shape() {
+        let err = ProxyError::BodyTooLarge { limit: 10 };
+        let body: serde_json::Value = serde_json::from_slice(&err.body(ApiFamily::Gemini)).unwrap();
+        assert_eq!(body["error"]["code"], 413);
+        assert_eq!(body["error"]["status"], "INVALID_ARGUMENT");
+        assert!(body["error"]["message"].as_str().unwrap().contains("10 bytes"));
+        let timeout =
+            ProxyError::UpstreamTimeout { upstream: "http://x".into(), timeout: std::time::Duration::from_millis(5) };
+        let body: serde_json::Value = serde_json::from_slice(&timeout.body(ApiFamily::Gemini)).unwrap();
+        assert_eq!(
+            (body["error"]["code"].as_u64(), body["error"]["status"].as_str()),
+            (Some(504), Some("DEADLINE_EXCEEDED"))
+        );
     }
 
     #[test]

@@ -6,8 +6,7 @@ use std::collections::HashSet;
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{self, Deserializer, Visitor};
 
 /// A JSON object as ordered `(key, raw value)` pairs borrowed from the request body. Values are
 /// the raw JSON text (`&str`, not `&RawValue`), so a value found in one body can be re-made from
@@ -149,11 +148,6 @@ pub struct ArrayWriter {
 }
 
 impl ArrayWriter {
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self::continuing(String::with_capacity(capacity))
-    }
-
-    /// An array written at the end of `out`.
     pub fn continuing(mut out: String) -> Self {
         out.push('[');
         Self { out, empty: true }
@@ -197,29 +191,6 @@ pub fn replace_within(outer: &str, inner: &str, replacement: &str) -> Option<Str
     out.push_str(replacement);
     out.push_str(&outer[span.end..]);
     Some(out)
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor;
-        impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = RawObject<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut fields = UniqueFields::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(CowStr(key)) = map.next_key::<CowStr<'de>>()? {
-                    let value: &'de RawValue = map.next_value()?;
-                    if let Err(key) = fields.push(key, value.get()) {
-                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
-                    }
-                }
-                Ok(RawObject { fields: fields.fields })
-            }
-        }
-        deserializer.deserialize_map(ObjectVisitor)
-    }
 }
 
 /// Reads JSON text one value at a time from a position: the top level of a body and the elements
@@ -669,6 +640,7 @@ impl<'de> UniqueFields<'de> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::value::RawValue;
 
     #[test]
     fn rewriting_one_field_keeps_every_other_byte_and_the_key_order() {
@@ -701,7 +673,7 @@ mod tests {
     #[test]
     fn span_finds_a_borrowed_value_in_its_body() {
         let body = br#"{"messages": [1,2], "x": 3}"#;
-        let object: RawObject = serde_json::from_slice(body).unwrap();
+        let object = RawObject::parse(std::str::from_utf8(body).unwrap()).unwrap();
         let span = span_in(body, object.get("messages").unwrap()).unwrap();
         assert_eq!(&body[span], b"[1,2]");
     }
@@ -715,12 +687,12 @@ mod tests {
     fn a_duplicate_key_is_refused_in_small_and_large_objects_wherever_it_stands() {
         for size in [2, SCANNED_FIELDS - 1, SCANNED_FIELDS, SCANNED_FIELDS + 1, 1000] {
             let keys: Vec<String> = (0..size).map(|i| format!("k{i}")).collect();
-            assert!(serde_json::from_str::<RawObject>(&object_with_keys(&keys)).is_ok(), "{size} distinct keys");
+            assert!(scanned_object(&object_with_keys(&keys)).is_some(), "{size} distinct keys");
             for (first, second) in [(0, size - 1), (size - 1, size), (size / 2, size + 3)] {
                 let mut with_duplicate = keys.clone();
                 with_duplicate.insert(second.min(with_duplicate.len()), keys[first].clone());
                 let body = object_with_keys(&with_duplicate);
-                assert!(serde_json::from_str::<RawObject>(&body).is_err(), "{size} keys, k{first} twice");
+                assert!(scanned_object(&body).is_none(), "{size} keys, k{first} twice");
             }
         }
     }
@@ -729,25 +701,49 @@ mod tests {
     fn keys_that_differ_only_in_escapes_are_duplicates() {
         let mut keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
         keys.push("\\u006b3".into());
-        assert!(serde_json::from_str::<RawObject>(&object_with_keys(&keys)).is_err());
+        assert!(scanned_object(&object_with_keys(&keys)).is_none());
         let small = r#"{"a":1,"\u0061":2}"#;
-        assert!(serde_json::from_str::<RawObject>(small).is_err());
+        assert!(scanned_object(small).is_none());
     }
 
     #[test]
     fn a_large_object_keeps_its_keys_in_order() {
         let keys: Vec<String> = (0..500).map(|i| format!("k{i}")).collect();
         let body = object_with_keys(&keys);
-        let object: RawObject = serde_json::from_str(&body).unwrap();
-        let read: Vec<&str> = object.fields.iter().map(|(k, _)| k.as_ref()).collect();
+        let object = scanned_object(&body).unwrap();
+        let read: Vec<&str> = object.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(read, keys.iter().map(String::as_str).collect::<Vec<_>>());
-        assert_eq!(object.get("k499").unwrap(), "499");
+        assert_eq!(RawObject::parse(&body).unwrap().get("k499").unwrap(), "499");
     }
 
-    /// serde_json's reading of an object of raw fields: what [`RawObject::parse`] replaced.
+    /// serde_json's reading of an object of raw fields, duplicates refused: the reference the
+    /// scanner is compared with (production reads objects with [`Scanner`] only).
     fn serde_object(text: &str) -> Option<Vec<(String, String)>> {
-        let object: RawObject = serde_json::from_str(text).ok()?;
-        Some(object.fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        struct Fields(Vec<(String, String)>);
+        impl<'de> Deserialize<'de> for Fields {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct ObjectVisitor;
+                impl<'de> Visitor<'de> for ObjectVisitor {
+                    type Value = Fields;
+                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                        f.write_str("a JSON object")
+                    }
+                    fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Fields, M::Error> {
+                        let mut fields: Vec<(String, String)> = Vec::new();
+                        while let Some(CowStr(key)) = map.next_key::<CowStr<'de>>()? {
+                            let value: &'de RawValue = map.next_value()?;
+                            if fields.iter().any(|(k, _)| *k == key) {
+                                return Err(serde::de::Error::custom("duplicate key"));
+                            }
+                            fields.push((key.into_owned(), value.get().to_string()));
+                        }
+                        Ok(Fields(fields))
+                    }
+                }
+                deserializer.deserialize_map(ObjectVisitor)
+            }
+        }
+        serde_json::from_str::<Fields>(text).ok().map(|fields| fields.0)
     }
 
     /// A body's reading of an object: checked, then nothing but whitespace.

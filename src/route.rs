@@ -7,6 +7,8 @@ use http::{HeaderMap, Method};
 pub enum ApiFamily {
     OpenAi,
     Anthropic,
+    /// Google's Gemini API (`generateContent`): Gemini CLI and the google-genai SDKs.
+    Gemini,
 }
 
 impl ApiFamily {
@@ -15,6 +17,7 @@ impl ApiFamily {
         match self {
             ApiFamily::OpenAi => "openai",
             ApiFamily::Anthropic => "anthropic",
+            ApiFamily::Gemini => "gemini",
         }
     }
 }
@@ -31,6 +34,12 @@ pub enum Endpoint {
     InputTokens,
     Embeddings,
     Models,
+    /// Gemini's `POST /{version}/models/{model}:generateContent`.
+    GenerateContent,
+    /// Gemini's `:streamGenerateContent`: SSE with `?alt=sse`, else a JSON array sent as it comes.
+    StreamGenerateContent,
+    /// Gemini's `:countTokens`: a `contents` body whose tokens are counted.
+    GeminiCountTokens,
     Other,
 }
 
@@ -42,19 +51,56 @@ pub struct Route {
 }
 
 const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
+const GOOG_API_KEY: http::HeaderName = http::HeaderName::from_static("x-goog-api-key");
+
+/// A Gemini model method path, `/{v1|v1beta|v1alpha}/models/{model}:{method}`: the model and the
+/// method. `None` for any other path.
+pub fn gemini_method(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix('/')?;
+    let (version, rest) = rest.split_once('/')?;
+    if !is_gemini_version(version) {
+        return None;
+    }
+    let rest = rest.strip_prefix("models/")?;
+    let (model, method) = rest.rsplit_once(':')?;
+    (!model.is_empty() && !model.contains('/') && !method.is_empty() && !method.contains('/'))
+        .then_some((model, method))
+}
+
+/// `v1`, `v1beta`, `v1alpha`, `v1beta1`...: the versions of Google's APIs.
+fn is_gemini_version(version: &str) -> bool {
+    version
+        .strip_prefix("v1")
+        .is_some_and(|tail| tail.is_empty() || tail.starts_with("beta") || tail.starts_with("alpha"))
+}
 
 impl Route {
     /// `/v1/messages` and below go to Anthropic; so does anything carrying `anthropic-version`
     /// (the Anthropic SDK's `/v1/models`), because that header only ever means Anthropic.
+    /// Gemini's paths (a model method, anything under `/v1beta/` or `/v1alpha/` but Google's
+    /// OpenAI-compatible `/v1beta/openai/`, which OpenAI clients call as they call OpenAI) and
+    /// anything carrying `x-goog-api-key` go to Gemini.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
+        let post = method == Method::POST;
+        let gemini = gemini_method(path);
+        let beta = path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || path == "/v1beta";
+        let openai_compatible = path.starts_with("/v1beta/openai/");
+        if !openai_compatible && (gemini.is_some() || beta || headers.contains_key(GOOG_API_KEY)) {
+            let endpoint = match gemini {
+                Some((_, "generateContent")) if post => Endpoint::GenerateContent,
+                Some((_, "streamGenerateContent")) if post => Endpoint::StreamGenerateContent,
+                Some((_, "countTokens")) if post => Endpoint::GeminiCountTokens,
+                _ => Endpoint::Other,
+            };
+            return Self { family: ApiFamily::Gemini, endpoint };
+        }
         let anthropic_path = path == "/v1/messages" || path.starts_with("/v1/messages/");
         let family = if anthropic_path || headers.contains_key(ANTHROPIC_VERSION) {
             ApiFamily::Anthropic
         } else {
             ApiFamily::OpenAi
         };
-        let post = method == Method::POST;
         let endpoint = match path {
             "/v1/messages" if post => Endpoint::Messages,
             "/v1/messages/count_tokens" if post => Endpoint::CountTokens,
@@ -77,6 +123,10 @@ impl Route {
             (_, Endpoint::CountTokens) => "count_tokens",
             (_, Endpoint::InputTokens) => "input_tokens",
             (_, Endpoint::Embeddings) => "embeddings",
+            (_, Endpoint::GenerateContent) => "generate_content",
+            (_, Endpoint::StreamGenerateContent) => "stream_generate_content",
+            (_, Endpoint::GeminiCountTokens) => "gemini_count_tokens",
+            (ApiFamily::Gemini, _) => "gemini_other",
             (ApiFamily::Anthropic, Endpoint::Models) => "anthropic_models",
             (ApiFamily::OpenAi, Endpoint::Models) => "models",
             (ApiFamily::Anthropic, Endpoint::Other) => "anthropic_other",
@@ -169,6 +219,37 @@ mod tests {
         let route = Route::of(&Method::GET, "/v1/models", &headers);
         assert_eq!(route.family, ApiFamily::Anthropic);
         assert_eq!(route.label(), "anthropic_models");
+    }
+
+    #[test]
+    fn gemini_model_methods_go_to_gemini() {
+        let stream = route(Method::POST, "/v1beta/models/gemini-2.5-pro:streamGenerateContent");
+        assert_eq!((stream.family, stream.endpoint), (ApiFamily::Gemini, Endpoint::StreamGenerateContent));
+        assert_eq!(
+            route(Method::POST, "/v1/models/gemini-3-pro-preview:generateContent").endpoint,
+            Endpoint::GenerateContent
+        );
+        assert_eq!(
+            route(Method::POST, "/v1beta/models/gemini-2.5-flash:countTokens").endpoint,
+            Endpoint::GeminiCountTokens
+        );
+        assert_eq!(route(Method::POST, "/v1beta/models/gemini-2.5-flash:embedContent").endpoint, Endpoint::Other);
+        assert_eq!(route(Method::GET, "/v1beta/models").family, ApiFamily::Gemini);
+        assert_eq!(route(Method::GET, "/v1beta/models").label(), "gemini_other");
+        // Google's OpenAI-compatible endpoint is called by OpenAI clients: Chat Completions.
+        let compatible = route(Method::POST, "/v1beta/openai/chat/completions");
+        assert_eq!((compatible.family, compatible.endpoint), (ApiFamily::OpenAi, Endpoint::ChatCompletions));
+        assert_eq!(
+            gemini_method("/v1beta/models/gemini-2.5-pro:generateContent"),
+            Some(("gemini-2.5-pro", "generateContent"))
+        );
+        assert_eq!(gemini_method("/v2/models/x:generateContent"), None);
+        assert_eq!(gemini_method("/v1/models/a/b:generateContent"), None);
+        // OpenAI's model paths stay OpenAI's.
+        assert_eq!(route(Method::GET, "/v1/models/gpt-4o").family, ApiFamily::OpenAi);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-goog-api-key", http::HeaderValue::from_static("k"));
+        assert_eq!(Route::of(&Method::GET, "/v1/models", &headers).family, ApiFamily::Gemini);
     }
 
     #[test]

@@ -25,7 +25,7 @@ static REWRITER: LazyLock<Rewriter> = LazyLock::new(|| {
 });
 
 fuzz_target!(|body: &[u8]| {
-    for dialect in [Dialect::ChatCompletions, Dialect::AnthropicMessages, Dialect::Responses] {
+    for dialect in [Dialect::ChatCompletions, Dialect::AnthropicMessages, Dialect::Responses, Dialect::Gemini] {
         let Some(first) = REWRITER.rewrite_body(dialect, body, &BTreeSet::new()) else { continue };
         let Some(rewritten) = first.body else { continue };
         assert!(serde_json::from_slice::<serde_json::Value>(&rewritten).is_ok(), "{dialect:?}: not JSON");

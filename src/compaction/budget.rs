@@ -59,7 +59,7 @@ impl Pressure {
         let requested = report.max_tokens.unwrap_or(u64::from(report.model.max_output_tokens));
         let mut reserve = requested.min(u64::from(settings.output_reserve_tokens));
         if learned.output_peak > 0 {
-            reserve = reserve.min(learned.output_peak + learned.output_peak / 4 + 256);
+            reserve = reserve.min(learned.output_peak.saturating_add(learned.output_peak / 4).saturating_add(256));
         }
         Self { window, calibration, reserve: reserve.min(window / 2), threshold: settings.threshold }
     }
@@ -182,7 +182,7 @@ fn reported_and_added(
         return None;
     }
     let added = message_count - since;
-    let tail: u32 = report.message_tokens.iter().rev().take(added).sum();
+    let tail = report.message_tokens.iter().rev().take(added).fold(0, |sum: u32, t| sum.saturating_add(*t));
     Some((usage.prompt_tokens, u64::from(Rewriter::scaled(tail, report.model))))
 }
 

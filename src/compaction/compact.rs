@@ -19,9 +19,6 @@ use crate::telemetry::metric;
 use crate::tokens::ModelInfo;
 use crate::upstream::RequestHead;
 
-/// How much longer than a summary call the lock is held at most, should its holder vanish.
-const LOCK_MARGIN: Duration = Duration::from_secs(10);
-
 /// Why a compaction did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum CompactError {
@@ -89,7 +86,7 @@ impl Compaction<'_> {
         sizing: Sizing,
     ) -> Result<Compacted, CompactError> {
         let cut = self.cut(ladder, harder, &sizing).await?;
-        let hold = self.settings.summary_timeout + LOCK_MARGIN;
+        let hold = self.settings.lock_lease;
         let lock = match CompactionLock::claim(ctx, hold).await {
             Some(lock) => lock,
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
@@ -107,12 +104,24 @@ impl Compaction<'_> {
                 }
             },
         };
+        // The generation is taken under the lock from the stored state: a compaction another
+        // request finished since this one loaded is either reused or followed.
+        if let Some(record) = lock::fresh_record(ctx, &cut.parsed).await {
+            lock.release(ctx).await;
+            return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
+        }
         let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
-        let result = self.summarize(head, ladder, ctx, &cut, trigger, generation).await;
+        let summarizing = self.summarize(head, ladder, ctx, &cut, trigger, generation);
+        let mut result = lock.renewing(ctx, self.settings.lock_lease, summarizing).await;
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
-            Ok(Compacted { record, .. }) => {
-                ctx.publish_compaction(record).await;
+            Ok(Compacted { record, summary_time, summary_calls }) => {
+                if ctx.publish_compaction(record).await
+                    && let Some(winner) = lock::fenced(ctx, record, &cut.parsed).await
+                {
+                    let (summary_time, summary_calls) = (*summary_time, *summary_calls);
+                    result = Ok(Compacted { record: winner, summary_time, summary_calls });
+                }
             }
             Err(CompactError::SummaryFailed(_)) => {
                 ctx.publish_failure(ladder.message_count).await;
@@ -127,8 +136,7 @@ impl Compaction<'_> {
     /// Where to cut the client's conversation: about `keep_recent_tokens` from the end (a quarter
     /// on the harder rung), after what the applied record already covers.
     async fn cut<'b>(&self, ladder: &'b Ladder, harder: bool, sizing: &Sizing) -> Result<Cut<'b>, CompactError> {
-        let mut parsed =
-            ParsedRequest::parse(ladder.dialect, &ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
+        let mut parsed = ladder.parse(&ladder.client_body).ok_or(CompactError::NothingToSummarize)?;
         let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
         let after = ladder.record.as_ref().map_or(0, |r| r.covered_messages as usize);
         let (keep, user_budget) = budget::kept_sizes(self.settings, &sizing.pressure, sizing.fixed, harder);
@@ -193,7 +201,7 @@ impl Compaction<'_> {
             at_unix_ms: crate::session::unix_ms(),
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
-            && let Some(mut after) = ParsedRequest::parse(ladder.dialect, &rebuilt)
+            && let Some(mut after) = ladder.parse(&rebuilt)
         {
             self.rewriter.count_items(&mut after, model.encoding);
             record.tokens_after = u64::from(Rewriter::scaled(after.conversation.tokens_before(), model));

@@ -51,6 +51,8 @@ pub struct Ladder {
     pub(super) sent: Option<RewriteReport>,
     /// The prompt-cache prices of the upstream the request goes to.
     pub(super) cache: CachePricing,
+    /// The model the request's path names (Gemini's bodies carry none).
+    pub(super) path_model: Option<String>,
     order: Vec<Rung>,
     next: usize,
     lowered_max_tokens: bool,
@@ -110,6 +112,7 @@ impl Ladder {
             lead: 0,
             sent: None,
             cache: CachePricing::NONE,
+            path_model: None,
             order: order.to_vec(),
             next: 0,
             lowered_max_tokens: false,
@@ -127,6 +130,11 @@ impl Ladder {
     pub(super) fn note(&mut self, rung: &'static str, outcome: &'static str) {
         crate::telemetry::metric::recovery_rung(rung, outcome);
         self.trace.rungs.push(format!("{rung}:{outcome}"));
+    }
+
+    /// Parses `body` in the request's dialect, the model named in its path filled in.
+    pub(super) fn parse<'b>(&self, body: &'b [u8]) -> Option<ParsedRequest<'b>> {
+        ParsedRequest::parse(self.dialect, body).map(|parsed| parsed.with_model(self.path_model.as_deref()))
     }
 
     /// Retries so far.

@@ -161,14 +161,14 @@ impl Compactor {
     pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
-        let key = || self.identifier.prefix_key(dialect, &head.headers);
+        let key = || self.identifier.prefix_key(dialect, &head.headers, head.uri.query());
         let earlier = prefix::Earlier::default();
         let parsed = match work::step(|| self.prefixes.parse(key, dialect, &body, &earlier)).await {
             Ok((Some(parsed), reuse)) => {
                 if reuse != Reuse::Off {
                     metric::prefix_reuse(route, reuse.label());
                 }
-                parsed
+                parsed.with_model(head.path_model())
             }
             Ok((None, _)) => {
                 metric::rewrite_skipped(route, "unparsed");
@@ -180,7 +180,7 @@ impl Compactor {
             budget.left_to_do(body.len() - parsed.memo.reused_bytes().min(body.len()));
         }
         trace::describe_request(parsed.model.as_deref());
-        let session = self.identifier.identify(&head.headers, Some(&parsed));
+        let session = self.identifier.identify_in(&head.headers, head.uri.query(), Some(&parsed));
         if is_stateful(&parsed) {
             // The history lives at the provider (previous_response_id, conversation): compactor
             // cannot see it, so it changes nothing.
@@ -202,6 +202,7 @@ impl Compactor {
         let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
         ladder.lead = lead;
         ladder.cache = self.cache_pricing(head.route.family);
+        ladder.path_model = head.path_model().map(str::to_string);
         // The parse is handed on to the rewrite rather than repeated.
         let derived = self
             .derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false)
@@ -289,13 +290,14 @@ impl Compactor {
         let Ok(Some(parsed)) = work::step(|| ParsedRequest::parse(dialect, &body)).await else {
             return Prepared::untouched(body);
         };
+        let parsed = parsed.with_model(head.path_model());
         if is_stateful(&parsed)
             || agent::is_agent_compaction(&parsed, &self.agent_markers)
             || asks_for_compaction_item(&parsed)
         {
             return Prepared::untouched(body.clone());
         }
-        let session = self.identifier.identify(&head.headers, Some(&parsed));
+        let session = self.identifier.identify_in(&head.headers, head.uri.query(), Some(&parsed));
         let conversation = ConversationId::of(&parsed);
         let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
         if ctx.conversation().is_empty() {
@@ -308,6 +310,7 @@ impl Compactor {
         let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
         ladder.lead = lead;
         ladder.cache = self.cache_pricing(head.route.family);
+        ladder.path_model = head.path_model().map(str::to_string);
         let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
         let Some((mut sent, report)) = derived else { return Prepared::untouched(body.clone()) };
         if self.presses(&ctx, &ladder, &report)
@@ -350,7 +353,7 @@ impl Compactor {
     /// summary the body carries), in the provider's tokens.
     fn fixed_tokens(&self, ladder: &Ladder, pressure: &Pressure, report: &RewriteReport) -> u64 {
         let from = ladder.lead + usize::from(ladder.record.is_some());
-        let history: u32 = report.message_tokens.iter().skip(from).sum();
+        let history = report.message_tokens.iter().skip(from).fold(0, |sum: u32, t| sum.saturating_add(*t));
         let history = Rewriter::scaled(history, report.model);
         pressure.calibrated(u64::from(report.tokens_after.saturating_sub(history)))
     }
@@ -604,6 +607,7 @@ impl Compactor {
         match family {
             ApiFamily::OpenAi => self.rewriter.settings.openai_cache,
             ApiFamily::Anthropic => self.rewriter.settings.anthropic_cache,
+            ApiFamily::Gemini => self.rewriter.settings.gemini_cache,
         }
     }
 
@@ -639,7 +643,7 @@ impl Compactor {
     ) -> Option<(Bytes, RewriteReport)> {
         let mut client = match client {
             Some(parsed) => parsed,
-            None => work::step(|| ParsedRequest::parse(ladder.dialect, &ladder.client_body)).await.ok()??,
+            None => work::step(|| ladder.parse(&ladder.client_body)).await.ok()??,
         };
         let conversation = ctx.conversation();
         // What the provider saw: the previous request's messages, as the client counts them.
@@ -664,7 +668,7 @@ impl Compactor {
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let rebuild = || plan::rebuild(&client, record, &self.settings.summary_prefix, &count);
         let rebuilt = work::step(rebuild).await.ok()??;
-        let mut parsed = work::step(|| ParsedRequest::parse(ladder.dialect, &rebuilt)).await.ok()??;
+        let mut parsed = work::step(|| ladder.parse(&rebuilt)).await.ok()??;
         // The client's newest messages end the rebuilt conversation too.
         let added = client.messages.len().saturating_sub(seen_by_client);
         let history = history(parsed.messages.len().saturating_sub(added));

@@ -10,14 +10,16 @@ use crate::rewrite::truncate::head_and_tail;
 use crate::session::state::CompactionRecord;
 
 /// Hash of the first `count` messages, ignoring `cache_control` markers (agents move them from turn
-/// to turn, and they change nothing of the conversation).
+/// to turn, and they change nothing of the conversation) and Gemini CLI's `<session_context>`
+/// part (today's date and a file listing, rewritten every turn).
 pub fn prefix_hash(parsed: &ParsedRequest, count: usize) -> String {
     let mut hasher = Xxh3::new();
     for message in parsed.messages.iter().take(count) {
         let raw = message.raw;
-        if raw.contains("\"cache_control\"") {
+        if raw.contains("\"cache_control\"") || raw.contains(crate::session::identify::SESSION_CONTEXT) {
             if let Ok(mut value) = serde_json::from_str::<serde_json::Value>(raw) {
                 strip_cache_control(&mut value);
+                strip_session_context(&mut value);
                 hasher.update(value.to_string().as_bytes());
             }
         } else {
@@ -26,6 +28,17 @@ pub fn prefix_hash(parsed: &ParsedRequest, count: usize) -> String {
         hasher.update(b"\0");
     }
     format!("{:032x}", hasher.digest128())
+}
+
+/// Leaves out the text parts of a Gemini content that are Gemini CLI's per-turn session context.
+fn strip_session_context(value: &mut serde_json::Value) {
+    if let Some(parts) = value.get_mut("parts").and_then(|p| p.as_array_mut()) {
+        parts.retain(|part| {
+            !part["text"]
+                .as_str()
+                .is_some_and(|t| t.trim_start().starts_with(crate::session::identify::SESSION_CONTEXT))
+        });
+    }
 }
 
 fn strip_cache_control(value: &mut serde_json::Value) {
@@ -98,10 +111,10 @@ pub fn user_messages(parsed: &ParsedRequest, cut: usize, budget: u32) -> Vec<u32
             continue;
         }
         let tokens = parsed.message_tokens(index);
-        if used + tokens > budget {
+        if used.saturating_add(tokens) > budget {
             break;
         }
-        used += tokens;
+        used = used.saturating_add(tokens);
         chosen.push(index as u32);
     }
     chosen.reverse();
@@ -167,6 +180,7 @@ fn user_message(dialect: Dialect, text: &str) -> String {
             r#"{{"type":"message","role":"user","content":[{{"type":"input_text","text":{}}}]}}"#,
             json::json_string(text)
         ),
+        Dialect::Gemini => format!(r#"{{"role":"user","parts":[{{"text":{}}}]}}"#, json::json_string(text)),
         _ => format!(r#"{{"role":"user","content":{}}}"#, json::json_string(text)),
     }
 }

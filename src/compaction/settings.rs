@@ -36,6 +36,10 @@ pub struct CompactionSettings {
     /// How long a request waits for another replica's compaction of the same session.
     #[serde(rename = "lock_wait_ms", serialize_with = "crate::config::millis")]
     pub lock_wait: Duration,
+    /// How long a compaction's lock lives without its holder renewing it; the holder renews it
+    /// every third of this while it summarizes, so a holder that died frees it after at most this.
+    #[serde(rename = "lock_lease_ms", serialize_with = "crate::config::millis")]
+    pub lock_lease: Duration,
     pub max_failures: u32,
     /// The rungs after lowering `max_tokens`, in the order they are tried.
     pub ladder: Vec<Rung>,
@@ -98,6 +102,7 @@ impl Default for CompactionSettings {
             transcript_output_tokens: 2_000,
             summary_timeout: Duration::from_millis(300_000),
             lock_wait: Duration::from_millis(120_000),
+            lock_lease: Duration::from_millis(30_000),
             max_failures: 3,
             ladder: DEFAULT_ORDER.to_vec(),
             agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),

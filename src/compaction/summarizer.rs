@@ -194,7 +194,8 @@ impl Summarizer {
             span.record("gen_ai.usage.input_tokens", input_tokens);
             let body = self.request_body(input.parsed.dialect, input.model, &transcript, input.max_tokens);
             calls += 1;
-            match self.call(head, body).instrument(span.clone()).await {
+            let gemini_head = (input.parsed.dialect == Dialect::Gemini).then(|| gemini_summary_head(head, input.model));
+            match self.call(gemini_head.as_ref().unwrap_or(head), body).instrument(span.clone()).await {
                 Ok(answer) => {
                     metric::summary_call("ok");
                     let Some(text) = extract(input.parsed.dialect, &answer) else {
@@ -272,8 +273,38 @@ impl Summarizer {
                 json_string(&self.system_prompt),
                 json_string(&user)
             ),
+            // The model is in the path (see `gemini_summary_head`).
+            Dialect::Gemini => format!(
+                r#"{{"systemInstruction":{{"parts":[{{"text":{}}}]}},"contents":[{{"role":"user","parts":[{{"text":{}}}]}}],"generationConfig":{{"maxOutputTokens":{max_tokens}}}}}"#,
+                json_string(&self.system_prompt),
+                json_string(&user)
+            ),
         };
         body.into_bytes()
+    }
+}
+
+/// The head of a Gemini summary call: the client's headers and query (its key may be there), sent
+/// to `:generateContent` of the summarizing model, without `alt=sse` (the answer is read whole).
+fn gemini_summary_head(head: &RequestHead, model: &str) -> RequestHead {
+    let version = head.uri.path().trim_start_matches('/').split('/').next().unwrap_or("v1beta");
+    let query: Vec<&str> = head
+        .uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty() && !pair.starts_with("alt="))
+        .collect();
+    let mut path = format!("/{version}/models/{model}:generateContent");
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
+    }
+    RequestHead {
+        route: crate::route::Route { family: head.route.family, endpoint: crate::route::Endpoint::GenerateContent },
+        method: http::Method::POST,
+        uri: path.parse().unwrap_or_else(|_| head.uri.clone()),
+        headers: head.headers.clone(),
     }
 }
 
@@ -385,18 +416,6 @@ fn looks_like_fact(line: &str) -> bool {
     keyed || alarming
 }
 
-/// The whole transcript of messages `from..cut` after the previous summary, as one piece.
-pub fn transcript(
-    parsed: &ParsedRequest,
-    from: usize,
-    cut: usize,
-    previous: Option<&str>,
-    per_output: u32,
-    count: &dyn Fn(&str) -> u32,
-) -> String {
-    render(previous, &transcript_entries(parsed, from, cut, per_output, count).join("\n\n"))
-}
-
 /// What one summary call reads: the summary so far, then the piece.
 fn render(summary: Option<&str>, piece: &str) -> String {
     let mut out = String::with_capacity(piece.len() + summary.map_or(0, str::len) + 64);
@@ -491,6 +510,14 @@ pub fn extract(dialect: Dialect, body: &[u8]) -> Option<String> {
             .filter_map(|part| part["text"].as_str().map(str::to_string))
             .collect::<Vec<_>>()
             .join("\n"),
+        // Thoughts are the model's reasoning, not the summary.
+        Dialect::Gemini => value["candidates"][0]["content"]["parts"]
+            .as_array()?
+            .iter()
+            .filter(|part| part["thought"] != true)
+            .filter_map(|part| part["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
     };
     let text = text.trim();
     (!text.is_empty()).then(|| text.to_string())

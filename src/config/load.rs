@@ -63,6 +63,7 @@ impl Config {
             upstream: UpstreamConfig {
                 openai: r.parse("upstream.openai", d.upstream.openai, |s: String| BaseUrl::parse(&s)),
                 anthropic: r.parse("upstream.anthropic", d.upstream.anthropic, |s: String| BaseUrl::parse(&s)),
+                gemini: r.parse("upstream.gemini", d.upstream.gemini, |s: String| BaseUrl::parse(&s)),
                 connect_timeout: r.parse("upstream.connect_timeout_ms", d.upstream.connect_timeout, positive_ms),
                 first_byte_timeout: r.parse(
                     "upstream.first_byte_timeout_ms",
@@ -76,6 +77,8 @@ impl Config {
                     .parse("upstream.openai_cache", d.upstream.openai_cache, |s: String| CachePricing::parse(&s)),
                 anthropic_cache: r
                     .parse("upstream.anthropic_cache", d.upstream.anthropic_cache, |s: String| CachePricing::parse(&s)),
+                gemini_cache: r
+                    .parse("upstream.gemini_cache", d.upstream.gemini_cache, |s: String| CachePricing::parse(&s)),
             },
             limits: LimitsConfig {
                 max_body_bytes: r.parse("limits.max_body_bytes", d.limits.max_body_bytes, positive),
@@ -286,6 +289,7 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         ),
         summary_timeout: r.parse("compaction.summary_timeout_ms", d.summary_timeout, positive_ms),
         lock_wait: r.parse("compaction.lock_wait_ms", d.lock_wait, ms),
+        lock_lease: r.parse("compaction.lock_lease_ms", d.lock_lease, positive_ms),
         max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
         ladder: r.parse("compaction.ladder", d.ladder, |names: Vec<String>| {
             let mut rungs = Vec::new();

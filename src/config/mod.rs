@@ -140,6 +140,9 @@ pub struct UpstreamConfig {
     pub openai: BaseUrl,
     /// Base URL for `/v1/messages` and below.
     pub anthropic: BaseUrl,
+    /// Base URL for Google's Gemini API: `/{v1|v1beta}/models/{model}:generateContent` and the
+    /// other Gemini paths, and anything carrying `x-goog-api-key`.
+    pub gemini: BaseUrl,
     #[serde(rename = "connect_timeout_ms", serialize_with = "millis")]
     pub connect_timeout: Duration,
     #[serde(rename = "first_byte_timeout_ms", serialize_with = "millis")]
@@ -150,9 +153,11 @@ pub struct UpstreamConfig {
     pub http2: bool,
     /// Trust the operating system's root certificates in addition to the built-in webpki roots.
     pub native_roots: bool,
-    /// Prompt-cache prices and lifetime of the `openai` upstream, and of the `anthropic` one.
+    /// Prompt-cache prices and lifetime of the `openai` upstream, of the `anthropic` one, and of
+    /// the `gemini` one.
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
+    pub gemini_cache: CachePricing,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -310,6 +315,10 @@ impl Default for Config {
             upstream: UpstreamConfig {
                 openai: BaseUrl { text: "https://api.openai.com".into(), authority: "api.openai.com".into() },
                 anthropic: BaseUrl { text: "https://api.anthropic.com".into(), authority: "api.anthropic.com".into() },
+                gemini: BaseUrl {
+                    text: "https://generativelanguage.googleapis.com".into(),
+                    authority: "generativelanguage.googleapis.com".into(),
+                },
                 connect_timeout: Duration::from_millis(10_000),
                 first_byte_timeout: Duration::from_millis(600_000),
                 idle_timeout: Duration::from_millis(300_000),
@@ -317,6 +326,7 @@ impl Default for Config {
                 native_roots: false,
                 openai_cache: CachePricing::OPENAI,
                 anthropic_cache: CachePricing::ANTHROPIC,
+                gemini_cache: CachePricing::GEMINI,
             },
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
@@ -397,6 +407,7 @@ impl Config {
             },
             openai_cache: self.upstream.openai_cache,
             anthropic_cache: self.upstream.anthropic_cache,
+            gemini_cache: self.upstream.gemini_cache,
             truncate_enabled: self.truncate.enabled,
             tool_output_max_tokens: self.truncate.tool_output_max_tokens,
             repair_enabled: self.repair.enabled,

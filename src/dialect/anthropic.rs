@@ -236,7 +236,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWrite
     let owed_by = inserts_by_assistant(parsed);
     let none: &[&InsertResult] = &[];
     let owed_after = |assistant: usize| owed_by.get(assistant).map_or(none, Vec::as_slice);
-    let mut renders = parsed.memo.renders();
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         // Results owed by the previous assistant turn go into this user message, first.
         let owed = if index > 0 && message.role == Role::User { owed_after(index - 1) } else { none };
@@ -267,14 +267,7 @@ pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWrite
 
 /// The synthetic results each assistant turn owes, grouped once.
 fn inserts_by_assistant<'p>(parsed: &'p ParsedRequest) -> Vec<Vec<&'p InsertResult>> {
-    let conversation = &parsed.conversation;
-    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
-    for insert in &conversation.inserts {
-        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
-            slot.push(insert);
-        }
-    }
-    owed
+    parsed.conversation.inserts_by(parsed.messages.len(), |assistant| assistant)
 }
 
 fn synthetic_block(insert: &InsertResult) -> String {
@@ -371,7 +364,10 @@ fn render_message(parsed: &ParsedRequest, index: usize, message: &Message, owed:
                 match item.map(|i| (&i.edit, &i.kind)) {
                     Some((Edit::Remove, _)) => {}
                     Some((Edit::Replace(text), Kind::ToolResult { .. })) => {
-                        let rendered = replace_result_text(block, text).unwrap_or_else(|| block.to_string());
+                        let rendered = replace_result_text(block, text).unwrap_or_else(|| {
+                            parsed.unapplied.push(index);
+                            block.to_string()
+                        });
                         blocks.push((client_result, rendered));
                     }
                     Some((Edit::Replace(text), _)) => {

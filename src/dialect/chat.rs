@@ -109,7 +109,7 @@ fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
 pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     let owed = inserts_by_anchor(parsed);
-    let mut renders = parsed.memo.renders();
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         if conversation.message_changed(index) {
             let items = conversation.items_of(index);
@@ -135,19 +135,13 @@ pub(super) fn render_messages(parsed: &ParsedRequest, out: &mut json::ArrayWrite
 /// answering their assistant turn (or the turn itself). Each turn's zone is looked up once.
 fn inserts_by_anchor<'p>(parsed: &'p ParsedRequest) -> Vec<Vec<&'p InsertResult>> {
     let conversation = &parsed.conversation;
-    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
     let mut anchors: HashMap<usize, usize> = HashMap::new();
-    for insert in &conversation.inserts {
-        let assistant = conversation.items[insert.call_item].message;
-        let anchor = *anchors.entry(assistant).or_insert_with(|| {
+    conversation.inserts_by(parsed.messages.len(), |assistant| {
+        *anchors.entry(assistant).or_insert_with(|| {
             let zone = conversation.result_zone(assistant);
             if conversation.roles.get(zone.start) == Some(&Role::Tool) { zone.end - 1 } else { assistant }
-        });
-        if let Some(slot) = owed.get_mut(anchor) {
-            slot.push(insert);
-        }
-    }
-    owed
+        })
+    })
 }
 
 /// A changed message: a tool message with new content, or nothing when removed.

@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod breakpoints;
 pub mod chat;
+pub mod gemini;
 pub mod prefix;
 pub mod responses;
 
@@ -19,6 +20,8 @@ pub enum Dialect {
     ChatCompletions,
     AnthropicMessages,
     Responses,
+    /// Google's Gemini API: `contents` of `parts`, the model in the path.
+    Gemini,
 }
 
 impl Dialect {
@@ -27,6 +30,7 @@ impl Dialect {
             Endpoint::ChatCompletions => Some(Self::ChatCompletions),
             Endpoint::Messages => Some(Self::AnthropicMessages),
             Endpoint::Responses => Some(Self::Responses),
+            Endpoint::GenerateContent | Endpoint::StreamGenerateContent => Some(Self::Gemini),
             _ => None,
         }
     }
@@ -37,6 +41,7 @@ impl Dialect {
         match endpoint {
             Endpoint::CountTokens => Some(Self::AnthropicMessages),
             Endpoint::InputTokens => Some(Self::Responses),
+            Endpoint::GeminiCountTokens => Some(Self::Gemini),
             _ => None,
         }
     }
@@ -45,6 +50,7 @@ impl Dialect {
     pub fn history_field(self) -> &'static str {
         match self {
             Self::Responses => "input",
+            Self::Gemini => "contents",
             _ => "messages",
         }
     }
@@ -92,6 +98,37 @@ pub struct ParsedRequest<'a> {
     /// Token counts, truncations and rendered messages carried from the last turn and kept for
     /// the next ([`prefix`]).
     pub memo: prefix::Memo,
+    /// Messages whose replaced content the last render could not write: their original bytes
+    /// went instead, so nothing may count as saved in them ([`ParsedRequest::render`]).
+    pub unapplied: Unapplied,
+}
+
+/// Messages whose replaced content a render could not write (a lock only so the parse can move
+/// between threads: one request renders on one thread at a time).
+#[derive(Debug, Default)]
+pub struct Unapplied(std::sync::Mutex<Vec<usize>>);
+
+impl Unapplied {
+    fn messages(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn push(&self, message: usize) {
+        self.messages().push(message);
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages().is_empty()
+    }
+
+    /// The messages recorded so far, leaving none.
+    pub fn take(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.messages())
+    }
 }
 
 /// Where a parse found the history, and which system texts each message gave.
@@ -225,6 +262,7 @@ impl<'a> ParsedRequest<'a> {
             marker: None,
             layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
             memo: prefix::Memo::default(),
+            unapplied: Unapplied::default(),
         };
         match reused.top_system.take() {
             Some(top_system) => {
@@ -235,6 +273,7 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::ChatCompletions => {}
                 Dialect::AnthropicMessages => anthropic::parse_top(&mut parsed)?,
                 Dialect::Responses => responses::parse_top(&mut parsed)?,
+                Dialect::Gemini => gemini::parse_top(&mut parsed)?,
             },
         }
         let top_system = parsed.system.len();
@@ -249,6 +288,7 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::ChatCompletions => chat::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::AnthropicMessages => anthropic::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::Responses => responses::parse_message(&mut parsed, index, raw, object)?,
+                Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
             }
             parsed.layout.system_ends.push(parsed.system.len() - top_system);
         }
@@ -274,6 +314,7 @@ impl<'a> ParsedRequest<'a> {
             Dialect::ChatCompletions => chat::render_messages(self, &mut array),
             Dialect::AnthropicMessages => anthropic::render_messages(self, &mut array),
             Dialect::Responses => responses::render_items(self, &mut array),
+            Dialect::Gemini => gemini::render_contents(self, &mut array),
         }
         let mut out = array.finish();
         out.push_str(after);
@@ -321,6 +362,17 @@ impl<'a> ParsedRequest<'a> {
         self.top_system.push(text);
     }
 
+    /// The same request with the model named in its path (Gemini's bodies carry none), when the
+    /// body names none itself.
+    pub fn with_model(mut self, model: Option<&str>) -> Self {
+        if self.model.is_none()
+            && let Some(model) = model
+        {
+            self.model = Some(Cow::Owned(model.to_string()));
+        }
+        self
+    }
+
     /// The number of leading system/developer messages, which every rebuild keeps first.
     pub fn lead(&self) -> usize {
         self.messages.iter().take_while(|m| m.role == Role::System).count()
@@ -335,7 +387,8 @@ impl<'a> ParsedRequest<'a> {
 
     /// Tokens of message `index` as counted (items plus framing).
     pub fn message_tokens(&self, index: usize) -> u32 {
-        self.conversation.items_of(index).iter().map(|i| i.tokens).sum::<u32>() + crate::conversation::FRAMING_TOKENS
+        let items = self.conversation.items_of(index).iter().map(|i| i.tokens);
+        items.fold(crate::conversation::FRAMING_TOKENS, u32::saturating_add)
     }
 }
 

@@ -11,9 +11,9 @@
 //! collision or a stale entry only costs the reuse, never the result.
 
 use std::borrow::Cow;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use bytes::Bytes;
 
@@ -160,6 +160,8 @@ pub(crate) struct Rendered {
     marker: Option<Marker>,
     /// `None`: nothing is left of the message.
     text: Option<Box<str>>,
+    /// Whether a replacement in it could not be written (see [`ParsedRequest::unapplied`]).
+    unapplied: bool,
 }
 
 impl Rendered {
@@ -289,9 +291,9 @@ impl Memo {
     }
 
     /// A book of this turn's rendered messages, taking those an earlier turn rendered the same way.
-    pub(crate) fn renders(&self) -> Renders<'_> {
+    pub(crate) fn renders<'r>(&'r self, unapplied: &'r super::Unapplied) -> Renders<'r> {
         let earlier = self.earlier.as_ref().and_then(|e| Some((e.skeleton.rendered.get()?.as_slice(), e.messages)));
-        Renders { earlier, own: self.own.as_ref(), kept: Vec::new() }
+        Renders { earlier, own: self.own.as_ref(), kept: Vec::new(), unapplied }
     }
 
     /// Weighs the own skeleton again in the cache, with what the rewrite added to it (kept
@@ -338,6 +340,8 @@ pub(crate) struct Renders<'m> {
     earlier: Option<(&'m [RenderedAt], usize)>,
     own: Option<&'m Arc<Skeleton>>,
     kept: Vec<RenderedAt>,
+    /// The parse's record of messages whose replacement could not be written.
+    unapplied: &'m super::Unapplied,
 }
 
 impl<'m> Renders<'m> {
@@ -356,12 +360,17 @@ impl<'m> Renders<'m> {
             && earlier[at].1.decided_by(items, marker)
         {
             let rendered: &'m Arc<Rendered> = &earlier[at].1;
+            if rendered.unapplied {
+                self.unapplied.push(index);
+            }
             if self.own.is_some() {
                 self.kept.push((index, rendered.clone()));
             }
             return rendered.text.as_deref().map(Cow::Borrowed);
         }
+        let recorded = self.unapplied.len();
         let text = render();
+        let unapplied = self.unapplied.len() > recorded;
         if self.own.is_none() {
             return text.map(Cow::Owned);
         }
@@ -369,6 +378,7 @@ impl<'m> Renders<'m> {
             edits: items.iter().map(|i| i.edit.clone()).collect(),
             marker: marker.cloned(),
             text: text.map(String::into_boxed_str),
+            unapplied,
         });
         self.kept.push((index, rendered));
         self.kept.last().and_then(|(_, rendered)| rendered.text.as_deref()).map(Cow::Borrowed)
@@ -405,6 +415,7 @@ fn system_field(dialect: Dialect) -> Option<&'static str> {
         Dialect::ChatCompletions => None,
         Dialect::AnthropicMessages => Some("system"),
         Dialect::Responses => Some("instructions"),
+        Dialect::Gemini => Some("systemInstruction"),
     }
 }
 
@@ -723,18 +734,40 @@ impl Reuse {
 }
 
 /// The key skeletons are kept under: the dialect and whatever the request carries that stays the
-/// same across a conversation's turns (credential, session header), hashed.
+/// same across a conversation's turns (credential, session header), hashed with this process's
+/// secret ([`KEY_SECRET`]). A fixed hash would let a client craft keys that collide with other
+/// tenants' and evict their entries; without the secret no key can be aimed at another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PrefixKey(u64);
+pub struct PrefixKey(u128);
+
+/// The size of an xxh3 secret (the crate's own constant is not public).
+const XXH3_SECRET_SIZE: usize = 192;
+
+/// The secret [`PrefixKey`]s are hashed with, drawn once per process: the keys live in this
+/// process's memory only, so no other process needs to agree on them.
+static KEY_SECRET: LazyLock<[u8; XXH3_SECRET_SIZE]> = LazyLock::new(|| {
+    // std's RandomState is keyed from the OS's randomness once per thread: 128 random bits,
+    // stretched into an xxh3 secret.
+    let random = std::hash::RandomState::new();
+    let mut seed = [0u8; 32];
+    for (i, chunk) in seed.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&random.hash_one(i).to_le_bytes());
+    }
+    let mut secret = [0u8; XXH3_SECRET_SIZE];
+    blake3::Hasher::new_keyed(&seed).update(b"compactor prefix key").finalize_xof().fill(&mut secret);
+    secret
+});
 
 impl PrefixKey {
     pub fn new<'v>(dialect: Dialect, parts: impl IntoIterator<Item = &'v [u8]>) -> Self {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (dialect as u8).hash(&mut hasher);
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_secret(*KEY_SECRET);
+        hasher.update(&[dialect as u8]);
         for part in parts {
-            part.hash(&mut hasher);
+            // Each part's length first, so no two splits of the same bytes hash alike.
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part);
         }
-        Self(hasher.finish())
+        Self(hasher.digest128())
     }
 }
 
@@ -749,6 +782,11 @@ pub struct PrefixCache {
     cache: Option<moka::sync::Cache<PrefixKey, Arc<[Arc<Skeleton>]>>>,
     /// Smaller bodies are parsed whole and not kept (`limits.prefix_min_bytes`).
     min_bytes: usize,
+    /// The heaviest parse kept: half the cache. A heavier one would push every other
+    /// conversation out, and moka evicts an entry over its whole bound only at its next
+    /// maintenance, so until then the bound did not hold (a 30 MiB body of a million one-letter
+    /// messages kept ~430 MiB).
+    max_entry: usize,
 }
 
 impl PrefixCache {
@@ -763,7 +801,17 @@ impl PrefixCache {
                 })
                 .build()
         });
-        Self { cache, min_bytes: 0 }
+        Self { cache, min_bytes: 0, max_entry: usize::try_from(max_bytes / 2).unwrap_or(usize::MAX) }
+    }
+
+    /// Whether the skeleton of `parsed` (of a body of `body_bytes`) is light enough to keep: its
+    /// weight estimated from what it will hold per message and item, before it is built.
+    fn keeps(&self, parsed: &ParsedRequest, body_bytes: usize) -> bool {
+        let per_item = std::mem::size_of::<ItemSkeleton>() + 2 * std::mem::size_of::<u32>();
+        let estimate = body_bytes
+            + parsed.messages.len() * std::mem::size_of::<MessageSkeleton>()
+            + parsed.conversation.items.len() * per_item;
+        estimate <= self.max_entry
     }
 
     /// The same cache, for bodies of `min_bytes` and more only: a small body parses faster than
@@ -813,6 +861,7 @@ impl PrefixCache {
             None => (ParsedRequest::parse(dialect, body), 0),
         };
         if let Some(parsed) = &mut parsed
+            && self.keeps(parsed, body.len())
             && let Some(skeleton) = Skeleton::of(parsed, body.clone())
         {
             let skeleton = Arc::new(skeleton);
@@ -826,5 +875,40 @@ impl PrefixCache {
             parsed.memo.kept = Some(Kept { cache: cache.clone(), key, candidates: kept });
         }
         (parsed, if reused > 0 { Reuse::Hit } else { Reuse::Miss })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&[u8]]) -> PrefixKey {
+        PrefixKey::new(Dialect::ChatCompletions, parts.iter().copied())
+    }
+
+    #[test]
+    fn a_key_is_the_same_for_the_same_parts_and_tells_apart_every_split() {
+        assert_eq!(key(&[b"sk-a", b"session"]), key(&[b"sk-a", b"session"]));
+        assert_ne!(key(&[b"sk-a", b"session"]), key(&[b"sk-b", b"session"]));
+        assert_ne!(key(&[b"ab", b"c"]), key(&[b"a", b"bc"]));
+        assert_ne!(key(&[b"sk-a"]), PrefixKey::new(Dialect::AnthropicMessages, [b"sk-a".as_slice()]));
+    }
+
+    #[test]
+    fn a_key_is_not_what_a_hash_anyone_can_compute_gives() {
+        // The hash of the same bytes with xxh3's published secret, and with SipHash's zero keys
+        // (the key before): a client could compute either and aim collisions at other tenants.
+        let parts: [&[u8]; 2] = [b"sk-a", b"session"];
+        let mut public = xxhash_rust::xxh3::Xxh3::new();
+        public.update(&[Dialect::ChatCompletions as u8]);
+        for part in parts {
+            public.update(&(part.len() as u64).to_le_bytes());
+            public.update(part);
+        }
+        assert_ne!(key(&parts), PrefixKey(public.digest128()));
+        let mut sip = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&(Dialect::ChatCompletions as u8), &mut sip);
+        parts.iter().for_each(|part| std::hash::Hash::hash(part, &mut sip));
+        assert_ne!(key(&parts).0 as u64, std::hash::Hasher::finish(&sip));
     }
 }

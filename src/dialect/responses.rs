@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 use super::{Message, ParsedRequest, only_text_and_media, string_kind, text_of_parts};
-use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
+use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
 /// Parts a function or custom tool output may hold and still be replaced by one text.
@@ -230,19 +230,16 @@ fn part_kind<'a>(role: Role, part: &'a str) -> Kind<'a> {
 pub(super) fn render_items(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     // Each call's synthetic output, grouped by the item of the call once.
-    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
-    for insert in &conversation.inserts {
-        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
-            slot.push(insert);
-        }
-    }
-    let mut renders = parsed.memo.renders();
+    let owed = conversation.inserts_by(parsed.messages.len(), |call| call);
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
     for (index, message) in parsed.messages.iter().enumerate() {
         let items = conversation.items_of(index);
         match items.iter().map(|i| &i.edit).find(|e| **e != Edit::Keep) {
             Some(Edit::Remove) => {}
             Some(Edit::Replace(text)) => {
-                if let Some(rendered) = renders.message(index, items, None, || Some(replace_output(message, text))) {
+                if let Some(rendered) =
+                    renders.message(index, items, None, || Some(replace_output(parsed, index, message, text)))
+                {
                     out.push(&rendered);
                 }
             }
@@ -265,7 +262,7 @@ pub(super) fn render_items(parsed: &ParsedRequest, out: &mut json::ArrayWriter) 
 
 /// An item with its output text replaced: a client output's whole `output`, or the one string a
 /// hosted tool's result may shorten.
-fn replace_output(message: &Message, text: &str) -> String {
+fn replace_output(parsed: &ParsedRequest, index: usize, message: &Message, text: &str) -> String {
     if message.role == Role::Tool {
         let mut rendered = String::new();
         message.object.write(&mut rendered, &[], |key| (key == "output").then(|| json::json_string(text)));
@@ -273,5 +270,8 @@ fn replace_output(message: &Message, text: &str) -> String {
     }
     hosted_output(&message.object)
         .and_then(|field| json::replace_within(message.raw, field, &json::json_string(text)))
-        .unwrap_or_else(|| message.raw.to_string())
+        .unwrap_or_else(|| {
+            parsed.unapplied.push(index);
+            message.raw.to_string()
+        })
 }

@@ -126,6 +126,7 @@ impl Proxy {
         if let Some(length) = request_body::declared_length(&parts.headers)
             && let Err(error) = self.inflight.hold(&mut held, length.min(limits.max_body_bytes))
         {
+            request_body::discard(body, limits.max_body_bytes, limits.client_body_timeout).await;
             return fail(error, route, finish);
         }
         let body =

@@ -117,6 +117,20 @@ impl Body for ClientBody {
     }
 }
 
+/// Reads and drops a body compactor refuses before reading it (up to `limit` bytes, giving up on a
+/// client that stalls for `idle`), so the client, still sending, gets the answer rather than a
+/// broken pipe; nothing of it is kept.
+pub async fn discard(body: Incoming, limit: u64, idle: Duration) {
+    let mut body = ClientBody::new(body, idle);
+    let mut read = 0u64;
+    while read <= limit {
+        match body.frame().await {
+            Some(Ok(frame)) => read += frame.data_ref().map_or(0, |data| data.len() as u64),
+            Some(Err(_)) | None => return,
+        }
+    }
+}
+
 /// The body length the request declares (`content-length`), if it does.
 pub fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())

@@ -72,7 +72,7 @@ impl UsageTap {
 
 /// Only events that mention usage are worth parsing.
 fn read_event(usage: &mut Option<Usage>, event: &sse::Event) {
-    if !event.data.contains("\"usage\"") {
+    if !event.data.contains("\"usage\"") && !event.data.contains("\"usageMetadata\"") {
         return;
     }
     merge(usage, &event.data);
@@ -88,6 +88,9 @@ struct Envelope<'a> {
     message: Option<&'a RawValue>,
     #[serde(borrow, default)]
     response: Option<&'a RawValue>,
+    /// Gemini's.
+    #[serde(borrow, default, rename = "usageMetadata")]
+    usage_metadata: Option<&'a RawValue>,
 }
 
 /// `message` or `response`: only its `usage` is read (a value that is not an object has none).
@@ -112,7 +115,10 @@ fn reported_usage(text: &str) -> Option<Reported> {
         let nested: Nested = serde_json::from_str(raw.filter(|r| is_object(r.get()))?.get()).ok()?;
         object(nested.usage)
     };
-    object(envelope.usage).or_else(|| nested(envelope.message)).or_else(|| nested(envelope.response))
+    object(envelope.usage)
+        .or_else(|| nested(envelope.message))
+        .or_else(|| nested(envelope.response))
+        .or_else(|| object(envelope.usage_metadata))
 }
 
 /// The counts of a usage object that compactor reads, each present only when it is a whole number
@@ -133,6 +139,12 @@ struct Reported {
     output_tokens: Option<u64>,
     /// Read in a details object only.
     cached_tokens: Option<u64>,
+    /// Gemini's `usageMetadata`: the prompt (cached part included), its cached part, the answer
+    /// and the thoughts.
+    prompt_token_count: Option<u64>,
+    cached_content_token_count: Option<u64>,
+    candidates_token_count: Option<u64>,
+    thoughts_token_count: Option<u64>,
 }
 
 /// The keys [`Reported`] reads; any other is skipped.
@@ -148,13 +160,26 @@ enum Key {
     CompletionTokens,
     OutputTokens,
     CachedTokens,
+    #[serde(rename = "promptTokenCount")]
+    PromptTokenCount,
+    #[serde(rename = "cachedContentTokenCount")]
+    CachedContentTokenCount,
+    #[serde(rename = "candidatesTokenCount")]
+    CandidatesTokenCount,
+    #[serde(rename = "thoughtsTokenCount")]
+    ThoughtsTokenCount,
     #[serde(other)]
     Other,
 }
 
-/// A value's whole number, or none for any other value.
+/// The most tokens one reported count is taken for: far past any model's window, and small
+/// enough that the session's counters (sums over every request, HINCRBY's signed 64 bits in
+/// Redis) never overflow however large the numbers an upstream sends.
+pub const MAX_REPORTED_TOKENS: u64 = 1 << 40;
+
+/// A value's whole number (at most [`MAX_REPORTED_TOKENS`]), or none for any other value.
 fn whole(raw: &RawValue) -> Option<u64> {
-    serde_json::from_str(raw.get()).ok()
+    serde_json::from_str::<u64>(raw.get()).ok().map(|tokens| tokens.min(MAX_REPORTED_TOKENS))
 }
 
 /// A details value: an object's `cached_tokens`, or nothing in any other value.
@@ -193,6 +218,10 @@ impl<'de> Deserialize<'de> for Reported {
                         Key::CompletionTokens => reported.completion_tokens = whole(raw),
                         Key::OutputTokens => reported.output_tokens = whole(raw),
                         Key::CachedTokens => reported.cached_tokens = whole(raw),
+                        Key::PromptTokenCount => reported.prompt_token_count = whole(raw),
+                        Key::CachedContentTokenCount => reported.cached_content_token_count = whole(raw),
+                        Key::CandidatesTokenCount => reported.candidates_token_count = whole(raw),
+                        Key::ThoughtsTokenCount => reported.thoughts_token_count = whole(raw),
                         Key::Other => {}
                     }
                 }
@@ -208,14 +237,22 @@ impl<'de> Deserialize<'de> for Reported {
 fn merge(usage: &mut Option<Usage>, event: &str) {
     let Some(reported) = reported_usage(event) else { return };
     let current = usage.get_or_insert_with(Usage::default);
+    if let Some(prompt) = reported.prompt_token_count {
+        // Gemini: every streamed chunk repeats the counts so far; the last one stands.
+        current.prompt_tokens = prompt;
+        current.cached_tokens = reported.cached_content_token_count.unwrap_or(0);
+        current.output_tokens =
+            reported.candidates_token_count.unwrap_or(0) + reported.thoughts_token_count.unwrap_or(0);
+        return;
+    }
     let anthropic_cache =
-        reported.cache_read_input_tokens.unwrap_or(0) + reported.cache_creation_input_tokens.unwrap_or(0);
+        reported.cache_read_input_tokens.unwrap_or(0).saturating_add(reported.cache_creation_input_tokens.unwrap_or(0));
     if let Some(prompt) = reported.prompt_tokens {
         current.prompt_tokens = prompt;
     } else if let Some(input) = reported.input_tokens {
         // Anthropic's input_tokens excludes cache reads and writes; the prompt is their sum.
         let is_responses = reported.input_tokens_details.is_some();
-        current.prompt_tokens = if is_responses { input } else { input + anthropic_cache };
+        current.prompt_tokens = if is_responses { input } else { input.saturating_add(anthropic_cache) };
     }
     if let Some(cached) = reported
         .prompt_tokens_details
@@ -243,6 +280,25 @@ mod tests {
             tap.observe(&Bytes::copy_from_slice(chunk.as_bytes()));
         }
         tap.finish()
+    }
+
+    #[test]
+    fn numbers_past_any_window_are_taken_at_the_cap_and_their_sums_never_wrap() {
+        let max = u64::MAX;
+        let usage = feed(
+            Framing::Json,
+            &[&format!(
+                r#"{{"type":"message","usage":{{"input_tokens":{max},"cache_creation_input_tokens":{max},"cache_read_input_tokens":{max},"output_tokens":{max}}}}}"#
+            )],
+        )
+        .unwrap();
+        assert_eq!(usage.prompt_tokens, 3 * MAX_REPORTED_TOKENS);
+        assert_eq!((usage.cached_tokens, usage.cache_write_tokens), (MAX_REPORTED_TOKENS, MAX_REPORTED_TOKENS));
+        assert_eq!(usage.output_tokens, MAX_REPORTED_TOKENS);
+        // Past u64 the number is not a count at all.
+        let beyond =
+            feed(Framing::Json, &[r#"{"usage":{"prompt_tokens":18446744073709551616,"completion_tokens":1}}"#]);
+        assert_eq!(beyond.map(|u| u.prompt_tokens), Some(0));
     }
 
     #[test]
@@ -368,6 +424,26 @@ mod tests {
         assert_eq!(prompt(r#"[{"usage":{"prompt_tokens":5}}]"#), None, "an array");
         assert_eq!(prompt(r#"{"usage":{"prompt_tokens":5},"usage":{"prompt_tokens":6}}"#), None, "a key twice");
         assert_eq!(prompt(r#"{"usage":{"prompt_tokens":5},"text":"a\qb"}"#), None, "a bad escape");
+    }
+
+    #[test]
+    fn reads_gemini_usage_metadata_from_a_body_and_from_the_last_event_with_counts() {
+        let plain = feed(
+            Framing::Json,
+            &[r#"{"candidates":[{"content":{"parts":[{"text":"hi"}],"role":"model"}}],"usageMetadata":{"promptTokenCount":1200,"cachedContentTokenCount":1024,"candidatesTokenCount":7,"thoughtsTokenCount":30,"totalTokenCount":1237}}"#],
+        )
+        .unwrap();
+        assert_eq!((plain.prompt_tokens, plain.cached_tokens, plain.output_tokens), (1200, 1024, 37));
+        let streamed = feed(
+            Framing::EventStream,
+            &[
+                "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"a\"}]}}],\"usageMetadata\":{\"promptTokenCount\":900,\"candidatesTokenCount\":1}}\r\n\r\n",
+                "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"b\"}]},\"finishReason\":\"STOP\"}],",
+                "\"usageMetadata\":{\"promptTokenCount\":900,\"cachedContentTokenCount\":512,\"candidatesTokenCount\":12,\"thoughtsTokenCount\":4}}\r\n\r\n",
+            ],
+        )
+        .unwrap();
+        assert_eq!((streamed.prompt_tokens, streamed.cached_tokens, streamed.output_tokens), (900, 512, 16));
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub struct RewriteSettings {
     /// Prompt-cache prices of the `openai` upstream and of the `anthropic` one.
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
+    pub gemini_cache: CachePricing,
     pub truncate_enabled: bool,
     pub tool_output_max_tokens: u32,
     pub repair_enabled: bool,
@@ -213,28 +214,39 @@ impl Rewriter {
             // And last, so nothing any policy did can leave a call unpaired.
             report.repaired += repair::apply(conversation);
         }
-        let after = conversation.tokens_after(count);
-        let mut per_message = vec![FRAMING_TOKENS; message_count];
-        for item in &conversation.items {
-            if let Some(slot) = per_message.get_mut(item.message) {
-                *slot += match &item.edit {
-                    crate::conversation::Edit::Keep => item.tokens,
-                    crate::conversation::Edit::Replace(text) => count(text) + FRAMING_TOKENS,
-                    crate::conversation::Edit::Remove => 0,
-                };
-            }
-        }
-        report.message_tokens = per_message;
+        let mut after = conversation.tokens_after(count);
         if conversation.is_changed() {
             // A rewrite of what the provider has seen keeps the prefix before it cached.
             crate::dialect::breakpoints::place(parsed, history.seen_messages);
         }
+        parsed.unapplied.take();
+        let mut body = parsed.render();
+        let unapplied = parsed.unapplied.take();
+        if !unapplied.is_empty() || (body.is_none() && parsed.conversation.is_changed()) {
+            // What went upstream is not what the policies decided: the messages whose original
+            // bytes went (every message, when nothing could be rendered) save nothing.
+            let everything = body.is_none();
+            let mut undone = vec![everything; message_count];
+            for message in unapplied {
+                if let Some(slot) = undone.get_mut(message) {
+                    *slot = true;
+                }
+            }
+            undo_edits(&mut parsed.conversation, |message| undone.get(message).copied().unwrap_or(everything));
+            let kept = parsed.conversation.tokens_after(count);
+            undo_savings(&mut report, kept.saturating_sub(after));
+            after = kept;
+            let pruned = still_pruned(&parsed.conversation);
+            report.pruned_call_ids.retain(|id| pruned.contains(id.as_str()));
+            report.pruned = report.pruned.min(report.pruned_call_ids.len());
+            body = if parsed.conversation.is_changed() && !everything { parsed.render() } else { None };
+        }
+        report.message_tokens = message_tokens(&parsed.conversation, message_count, count);
         report.tokens_before = scale(before, model.token_factor);
         report.tokens_after = scale(after, model.token_factor);
         report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);
         report.saved_by_dedupe = scale(report.saved_by_dedupe, model.token_factor);
         report.saved_by_prune = scale(report.saved_by_prune, model.token_factor);
-        let body = parsed.render();
         // What the rewrite kept for the next turn (cuts, renders) counts against the cache's bound.
         parsed.memo.settle();
         Rewritten { body, report }
@@ -348,23 +360,74 @@ impl Rewriter {
         let mut next = || slots.next().unwrap_or(0);
         for item in &mut parsed.conversation.items {
             let (first, second) = (next(), next());
-            item.tokens = FRAMING_TOKENS
-                + match &item.kind {
-                    Kind::ToolResult { attachments, .. } => first + second + attachments * image,
-                    Kind::Attachment => image,
-                    _ => first + second,
-                };
+            // Saturating: a client sets the number of attachments (millions of empty parts) and an
+            // operator the tokens of each; a wrapped sum would make a huge request look small.
+            let content = match &item.kind {
+                Kind::ToolResult { attachments, .. } => {
+                    first.saturating_add(second).saturating_add(attachments.saturating_mul(image))
+                }
+                Kind::Attachment => image,
+                _ => first.saturating_add(second),
+            };
+            item.tokens = FRAMING_TOKENS.saturating_add(content);
         }
-        let mut fixed = FRAMING_TOKENS * parsed.messages.len() as u32 + 3;
+        let messages = u32::try_from(parsed.messages.len()).unwrap_or(u32::MAX);
+        let mut fixed = FRAMING_TOKENS.saturating_mul(messages).saturating_add(3);
         if parsed.tools.is_some() {
-            fixed += next();
+            fixed = fixed.saturating_add(next());
         }
         // System text outside the history is not an item: policies never touch it.
         for _ in &parsed.top_system {
-            fixed += next() + FRAMING_TOKENS;
+            fixed = fixed.saturating_add(next()).saturating_add(FRAMING_TOKENS);
         }
         parsed.conversation.fixed_tokens = fixed;
     }
+}
+
+/// Every message's tokens as they go (items plus framing).
+fn message_tokens(conversation: &Conversation, message_count: usize, count: impl Fn(&str) -> u32) -> Vec<u32> {
+    let mut per_message = vec![FRAMING_TOKENS; message_count];
+    for item in &conversation.items {
+        if let Some(slot) = per_message.get_mut(item.message) {
+            *slot = slot.saturating_add(match &item.edit {
+                crate::conversation::Edit::Keep => item.tokens,
+                crate::conversation::Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
+                crate::conversation::Edit::Remove => 0,
+            });
+        }
+    }
+    per_message
+}
+
+/// Puts back the items of the messages `undone` says, as the client sent them (their synthetic
+/// results too).
+fn undo_edits(conversation: &mut Conversation, undone: impl Fn(usize) -> bool) {
+    for item in conversation.items.iter_mut().filter(|item| undone(item.message)) {
+        item.edit = crate::conversation::Edit::Keep;
+    }
+    let items = &conversation.items;
+    conversation.inserts.retain(|insert| !items.get(insert.call_item).is_some_and(|call| undone(call.message)));
+}
+
+/// Takes `tokens` that were counted as saved but were sent after all off the savings, the
+/// policy acting last first.
+fn undo_savings(report: &mut RewriteReport, mut tokens: u32) {
+    for saved in [&mut report.saved_by_dedupe, &mut report.saved_by_prune, &mut report.saved_by_truncate] {
+        let taken = tokens.min(*saved);
+        *saved -= taken;
+        tokens -= taken;
+    }
+}
+
+/// The calls whose results still go pruned (replaced or removed).
+fn still_pruned<'c>(conversation: &'c Conversation) -> std::collections::HashSet<&'c str> {
+    let edited = conversation.items.iter().filter(|item| item.edit != crate::conversation::Edit::Keep);
+    edited
+        .filter_map(|item| match &item.kind {
+            Kind::ToolResult { call_id: Some(call), .. } => Some(call.as_ref()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The counts of one request's texts, slot by slot in [`countable_texts`] order, and the slots
@@ -393,4 +456,90 @@ fn countable_texts<'p>(parsed: &'p ParsedRequest<'_>) -> impl Iterator<Item = &'
 
 fn scale(tokens: u32, factor: f32) -> u32 {
     (f64::from(tokens) * f64::from(factor)).round() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Edit;
+
+    fn rewriter() -> Rewriter {
+        let mut settings = crate::config::Config::default().rewrite_settings();
+        settings.prune.protect_tokens = 50;
+        settings.prune.minimum_tokens = 10;
+        settings.blocking_tokenize_bytes = usize::MAX;
+        Rewriter::new(settings, TokenCounter::new(1 << 20), ModelTable::default())
+    }
+
+    /// A Responses conversation: a code interpreter run whose two logs compactor cannot write
+    /// back (so the parse does not let a policy shorten it), then a function call and its output.
+    fn responses_body() -> String {
+        let logs = "building crate number 12 of 80\n".repeat(40);
+        let output = "line of a long file listing\n".repeat(40);
+        serde_json::json!({
+            "model": "gpt-5",
+            "input": [
+                {"type": "message", "role": "user", "content": "run the build and list the files"},
+                {"type": "code_interpreter_call", "id": "ci_1", "code": "build()", "outputs": [
+                    {"type": "logs", "logs": logs}, {"type": "logs", "logs": "done"}]},
+                {"type": "function_call", "call_id": "f1", "name": "list", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "f1", "output": output},
+                {"type": "message", "role": "user", "content": "thanks"},
+            ],
+        })
+        .to_string()
+    }
+
+    /// Rewrites `body` after `tamper` changed the parse: what a parser and a renderer that
+    /// disagree about an item would leave.
+    fn rewrite_tampered(body: &str, tamper: impl FnOnce(&mut ParsedRequest)) -> (Rewritten, RewriteReport) {
+        let rewriter = rewriter();
+        let untouched = rewriter.rewrite_body(Dialect::Responses, body.as_bytes(), &BTreeSet::new()).unwrap();
+        let mut parsed = ParsedRequest::parse(Dialect::Responses, body.as_bytes()).unwrap();
+        let model = rewriter.models.lookup("gpt-5");
+        rewriter.count_items(&mut parsed, model.encoding);
+        tamper(&mut parsed);
+        let pruned = BTreeSet::new();
+        (rewriter.apply(&mut parsed, model, &History::eager(&pruned), &rewriter.settings), untouched.report)
+    }
+
+    #[test]
+    fn a_result_the_render_cannot_replace_is_neither_counted_as_saved_nor_recorded_as_pruned() {
+        let body = responses_body();
+        // The code interpreter's result marked shortenable: prune picks it, the render cannot
+        // write its replacement and sends the original.
+        let (rewritten, untouched) = rewrite_tampered(&body, |parsed| {
+            for item in &mut parsed.conversation.items {
+                if matches!(&item.kind, Kind::ToolResult { call_id: Some(id), .. } if id == "ci_1") {
+                    item.shortenable = true;
+                }
+            }
+        });
+        let report = &rewritten.report;
+        assert!(!report.pruned_call_ids.iter().any(|id| id == "ci_1"), "{:?}", report.pruned_call_ids);
+        assert_eq!(report.tokens_after, untouched.tokens_after, "the same bytes went as without the tampering");
+        assert_eq!(report.saved_by_prune, untouched.saved_by_prune);
+        let sent = rewritten.body.as_deref().unwrap_or(body.as_bytes());
+        let sent = std::str::from_utf8(sent).unwrap();
+        assert!(sent.contains("building crate number 12 of 80"), "the logs went as they came");
+    }
+
+    #[test]
+    fn a_replaced_message_that_goes_as_it_came_saves_nothing() {
+        let body = responses_body();
+        let (rewritten, untouched) = rewrite_tampered(&body, |parsed| {
+            let first = parsed.conversation.items.iter_mut().find(|i| matches!(i.kind, Kind::Text { .. })).unwrap();
+            first.edit = Edit::Replace("[cleared]".into());
+        });
+        let report = &rewritten.report;
+        assert_eq!(report.tokens_after, untouched.tokens_after);
+        assert_eq!(
+            (report.saved_by_truncate, report.saved_by_prune, report.saved_by_dedupe),
+            (untouched.saved_by_truncate, untouched.saved_by_prune, untouched.saved_by_dedupe)
+        );
+        assert_eq!(
+            report.tokens_before.saturating_sub(report.tokens_after),
+            untouched.tokens_before - untouched.tokens_after
+        );
+    }
 }

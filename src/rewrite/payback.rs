@@ -25,17 +25,16 @@ pub struct CachePricing {
     pub read: f64,
     pub write: f64,
     pub lifetime: Duration,
+    /// The preset's name (`openai`, `gemini`...), which is how it is shown: two presets may share
+    /// their numbers. `None` for numbers given in the configuration.
+    pub preset: Option<&'static str>,
 }
 
 impl std::fmt::Display for CachePricing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            Self::ANTHROPIC => f.write_str("anthropic"),
-            Self::OPENAI => f.write_str("openai"),
-            Self::NONE => f.write_str("none"),
-            Self { read, write, lifetime } => {
-                write!(f, "read={read},write={write},lifetime_secs={}", lifetime.as_secs_f64())
-            }
+        match self.preset {
+            Some(name) => f.write_str(name),
+            None => write!(f, "read={},write={},lifetime_secs={}", self.read, self.write, self.lifetime.as_secs_f64()),
         }
     }
 }
@@ -49,21 +48,28 @@ impl Serialize for CachePricing {
 
 impl CachePricing {
     /// A provider without a prompt cache: every rewrite is free.
-    pub const NONE: Self = Self { read: 1.0, write: 1.0, lifetime: Duration::ZERO };
+    pub const NONE: Self = Self { read: 1.0, write: 1.0, lifetime: Duration::ZERO, preset: Some("none") };
     /// Anthropic: reads 0.1x, writes 1.25x (5-minute entries).
-    pub const ANTHROPIC: Self = Self { read: 0.1, write: 1.25, lifetime: Duration::from_secs(300) };
+    pub const ANTHROPIC: Self =
+        Self { read: 0.1, write: 1.25, lifetime: Duration::from_secs(300), preset: Some("anthropic") };
     /// OpenAI (gpt-4.1's 0.25x; 0.1x-0.5x by model), no write surcharge, entries kept 5-10 minutes.
-    pub const OPENAI: Self = Self { read: 0.25, write: 1.0, lifetime: Duration::from_secs(300) };
+    pub const OPENAI: Self =
+        Self { read: 0.25, write: 1.0, lifetime: Duration::from_secs(300), preset: Some("openai") };
+    /// Gemini's implicit prefix caching: cached input at a quarter of the base price, no write
+    /// surcharge, entries kept minutes: OpenAI's numbers, under Gemini's name.
+    pub const GEMINI: Self =
+        Self { read: 0.25, write: 1.0, lifetime: Duration::from_secs(300), preset: Some("gemini") };
 
-    /// `anthropic`, `openai`, `none`, or custom numbers: `read=0.1,write=1.25,lifetime_secs=300`.
+    /// `anthropic`, `openai`, `gemini`, `none`, or custom numbers: `read=0.1,write=1.25,lifetime_secs=300`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "anthropic" => return Ok(Self::ANTHROPIC),
             "openai" => return Ok(Self::OPENAI),
+            "gemini" => return Ok(Self::GEMINI),
             "none" => return Ok(Self::NONE),
             _ => {}
         }
-        let expected = "expected anthropic, openai, none or read=R,write=W,lifetime_secs=S (e.g. read=0.1,write=1.25,lifetime_secs=300)";
+        let expected = "expected anthropic, openai, gemini, none or read=R,write=W,lifetime_secs=S (e.g. read=0.1,write=1.25,lifetime_secs=300)";
         let (mut read, mut write, mut lifetime) = (None, None, None);
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('=') else { return Err(format!("{part:?}: {expected}")) };
@@ -77,7 +83,9 @@ impl CachePricing {
             }
         }
         match (read, write, lifetime) {
-            (Some(read), Some(write), Some(lifetime)) if read <= write => Ok(Self { read, write, lifetime }),
+            (Some(read), Some(write), Some(lifetime)) if read <= write => {
+                Ok(Self { read, write, lifetime, preset: None })
+            }
             (Some(_), Some(_), Some(_)) => Err("a cache read cannot cost more than a write".into()),
             _ => Err(expected.to_string()),
         }
@@ -178,8 +186,11 @@ mod tests {
         assert_eq!(CachePricing::parse("Anthropic"), Ok(CachePricing::ANTHROPIC));
         assert_eq!(CachePricing::parse("none"), Ok(CachePricing::NONE));
         let custom = CachePricing::parse("read=0.5, write=1, lifetime_secs=600").unwrap();
-        assert_eq!(custom, CachePricing { read: 0.5, write: 1.0, lifetime: Duration::from_secs(600) });
-        for bad in ["gemini", "read=0.1,write=1.25", "read=x,write=1,lifetime_secs=1", "read=2,write=1,lifetime_secs=1"]
+        assert_eq!(custom, CachePricing { read: 0.5, write: 1.0, lifetime: Duration::from_secs(600), preset: None });
+        assert_eq!(CachePricing::GEMINI.to_string(), "gemini");
+        assert_eq!(custom.to_string(), "read=0.5,write=1,lifetime_secs=600");
+        assert_eq!(CachePricing::parse("gemini"), Ok(CachePricing::GEMINI));
+        for bad in ["vertex", "read=0.1,write=1.25", "read=x,write=1,lifetime_secs=1", "read=2,write=1,lifetime_secs=1"]
         {
             assert!(CachePricing::parse(bad).is_err(), "{bad}");
         }

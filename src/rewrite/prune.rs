@@ -97,7 +97,7 @@ pub fn apply(
             Edit::Keep => item.tokens,
             Edit::Replace(text) if is_placeholder(index, text) => continue,
             // Counted as an item would be, framing included, so a second pass sees the same sizes.
-            Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
+            Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
             Edit::Remove => continue,
         };
         sizes[index] = current;
@@ -124,7 +124,8 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let freed: u32 = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).sum();
+        let freed =
+            prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).fold(0, u32::saturating_add);
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();

@@ -15,8 +15,8 @@ use std::time::Duration;
 use super::error::StoreError;
 use super::identify::{ConversationId, SessionKey};
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, SessionState, SessionUpdate, Update,
-    Usage,
+    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, LearnedChange, MAX_MEASURED,
+    SessionState, SessionUpdate, Update, Usage,
 };
 use super::store::Store;
 use crate::error::Chain;
@@ -26,9 +26,7 @@ use tracing::Instrument;
 /// Store warnings are limited process-wide: a store that is down fails every request alike.
 static STORE_WARNINGS: LazyLock<RateLimited> = LazyLock::new(|| RateLimited::new(Duration::from_secs(10)));
 
-/// Bounds of a calibration ratio (provider tokens per 1,000 of compactor's estimate): outside them
-/// a measurement says more about a misread usage report than about a tokenizer.
-pub const CALIBRATION_MILLI: (u64, u64) = (500, 3_000);
+pub use super::state::CALIBRATION_MILLI;
 
 /// The (upstream, model) a request talks to: what the session learns of it is also kept under
 /// its own store key, so a new session of the same model starts with it.
@@ -69,6 +67,10 @@ pub struct SessionCtx {
     /// compactor's estimate (vendor factor applied, not calibrated) of the body that went out
     /// last, set against the usage the provider reports for it.
     forwarded_estimate: u64,
+    /// Another schema version wrote the session (or the model's profile): this request works
+    /// without its state and writes nothing there, so that version's replicas keep it.
+    foreign_session: bool,
+    foreign_model: bool,
 }
 
 impl SessionCtx {
@@ -85,6 +87,8 @@ impl SessionCtx {
             message_count: 0,
             model: None,
             forwarded_estimate: 0,
+            foreign_session: false,
+            foreign_model: false,
         };
         let span = trace::stage("compactor.session.load", ctx.key.as_str());
         let loaded = ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).instrument(span.clone()).await;
@@ -93,6 +97,10 @@ impl SessionCtx {
         }
         match loaded {
             Ok((session, conversation)) => (ctx.session, ctx.conversation) = (session, conversation),
+            Err(StoreError::OtherVersion(version)) => {
+                tracing::debug!(session = %ctx.key.as_str(), version, "session of another schema version left alone");
+                ctx.foreign_session = true;
+            }
             Err(error) => ctx.report(&error, "load"),
         }
         ctx
@@ -137,6 +145,10 @@ impl SessionCtx {
             let mut learned = match self.store.load(&model.store_key, "-").await {
                 Ok((profile, _)) if profile.counters.learned.model_tag == model.tag => profile.counters.learned,
                 Ok(_) => Learned::default(),
+                Err(StoreError::OtherVersion(_)) => {
+                    self.foreign_model = true;
+                    Learned::default()
+                }
                 Err(error) => {
                     self.report(&error, "load");
                     Learned::default()
@@ -153,17 +165,32 @@ impl SessionCtx {
         &self.session.counters.learned
     }
 
+    /// Takes `learned` as what the session knows of its model now; the commit merges it into
+    /// what is stored field by field ([`Learned::merge`]), with the calibration the request
+    /// started from, so what a parallel request learned meanwhile stands.
     fn set_learned(&mut self, learned: Learned) {
-        if self.session.counters.learned != learned {
-            self.session.counters.learned = learned;
-            self.pending.session.learned = Some(learned);
+        if self.session.counters.learned == learned {
+            return;
         }
+        let started_from = match &self.pending.session.learned {
+            Some(change) if change.known.model_tag == learned.model_tag => change.known.calibration_milli,
+            _ => learned.calibration_milli,
+        };
+        let change = self.pending.session.learned.get_or_insert_with(LearnedChange::default);
+        if change.known.model_tag != learned.model_tag {
+            // Another model: what was measured of the previous one is not this one's.
+            change.measured.clear();
+        }
+        change.known = Learned { calibration_milli: started_from, ..learned };
+        self.session.counters.learned = learned;
     }
 
-    /// Changes what the session learned of its model.
+    /// Changes what the session learned of its model's window (its bounds; the calibration
+    /// changes by measurements only, [`SessionCtx::measure`]).
     pub fn learn(&mut self, change: impl FnOnce(&mut Learned)) {
         let mut learned = self.session.counters.learned;
         change(&mut learned);
+        learned.calibration_milli = self.session.counters.learned.calibration_milli;
         self.set_learned(learned);
     }
 
@@ -205,12 +232,18 @@ impl SessionCtx {
         }
         let (low, high) = CALIBRATION_MILLI;
         let observed = (provider.saturating_mul(1_000) / estimate).clamp(low, high);
-        self.learn(|learned| {
-            learned.calibration_milli = match learned.calibration_milli {
-                0 => observed,
-                old => ((old * 6 + observed * 4) / 10).clamp(low, high),
-            };
+        let mut learned = self.session.counters.learned;
+        learned.calibration_milli = Learned::smooth(learned.calibration_milli, observed);
+        let started_from = self.session.counters.learned.calibration_milli;
+        let change = self.pending.session.learned.get_or_insert_with(|| LearnedChange {
+            known: Learned { calibration_milli: started_from, ..learned },
+            measured: Vec::new(),
         });
+        if change.measured.len() == MAX_MEASURED {
+            change.measured.remove(0);
+        }
+        change.measured.push(observed);
+        self.session.counters.learned = learned;
     }
 
     /// How long ago the conversation's previous request arrived; `None` for its first.
@@ -228,7 +261,7 @@ impl SessionCtx {
         self.pending.conversation.usage = Some(usage);
         self.pending.session.usage = Some(usage);
         self.measure(usage.prompt_tokens, self.forwarded_estimate);
-        let answered = usage.prompt_tokens + usage.output_tokens;
+        let answered = usage.prompt_tokens.saturating_add(usage.output_tokens);
         self.learn(|learned| {
             learned.window_at_least = learned.window_at_least.max(answered);
             learned.output_peak = learned.output_peak.max(usage.output_tokens);
@@ -244,6 +277,18 @@ impl SessionCtx {
     pub async fn try_lock(&self, owner: &str, hold: Duration) -> Option<bool> {
         match self.store.try_lock(self.key.as_str(), self.conversation_id.as_str(), owner, hold).await {
             Ok(taken) => Some(taken),
+            Err(error) => {
+                self.report(&error, "lock");
+                None
+            }
+        }
+    }
+
+    /// Extends `owner`'s lock by `lease`: `Some(false)` when its lease lapsed, `None` when the
+    /// store failed (reported).
+    pub async fn renew_lock(&self, owner: &str, lease: Duration) -> Option<bool> {
+        match self.store.renew_lock(self.key.as_str(), self.conversation_id.as_str(), owner, lease).await {
+            Ok(renewed) => Some(renewed),
             Err(error) => {
                 self.report(&error, "lock");
                 None
@@ -306,6 +351,9 @@ impl SessionCtx {
     async fn publish(&mut self, update: Update) -> bool {
         self.session.apply(&update.session);
         Arc::make_mut(&mut self.conversation).apply(&update.conversation);
+        if self.foreign_session {
+            return true;
+        }
         self.write(&update, "publish").await
     }
 
@@ -315,12 +363,15 @@ impl SessionCtx {
         if self.pending.is_empty() {
             return true;
         }
-        if let (Some(learned), Some(model)) = (self.pending.session.learned, &self.model) {
+        if let (Some(learned), Some(model), false) = (&self.pending.session.learned, &self.model, self.foreign_model) {
             // What the session learned of its model is for the model's next sessions too.
-            let update = SessionUpdate { learned: Some(learned), ..SessionUpdate::default() };
+            let update = SessionUpdate { learned: Some(learned.clone()), ..SessionUpdate::default() };
             if let Err(error) = self.store.update_session(&model.store_key, &update).await {
                 self.report(&error, "commit");
             }
+        }
+        if self.foreign_session {
+            return true;
         }
         self.write(&self.pending, "commit").await
     }
@@ -334,9 +385,9 @@ impl SessionCtx {
     /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
     /// written, for any other store.
     pub fn commit_in_place(self) -> bool {
-        if let (Some(learned), Some(model)) = (self.pending.session.learned, &self.model) {
+        if let (Some(learned), Some(model)) = (&self.pending.session.learned, &self.model) {
             // What the session learned of its model is for the model's next sessions too.
-            let update = SessionUpdate { learned: Some(learned), ..SessionUpdate::default() };
+            let update = SessionUpdate { learned: Some(learned.clone()), ..SessionUpdate::default() };
             self.store.update_session_in_place(&model.store_key, &update);
         }
         if self.pending.is_empty() {
@@ -471,6 +522,51 @@ mod tests {
         assert_eq!(stored.compactions, vec![record(1)]);
         assert_eq!(stored.breaker, Breaker::default());
         assert_eq!(ctx.conversation().compactions, vec![record(1)]);
+    }
+
+    #[tokio::test]
+    async fn parallel_requests_merge_what_they_learned_and_a_stale_commit_erases_no_overflow() {
+        let store = Store::from_config(&Config::default().session);
+        let model = ModelKey::new("openai", "gpt-4o");
+        // Both requests load the same session before either commits.
+        let mut overflowed = SessionCtx::load(store.clone(), key("p"), conversation(MAIN)).await;
+        let mut measured = SessionCtx::load(store.clone(), key("p"), conversation(SUBAGENT)).await;
+        overflowed.use_model(model.clone()).await;
+        measured.use_model(model.clone()).await;
+        overflowed.learn(|learned| learned.window_below = 7_000);
+        overflowed.learn_window(6_000);
+        measured.note_forwarded(1_000);
+        measured.set_usage(Usage { prompt_tokens: 2_000, output_tokens: 300, ..Usage::default() });
+        assert!(overflowed.commit().await);
+        assert!(measured.commit().await, "commits what it saw before the overflow was learned");
+        for stored_key in ["tenant.p", model.store_key.as_str()] {
+            let (session, _) = store.load(stored_key, "-").await.unwrap();
+            let learned = session.counters.learned;
+            assert_eq!((learned.window, learned.window_below), (6_000, 7_000), "{stored_key}: {learned:?}");
+            assert_eq!((learned.calibration_milli, learned.window_at_least), (2_000, 2_300), "{stored_key}");
+        }
+        // A later measurement is folded into the stored calibration, not laid over it.
+        let mut later = SessionCtx::load(store.clone(), key("p"), conversation(MAIN)).await;
+        let mut stale = SessionCtx::load(store.clone(), key("p"), conversation(SUBAGENT)).await;
+        later.use_model(model.clone()).await;
+        stale.use_model(model.clone()).await;
+        later.measure(1_000, 1_000);
+        stale.measure(1_000, 1_000);
+        assert!(later.commit().await && stale.commit().await);
+        let twice = Learned::smooth(Learned::smooth(2_000, 1_000), 1_000);
+        assert_eq!(store.load("tenant.p", "-").await.unwrap().0.counters.learned.calibration_milli, twice);
+    }
+
+    #[tokio::test]
+    async fn an_answer_larger_than_an_unnamed_overflow_drops_that_bound_in_the_store_too() {
+        let store = Store::from_config(&Config::default().session);
+        let mut overflowed = SessionCtx::load(store.clone(), key("q"), conversation(MAIN)).await;
+        let mut answered = SessionCtx::load(store.clone(), key("q"), conversation(SUBAGENT)).await;
+        overflowed.learn(|learned| learned.window_below = 5_000);
+        answered.set_usage(Usage { prompt_tokens: 6_000, output_tokens: 10, ..Usage::default() });
+        assert!(overflowed.commit().await && answered.commit().await);
+        let learned = store.load("tenant.q", "-").await.unwrap().0.counters.learned;
+        assert_eq!((learned.window_below, learned.window_at_least), (0, 6_010), "{learned:?}");
     }
 
     #[tokio::test]

@@ -19,6 +19,10 @@ pub enum StoreError {
     CircuitOpen,
     #[error("stored value unreadable: {0}")]
     Corrupt(String),
+    /// Written by another schema version of compactor (a replica of another release during a
+    /// rolling deploy): not this version's to read, nor to delete or overwrite.
+    #[error("stored by schema version {0}, this is version {current}", current = super::state::STATE_VERSION)]
+    OtherVersion(u32),
 }
 
 impl StoreError {
@@ -44,7 +48,7 @@ impl StoreError {
                             )
                     )
             }
-            Self::Serialize(_) | Self::CircuitOpen | Self::Corrupt(_) => false,
+            Self::Serialize(_) | Self::CircuitOpen | Self::Corrupt(_) | Self::OtherVersion(_) => false,
         }
     }
 }

@@ -92,15 +92,15 @@ impl Identifier {
 
     /// The session of a request.
     pub fn identify(&self, headers: &HeaderMap, parsed: Option<&ParsedRequest>) -> SessionKey {
+        self.identify_in(headers, None, parsed)
+    }
+
+    /// The session of a request whose query may carry its credential (Gemini's `?key=`).
+    pub fn identify_in(&self, headers: &HeaderMap, query: Option<&str>, parsed: Option<&ParsedRequest>) -> SessionKey {
         let (source, id) = self.session_id(headers, parsed);
-        // The same bytes as hashing `"{source}\0{id}"`, without building that string.
-        let mut hasher = Xxh3::new();
-        hasher.update(source.as_str().as_bytes());
-        hasher.update(b"\0");
-        hasher.update(id.as_bytes());
-        let session = hasher.digest128();
+        let session = session_digest(source, &id);
         let mut key = String::with_capacity(TENANT_LEN + 1 + 32);
-        match self.credential(headers) {
+        match self.credential(headers).or_else(|| query_key(query)) {
             None => key.push_str("anonymous"),
             Some(credential) => key.push_str(&self.tenant_of(credential)),
         }
@@ -119,9 +119,9 @@ impl Identifier {
 
     /// The key a conversation's last parse is kept under ([`PrefixKey`]): the credential and the
     /// session header, both known before the body is read and the same on every turn.
-    pub fn prefix_key(&self, dialect: Dialect, headers: &HeaderMap) -> PrefixKey {
+    pub fn prefix_key(&self, dialect: Dialect, headers: &HeaderMap, query: Option<&str>) -> PrefixKey {
         let session = self.session_headers().find_map(|name| headers.get(name));
-        let credential = self.credential(headers).unwrap_or_default();
+        let credential = self.credential(headers).or_else(|| query_key(query)).unwrap_or_default();
         PrefixKey::new(dialect, [credential, session.map_or(&[][..], |v| v.as_bytes())])
     }
 
@@ -188,15 +188,26 @@ impl Identifier {
     }
 }
 
+/// The API key a Gemini request may carry in its query (`?key=…`), as sent (never decoded: only
+/// its keyed hash is kept, and the same key is always sent the same way).
+fn query_key(query: Option<&str>) -> Option<&[u8]> {
+    query?.split('&').find_map(|pair| pair.strip_prefix("key=")).filter(|key| !key.is_empty()).map(str::as_bytes)
+}
+
 /// The session part of a key: a hash of where the id came from and the id, the same in every
 /// tenant. The admin API finds an agent's sessions from it, so no store keeps the raw id.
 pub fn session_hash(source: SessionSource, id: &str) -> String {
-    // The hash of `source\0id`, streamed: equal to the one-shot hash of the joined text.
+    crate::hex::u128(session_digest(source, id))
+}
+
+/// The hash of `source\0id`, streamed: equal to the one-shot hash of the joined text, without
+/// building it.
+fn session_digest(source: SessionSource, id: &str) -> u128 {
     let mut hasher = Xxh3::new();
     hasher.update(source.as_str().as_bytes());
     hasher.update(b"\0");
     hasher.update(id.as_bytes());
-    crate::hex::u128(hasher.digest128())
+    hasher.digest128()
 }
 
 /// The session hashes an id an agent shows (Claude Code's or Codex's session id) may have: as a
@@ -247,9 +258,13 @@ pub fn fingerprint(parsed: &ParsedRequest) -> String {
 /// The line Claude Code adds to its system prompt, different on every request.
 const BILLING_LINE: &str = "x-anthropic-billing-header:";
 
+/// How Gemini CLI's first user turn opens its per-turn part: today's date, the OS and a listing of
+/// the workspace, which changes as files appear. Not part of the conversation's opening.
+pub const SESSION_CONTEXT: &str = "<session_context>";
+
 /// What a conversation shares from its first request to its last: the system prompt that comes
-/// before the first user message, and that message's text. Lines that change on every request
-/// (Claude Code's billing header) are left out; so are `cache_control` markers, attachments and
+/// before the first user message, and that message's text. Lines and parts that change on every
+/// request (Claude Code's billing header, Gemini CLI's `<session_context>`) are left out; so are `cache_control` markers, attachments and
 /// everything later in the history, which grows.
 fn opening(parsed: &ParsedRequest) -> Xxh3 {
     use crate::conversation::{Kind, Role};
@@ -272,7 +287,9 @@ fn opening(parsed: &ParsedRequest) -> Xxh3 {
     }
     opening.update(b"\0");
     for item in items.iter().filter(|item| Some(item.message) == first_user) {
-        if let Kind::Text { role: Role::User, text } = &item.kind {
+        if let Kind::Text { role: Role::User, text } = &item.kind
+            && !text.trim_start().starts_with(SESSION_CONTEXT)
+        {
             opening.update(text.as_bytes());
             opening.update(b"\n");
         }

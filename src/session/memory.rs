@@ -16,6 +16,10 @@ use crate::tokens::CacheSize;
 /// Compaction locks by (session, conversation): owner and expiry.
 type Locks = HashMap<(String, String), (String, Instant)>;
 
+/// How often an update looks its session up again when it was evicted between the lookup and
+/// the lock (or its lock poisoned).
+const ATTEMPTS: usize = 4;
+
 /// Session keys by their session part (`<tenant>.<session hash>` by `<session hash>`).
 type Index = HashMap<String, std::collections::BTreeSet<String>>;
 
@@ -112,7 +116,10 @@ impl MemoryStore {
     /// The session's state and its conversation's; empty when unknown.
     pub fn load(&self, key: &str, conversation: &str) -> (SessionState, Arc<ConversationState>) {
         let Some(entry) = self.sessions.get(key) else { return Default::default() };
-        let Ok(session) = entry.session.lock() else { return Default::default() };
+        let Ok(session) = entry.session.lock() else {
+            self.drop_poisoned(key, &entry);
+            return Default::default();
+        };
         let kept = session.conversations.get(conversation).map(|kept| kept.state.clone());
         (session.state.clone(), kept.unwrap_or_default())
     }
@@ -122,30 +129,72 @@ impl MemoryStore {
     /// again, and the least recently used sessions leave until the store fits its bound again; one
     /// that alone outweighs the bound leaves instead.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
-        let found = self.sessions.entry_by_ref(key).or_insert_with(|| Arc::new(Held::new(key)));
-        let fresh = found.is_fresh();
-        let entry = found.into_value();
         self.index_key(key);
-        let bytes = {
-            let Ok(mut session) = entry.session.lock() else { return };
-            self.apply(&mut session, conversation, update);
-            session.estimated_bytes(key)
-        };
-        if u64::from(bytes) > self.memory_bytes {
-            // Weighed again, it would push every other session out and still not fit.
-            self.sessions.invalidate(key);
+        self.with_session(key, "update", |entry, session, fresh| {
+            self.apply(session, conversation, update);
+            let bytes = session.estimated_bytes(key);
+            if u64::from(bytes) > self.memory_bytes {
+                // Weighed again, it would push every other session out and still not fit.
+                self.sessions.invalidate(key);
+                return;
+            }
+            // Weighed while the session is still locked: a concurrent update's weight, taken
+            // before this one's change, cannot land after it.
+            let before = entry.bytes.swap(bytes, Ordering::Relaxed);
+            // Below the count bound's least charge a change weighs nothing.
+            let reweigh = before.max(self.least_charge) != bytes.max(self.least_charge);
+            if reweigh {
+                self.sessions.insert(key.to_string(), entry.clone());
+            }
+            if reweigh || fresh {
+                // Evict now rather than at moka's next housekeeping, so the bounds hold at once.
+                self.sessions.run_pending_tasks();
+            }
+        });
+    }
+
+    /// Runs `change` on the session under `key` (created when absent) with its lock held, on
+    /// the entry the cache holds at that moment: an entry evicted between the lookup and the lock
+    /// is looked up again (a change made to it would be lost with it), and one whose lock a panic
+    /// poisoned is dropped (its state may be half changed) and the change made to a fresh one.
+    fn with_session(
+        &self,
+        key: &str,
+        operation: &'static str,
+        mut change: impl FnMut(&Arc<Held>, &mut MemorySession, bool),
+    ) {
+        for _ in 0..ATTEMPTS {
+            let found = self.sessions.entry_by_ref(key).or_insert_with(|| Arc::new(Held::new(key)));
+            let fresh = found.is_fresh();
+            let entry = found.into_value();
+            let Ok(mut session) = entry.session.lock() else {
+                self.drop_poisoned(key, &entry);
+                continue;
+            };
+            if !self.holds(key, &entry) {
+                continue;
+            }
+            change(&entry, &mut session, fresh);
             return;
         }
-        let before = entry.bytes.swap(bytes, Ordering::Relaxed);
-        // Below the count bound's least charge a change weighs nothing.
-        let reweigh = before.max(self.least_charge) != bytes.max(self.least_charge);
-        if reweigh {
-            self.sessions.insert(key.to_string(), entry);
+        // Only a store far too small for one session evicts it on every attempt.
+        crate::telemetry::metric::store_error(operation);
+        tracing::warn!(session = %key, operation, "in-process session store evicted the session on every attempt; change dropped");
+    }
+
+    /// Whether the cache still holds this very entry under `key`.
+    fn holds(&self, key: &str, entry: &Arc<Held>) -> bool {
+        self.sessions.get(key).is_some_and(|held| Arc::ptr_eq(&held, entry))
+    }
+
+    /// A panic while a session was locked left its state in doubt: it leaves the store (the
+    /// session starts afresh), loudly.
+    fn drop_poisoned(&self, key: &str, entry: &Arc<Held>) {
+        if self.holds(key, entry) {
+            self.sessions.invalidate(key);
         }
-        if reweigh || fresh {
-            // Evict now rather than at moka's next housekeeping, so the bounds hold at once.
-            self.sessions.run_pending_tasks();
-        }
+        crate::telemetry::metric::store_corrupt();
+        tracing::warn!(session = %key, "session state left in doubt by a panic dropped; the session starts afresh");
     }
 
     fn apply(&self, session: &mut MemorySession, conversation: &str, update: &Update) {
@@ -200,11 +249,8 @@ impl MemoryStore {
 
     /// Changes the session's own state only (the admin API's requests).
     pub fn update_session(&self, key: &str, update: &SessionUpdate) {
-        let entry = self.sessions.get_with(key.to_string(), || Arc::new(Held::new(key)));
         self.index_key(key);
-        if let Ok(mut session) = entry.session.lock() {
-            session.state.apply(update);
-        }
+        self.with_session(key, "update", |_, session, _| session.state.apply(update));
     }
 
     /// Applies `update` to a session the store holds; false (and nothing created) for any other.
@@ -254,6 +300,19 @@ impl MemoryStore {
         }
         locks.insert(lock, (owner.to_string(), now + hold));
         true
+    }
+
+    /// Extends `owner`'s lock to `lease` from now; false when its lease lapsed.
+    pub fn renew_lock(&self, key: &str, conversation: &str, owner: &str, lease: Duration) -> bool {
+        let Ok(mut locks) = self.locks.lock() else { return false };
+        let now = Instant::now();
+        match locks.get_mut(&(key.to_string(), conversation.to_string())) {
+            Some((held_by, until)) if held_by == owner && *until > now => {
+                *until = now + lease;
+                true
+            }
+            _ => false,
+        }
     }
 
     pub fn unlock(&self, key: &str, conversation: &str, owner: &str) -> bool {
@@ -410,6 +469,75 @@ mod tests {
         assert!(size.bytes <= 8 * 1024, "{size:?}");
         assert!(store.load("t.huge", "x").1.is_empty(), "the huge one starts afresh every time");
         assert!(!store.load("t.small", "x").1.is_empty(), "and pushes nobody out: {size:?}");
+    }
+
+    #[test]
+    fn concurrent_updates_leave_each_session_weighed_at_its_last_size() {
+        // Four threads update the same sessions in the same order, each adding ids of its own
+        // length: a weight taken before another thread's change and stored after it would leave
+        // a session weighed below its size.
+        let store = MemoryStore::new(1 << 20, 1 << 30, 4, Duration::from_secs(60));
+        let keys: Vec<String> = (0..2_000).map(|i| format!("t.s{i}")).collect();
+        let start = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|thread| {
+                let (store, keys, start) = (store.clone(), keys.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for key in &keys {
+                        let id = format!("call_{thread}_{}", "x".repeat(thread * 40));
+                        store.update(key, "a", &pruning(&[&id]));
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        for key in &keys {
+            let entry = store.sessions.get(key).unwrap();
+            let estimated = entry.session.lock().unwrap().estimated_bytes(key);
+            assert_eq!(store.load(key, "a").1.pruned.len(), 4, "{key}: every update applied");
+            assert_eq!(entry.bytes.load(Ordering::Relaxed), estimated, "{key}: weighed at a stale size");
+        }
+    }
+
+    #[test]
+    fn an_update_to_a_session_evicted_between_its_lookup_and_its_lock_is_not_lost() {
+        let store = MemoryStore::new(10, 1 << 20, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &pruning(&["call_1"]));
+        let entry = store.sessions.get("t.s").unwrap();
+        let locked = entry.session.lock().unwrap();
+        let updater = {
+            let store = store.clone();
+            std::thread::spawn(move || store.update("t.s", "a", &pruning(&["call_2"])))
+        };
+        // The updater has looked the entry up (the cache, this test and it hold it) and waits for
+        // its lock; meanwhile the entry leaves the cache.
+        while Arc::strong_count(&entry) < 3 {
+            std::thread::yield_now();
+        }
+        store.sessions.invalidate("t.s");
+        drop(locked);
+        updater.join().unwrap();
+        assert!(store.load("t.s", "a").1.pruned.contains("call_2"), "the update reached the session the store holds");
+    }
+
+    #[test]
+    #[allow(clippy::panic)] // the panic is what the test is about
+    fn a_panic_under_a_sessions_lock_drops_its_state_loudly_and_the_next_update_still_lands() {
+        let store = MemoryStore::new(10, 1 << 20, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &pruning(&["call_1"]));
+        let entry = store.sessions.get("t.s").unwrap();
+        let poisoner = std::thread::spawn(move || {
+            let _locked = entry.session.lock().unwrap();
+            panic!("a panic while the session is locked");
+        });
+        assert!(poisoner.join().is_err());
+        store.update("t.s", "a", &pruning(&["call_2"]));
+        let (_, kept) = store.load("t.s", "a");
+        assert!(kept.pruned.contains("call_2"), "{kept:?}");
+        assert!(!kept.pruned.contains("call_1"), "the state in doubt is not served");
     }
 
     #[test]

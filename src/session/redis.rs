@@ -4,7 +4,7 @@
 //!
 //! Layout, under `<prefix>:{<session key>}:` (the braces are the hash tag):
 //! - `session`: hash of the session's own values (`requests`, `tokens_saved`, `compact_requested`,
-//!   `learned_window`);
+//!   what was learned of its model, merged field by field, and `schema`: the version that wrote it);
 //! - `conversations`: sorted set of the session's conversation ids by last use (server time in
 //!   microseconds), at most `max_conversations` long;
 //! - `c:<id>`: hash of one conversation (`requests`, `messages`, `usage` as versioned JSON,
@@ -30,8 +30,8 @@ use tokio::sync::OnceCell;
 
 use super::error::StoreError;
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS, STATE_VERSION,
-    SessionState, SessionUpdate, SessionView, Update, Usage,
+    Breaker, CALIBRATION_MILLI, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS,
+    STATE_VERSION, SessionState, SessionUpdate, SessionView, Update, Usage,
 };
 use crate::config::SessionConfig;
 
@@ -72,6 +72,27 @@ pub struct RedisStore {
 const RELEASE_LOCK: &str =
     r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) else return 0 end"#;
 
+/// Extends the lock's lease only when the caller still owns it. ARGV: owner, lease in ms.
+const RENEW_LOCK: &str =
+    r#"if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("PEXPIRE", KEYS[1], ARGV[2]) else return 0 end"#;
+
+/// Appends a compaction record unless the list already ends with one of its generation or a
+/// later one: the fencing of the compaction lock, so a holder whose lease lapsed while another
+/// took over cannot lay a second record of the same generation over the winner's. KEYS[1]: the
+/// record list; ARGV: the record's JSON, its generation, how many records are kept.
+const PUSH_RECORD: &str = r#"
+local last = redis.call("LINDEX", KEYS[1], -1)
+if last then
+  local ok, record = pcall(cjson.decode, last)
+  if ok and type(record) == "table" and tonumber(record.generation) and tonumber(record.generation) >= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call("RPUSH", KEYS[1], ARGV[1])
+redis.call("LTRIM", KEYS[1], -tonumber(ARGV[3]), -1)
+return 1
+"#;
+
 /// Marks a conversation as just used and drops the least recently used ones beyond the bound,
 /// with their keys, in the same step. KEYS[1]: the session's `conversations`; ARGV: the
 /// conversation id, the bound, the TTL in seconds, the key prefix of conversations. Server time,
@@ -91,6 +112,48 @@ if excess > 0 then
   end
 end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
+return 0
+"#;
+
+/// Merges what one request learned of its model into a session's (or a model's) hash, the rule
+/// of [`Learned::merge`]: another model's values are replaced; the same model's are joined (the
+/// smallest named window and unnamed overflow, the largest answer and output) and each
+/// calibration measurement is folded into the stored smoothing; an overflow bound an answer
+/// contradicts is dropped. KEYS[1]: the hash; ARGV: model tag, window, window_below,
+/// window_at_least, output_peak, the calibration the request started from, the calibration's
+/// bounds, then the measurements. The tag is compared as text (a 64-bit hash is no Lua number);
+/// every other value is far below 2^53.
+const MERGE_LEARNED: &str = r#"
+local key = KEYS[1]
+local function stored(field) return tonumber(redis.call("HGET", key, field) or "0") or 0 end
+local function smallest_set(a, b)
+  if a == 0 then return b elseif b == 0 then return a else return math.min(a, b) end
+end
+local window, below, least, peak, calibration
+if redis.call("HGET", key, "model_tag") ~= ARGV[1] then
+  window, below, least = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  peak, calibration = tonumber(ARGV[5]), tonumber(ARGV[6])
+else
+  window = smallest_set(stored("learned_window"), tonumber(ARGV[2]))
+  below = smallest_set(stored("window_below"), tonumber(ARGV[3]))
+  least = math.max(stored("window_at_least"), tonumber(ARGV[4]))
+  peak = math.max(stored("output_peak"), tonumber(ARGV[5]))
+  calibration = stored("calibration_milli")
+  if calibration == 0 then calibration = tonumber(ARGV[6]) end
+end
+local low, high = tonumber(ARGV[7]), tonumber(ARGV[8])
+for i = 9, #ARGV do
+  local observed = tonumber(ARGV[i])
+  if calibration == 0 then
+    calibration = observed
+  else
+    calibration = math.min(math.max(math.floor((calibration * 6 + observed * 4) / 10), low), high)
+  end
+end
+if below > 0 and below <= least then below = 0 end
+local function text(n) return string.format("%d", n) end
+redis.call("HSET", key, "model_tag", ARGV[1], "learned_window", text(window), "window_below", text(below),
+  "window_at_least", text(least), "calibration_milli", text(calibration), "output_peak", text(peak))
 return 0
 "#;
 
@@ -263,7 +326,8 @@ impl RedisStore {
         pipeline.hgetall(self.key(session, "session")).hgetall(hash).smembers(pruned).lrange(compactions, 0, -1);
     }
 
-    /// Reads the session's state and its conversation's in one round trip.
+    /// Reads the session's state and its conversation's in one round trip; a session another
+    /// schema version wrote is [`StoreError::OtherVersion`].
     pub async fn load(
         &self,
         session: &str,
@@ -327,9 +391,16 @@ impl RedisStore {
             pipeline.hset(&hash, "last_request_ms", at).ignore();
         }
         if let Some(record) = &change.compaction {
-            pipeline.rpush(&compactions, Versioned::json(record)?).ignore();
             // The newest records are the ones that can still match; keep a bounded lineage.
-            pipeline.ltrim(&compactions, -(MAX_RECORDS as isize), -1).ignore();
+            pipeline
+                .cmd("EVAL")
+                .arg(PUSH_RECORD)
+                .arg(1)
+                .arg(&compactions)
+                .arg(Versioned::json(record)?)
+                .arg(record.generation)
+                .arg(MAX_RECORDS)
+                .ignore();
         }
         for key in [&hash, &pruned, &compactions] {
             pipeline.expire(key, self.ttl_secs).ignore();
@@ -372,16 +443,26 @@ impl RedisStore {
         if let Some(requested) = update.compact_requested {
             pipeline.hset(&key, "compact_requested", u64::from(requested)).ignore();
         }
-        if let Some(learned) = update.learned {
-            let fields = [
-                ("model_tag", learned.model_tag),
-                ("learned_window", learned.window),
-                ("window_below", learned.window_below),
-                ("window_at_least", learned.window_at_least),
-                ("calibration_milli", learned.calibration_milli),
-                ("output_peak", learned.output_peak),
-            ];
-            pipeline.hset_multiple(&key, &fields).ignore();
+        if let Some(change) = &update.learned {
+            // Merged on the server in one step, field by field: a commit of what another request
+            // saw earlier never undoes what was learned meanwhile.
+            let known = &change.known;
+            let (low, high) = CALIBRATION_MILLI;
+            pipeline
+                .cmd("EVAL")
+                .arg(MERGE_LEARNED)
+                .arg(1)
+                .arg(&key)
+                .arg(known.model_tag)
+                .arg(known.window)
+                .arg(known.window_below)
+                .arg(known.window_at_least)
+                .arg(known.output_peak)
+                .arg(known.calibration_milli)
+                .arg(low)
+                .arg(high)
+                .arg(&change.measured)
+                .ignore();
         }
         if let Some(usage) = update.usage {
             let counters = [
@@ -393,6 +474,8 @@ impl RedisStore {
                 pipeline.hincr(&key, field, tokens).ignore();
             }
         }
+        // Which schema wrote the session: a replica of another version leaves it alone.
+        pipeline.hset(&key, "schema", STATE_VERSION).ignore();
         pipeline.expire(&key, self.ttl_secs).ignore();
     }
 
@@ -471,6 +554,22 @@ impl RedisStore {
         Ok(matches!(reply, RedisValue::Okay))
     }
 
+    /// Extends the lease of the conversation's lock to `lease` from now, only if `owner` still
+    /// holds it; false when it does not (its lease lapsed and someone else may hold it).
+    pub async fn renew_lock(
+        &self,
+        session: &str,
+        conversation: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let connection = self.connection()?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RENEW_LOCK).arg(1).arg(self.lock_key(session, conversation)).arg(owner).arg(lease.as_millis() as u64);
+        let renewed: u64 = self.bounded(connection.command(&cmd)).await?;
+        Ok(renewed == 1)
+    }
+
     /// Releases the conversation's lock only if `owner` still holds it.
     pub async fn unlock(&self, session: &str, conversation: &str, owner: &str) -> Result<bool, StoreError> {
         let connection = self.connection()?;
@@ -537,7 +636,8 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 16] = [
+const NUMBER_FIELDS: [&str; 17] = [
+    "schema",
     "requests",
     "tokens_saved",
     "compact_requested",
@@ -556,10 +656,22 @@ const NUMBER_FIELDS: [&str; 16] = [
     "cache_write_tokens",
 ];
 
-/// Whether every value read is one compactor wrote: numbers where it keeps numbers, usage and
-/// records of the current schema. Anything else is corrupt or another version's, and the caller
-/// ([`super::Store::load`]) deletes it so the session heals.
+/// Whether every value read is one this version of compactor wrote: a session whose hash or
+/// values carry another schema version is [`StoreError::OtherVersion`] (left alone); otherwise
+/// numbers where it keeps numbers, usage and records that parse. Anything else is corrupt, and
+/// the caller ([`super::Store::load`]) deletes it so the session heals.
 fn readable(session_hash: &Hash, hash: &Hash, compactions: &[String]) -> Result<(), StoreError> {
+    let schema = session_hash.iter().find(|(field, _)| field == "schema").map(|(_, value)| value.parse::<u32>());
+    match schema {
+        Some(Ok(version)) if version != STATE_VERSION => return Err(StoreError::OtherVersion(version)),
+        _ => {}
+    }
+    let usage = hash.iter().find(|(field, _)| field == "usage").map(|(_, usage)| usage);
+    for json in usage.into_iter().chain(compactions) {
+        if let Some(version) = stored_version(json).filter(|version| *version != STATE_VERSION) {
+            return Err(StoreError::OtherVersion(version));
+        }
+    }
     for (field, value) in session_hash.iter().chain(hash) {
         if NUMBER_FIELDS.contains(&field.as_str()) && value.parse::<u64>().is_err() {
             return Err(StoreError::Corrupt(format!("`{field}` is not a number")));
@@ -572,6 +684,15 @@ fn readable(session_hash: &Hash, hash: &Hash, compactions: &[String]) -> Result<
         Versioned::<CompactionRecord>::read(record, "compactions")?;
     }
     Ok(())
+}
+
+/// The schema version a stored JSON value says it has, if it says.
+fn stored_version(json: &str) -> Option<u32> {
+    #[derive(serde::Deserialize)]
+    struct Version {
+        v: u32,
+    }
+    serde_json::from_str::<Version>(json).ok().map(|version| version.v)
 }
 
 /// Redis refused a command on a key of another type (`WRONGTYPE`, alone or among a pipeline's

@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-/// The version of the stored JSON; a record of another version is ignored, never misread.
+/// The version of the stored schema: a session another version wrote is served without its state
+/// and left alone, never misread, deleted or overwritten (docs/sessions-state.md, upgrades).
 pub const STATE_VERSION: u32 = 1;
 
 /// Compaction records kept per conversation: the newest are the ones that can still match.
@@ -99,6 +100,75 @@ pub struct Learned {
     pub output_peak: u64,
 }
 
+/// Bounds of a calibration ratio (provider tokens per 1,000 of compactor's estimate): outside them
+/// a measurement says more about a misread usage report than about a tokenizer.
+pub const CALIBRATION_MILLI: (u64, u64) = (500, 3_000);
+
+/// Calibration measurements one request keeps for its commit (the newest): a request measures
+/// once per upstream answer, so a handful at most.
+pub const MAX_MEASURED: usize = 8;
+
+/// What one request learned of its model, merged field by field into what is stored, so that a
+/// parallel request (or another replica) committing what it saw earlier never undoes it: the
+/// window bounds only tighten, the largest answers only grow, and each calibration measurement
+/// is folded into the stored smoothing rather than a stale smoothed value overwriting a newer one.
+/// [`Learned::merge`] is the rule; the Redis store runs the same rule in one script.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LearnedChange {
+    /// What the request knows of its model: the model, the bounds it saw or learned. Its
+    /// `calibration_milli` is the calibration the request started from (its model's profile for a
+    /// new session), used only where nothing is stored yet.
+    pub known: Learned,
+    /// The request's calibration measurements, oldest first, already bounded to
+    /// [`CALIBRATION_MILLI`].
+    pub measured: Vec<u64>,
+}
+
+impl Learned {
+    /// One calibration measurement folded into the smoothed ratio.
+    pub fn smooth(old: u64, observed: u64) -> u64 {
+        let (low, high) = CALIBRATION_MILLI;
+        match old {
+            0 => observed,
+            old => (old.saturating_mul(6).saturating_add(observed.saturating_mul(4)) / 10).clamp(low, high),
+        }
+    }
+
+    /// Merges what one request learned into this (the stored value). Another model's values are
+    /// replaced (the session talks to another model now); the same model's are joined: the
+    /// smallest window an error named, the smallest request that overflowed, the largest answer
+    /// and output, the request's measurements folded into the stored calibration. An overflow
+    /// bound that an answer contradicts (the provider answered that much) is dropped.
+    pub fn merge(&mut self, change: &LearnedChange) {
+        let known = &change.known;
+        if self.model_tag != known.model_tag {
+            *self = *known;
+        } else {
+            self.window = smallest_set(self.window, known.window);
+            self.window_below = smallest_set(self.window_below, known.window_below);
+            self.window_at_least = self.window_at_least.max(known.window_at_least);
+            self.output_peak = self.output_peak.max(known.output_peak);
+            if self.calibration_milli == 0 {
+                self.calibration_milli = known.calibration_milli;
+            }
+        }
+        for observed in &change.measured {
+            self.calibration_milli = Self::smooth(self.calibration_milli, *observed);
+        }
+        if self.window_below > 0 && self.window_below <= self.window_at_least {
+            self.window_below = 0;
+        }
+    }
+}
+
+/// The smaller of two bounds where 0 means "none".
+fn smallest_set(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, other) | (other, 0) => other,
+        (a, b) => a.min(b),
+    }
+}
+
 /// What is kept for a session as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SessionState {
@@ -146,8 +216,8 @@ pub struct SessionUpdate {
     pub count_request: bool,
     pub tokens_saved: u64,
     pub compact_requested: Option<bool>,
-    /// Replaces what the session learned of its model.
-    pub learned: Option<Learned>,
+    /// What the request learned of its model, merged into what the session learned.
+    pub learned: Option<LearnedChange>,
     /// The upstream's usage for one request, added to the session's cache counters.
     pub usage: Option<Usage>,
 }
@@ -187,17 +257,17 @@ impl SessionState {
         if let Some(requested) = update.compact_requested {
             self.counters.compact_requested = u64::from(requested);
         }
-        if let Some(learned) = update.learned {
-            self.counters.learned = learned;
+        if let Some(learned) = &update.learned {
+            self.counters.learned.merge(learned);
         }
-        if update.count_request {
-            self.counters.requests += 1;
-        }
-        self.counters.tokens_saved += update.tokens_saved;
+        // Saturating: a counter that wrapped would report a long session as a fresh one.
+        let counters = &mut self.counters;
+        counters.requests = counters.requests.saturating_add(u64::from(update.count_request));
+        counters.tokens_saved = counters.tokens_saved.saturating_add(update.tokens_saved);
         if let Some(usage) = update.usage {
-            self.counters.prompt_tokens += usage.prompt_tokens;
-            self.counters.cache_read_tokens += usage.cached_tokens;
-            self.counters.cache_write_tokens += usage.cache_write_tokens;
+            counters.prompt_tokens = counters.prompt_tokens.saturating_add(usage.prompt_tokens);
+            counters.cache_read_tokens = counters.cache_read_tokens.saturating_add(usage.cached_tokens);
+            counters.cache_write_tokens = counters.cache_write_tokens.saturating_add(usage.cache_write_tokens);
         }
     }
 }
@@ -221,7 +291,10 @@ impl ConversationState {
         if let Some(at) = update.request_at_unix_ms {
             self.last_request_unix_ms = at;
         }
-        if let Some(record) = &update.compaction {
+        // Fencing: a record of a generation already stored (a holder whose lock lapsed while
+        // another took over) is not laid beside the winner's.
+        let newest = self.compactions.iter().map(|r| r.generation).max().unwrap_or(0);
+        if let Some(record) = update.compaction.as_ref().filter(|record| record.generation > newest) {
             self.compactions.push(record.clone());
             let excess = self.compactions.len().saturating_sub(MAX_RECORDS);
             self.compactions.drain(..excess);
@@ -268,5 +341,29 @@ impl SessionView {
 impl ConversationView {
     pub fn new(id: String, last_used_unix_ms: u64, state: ConversationState) -> Self {
         Self { id, last_used_unix_ms, pruned_count: state.pruned.len(), state }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_near_their_limit_stay_at_it_instead_of_wrapping() {
+        let mut session = SessionState::default();
+        session.counters.requests = u64::MAX;
+        session.counters.tokens_saved = u64::MAX - 1;
+        session.counters.prompt_tokens = u64::MAX - 5;
+        let usage = Usage { prompt_tokens: 10, cached_tokens: u64::MAX, cache_write_tokens: 3, ..Usage::default() };
+        session.apply(&SessionUpdate {
+            count_request: true,
+            tokens_saved: 7,
+            usage: Some(usage),
+            ..Default::default()
+        });
+        session.apply(&SessionUpdate { usage: Some(usage), ..Default::default() });
+        let counters = &session.counters;
+        assert_eq!((counters.requests, counters.tokens_saved, counters.prompt_tokens), (u64::MAX, u64::MAX, u64::MAX));
+        assert_eq!((counters.cache_read_tokens, counters.cache_write_tokens), (u64::MAX, 6));
     }
 }

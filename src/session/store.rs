@@ -68,10 +68,11 @@ impl Store {
     }
 
     /// The session's state and its conversation's; empty when new. A stored value compactor
-    /// cannot read (a key of the wrong type, unparseable JSON, another schema version, a counter
-    /// that is not a number) is deleted with the whole session, with a warning and a metric, and
-    /// the session starts afresh: left alone it would fail every request of the session and have
-    /// its TTL refreshed forever.
+    /// cannot read (a key of the wrong type, unparseable JSON, a counter that is not a number) is
+    /// deleted with the whole session, with a warning and a metric, and the session starts
+    /// afresh: left alone it would fail every request of the session and have its TTL refreshed
+    /// forever. A session another schema version wrote is not corrupt: it is answered with
+    /// [`StoreError::OtherVersion`] and left as it is (its own version's replicas still use it).
     pub async fn load(
         &self,
         key: &str,
@@ -204,6 +205,20 @@ impl Store {
         match &self.backend {
             Backend::Memory(store) => Ok(store.try_lock(key, conversation, owner, hold)),
             Backend::Redis(store) => self.guarded(store.try_lock(key, conversation, owner, hold)).await,
+        }
+    }
+
+    /// Extends the lease of `owner`'s lock on a conversation; false when it no longer holds it.
+    pub async fn renew_lock(
+        &self,
+        key: &str,
+        conversation: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.renew_lock(key, conversation, owner, lease)),
+            Backend::Redis(store) => self.guarded(store.renew_lock(key, conversation, owner, lease)).await,
         }
     }
 

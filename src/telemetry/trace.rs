@@ -151,6 +151,7 @@ pub fn provider(family: ApiFamily) -> &'static str {
     match family {
         ApiFamily::OpenAi => "openai",
         ApiFamily::Anthropic => "anthropic",
+        ApiFamily::Gemini => "gcp.gemini",
     }
 }
 

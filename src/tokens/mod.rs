@@ -5,7 +5,6 @@
 
 pub mod models;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -83,17 +82,6 @@ impl TokenCounter {
     /// Whether `text` would be a cache hit (or needs no tokenizing at all).
     pub fn is_cached(&self, encoding: Encoding, text: &str) -> bool {
         text.is_empty() || self.cache.contains_key(&(encoding, text_hash(text)))
-    }
-
-    /// Tokenizes `texts` and caches their counts, until `stop` says otherwise (asked between
-    /// texts); meant for a blocking thread.
-    pub fn warm(&self, encoding: Encoding, texts: &[Arc<str>], stop: impl Fn() -> bool) {
-        for text in texts {
-            if stop() {
-                return;
-            }
-            self.count(encoding, text);
-        }
     }
 }
 

@@ -104,6 +104,9 @@ pub const DEFAULT_MODEL: ModelInfo = m(128_000, 16_384, 1.0, O2);
 pub struct ModelTable {
     entries: HashMap<String, ModelInfo>,
     default: ModelInfo,
+    /// The longest name in `entries`: no longer prefix of a client's model can match, so a
+    /// lookup never looks past it (the client's `model` can be as long as the body limit).
+    longest: usize,
 }
 
 impl Default for ModelTable {
@@ -125,32 +128,40 @@ impl ModelTable {
                 entries.insert(name, info);
             }
         }
-        Self { entries, default }
+        let longest = entries.keys().map(String::len).max().unwrap_or(0);
+        Self { entries, default, longest }
     }
 
     /// Exact name, then the longest prefix, then the default. Provider prefixes (`openai/`,
     /// `anthropic/`, Bedrock's `us.anthropic.`) and case are ignored.
+    ///
+    /// The work is bounded by the longest known name, whatever the length of `model`: only the
+    /// name's first bytes are normalized, and only prefixes up to the longest known name are
+    /// looked up (hashing every prefix of a long unknown name was quadratic in its length).
     pub fn lookup(&self, model: &str) -> ModelInfo {
-        let name = normalize(model);
+        let name = normalize(bounded(model, self.longest + NORMALIZED_AWAY));
         if let Some(info) = self.entries.get(&name) {
             return *info;
         }
-        let mut end = name.len();
-        while end > 0 {
-            end -= 1;
-            if !name.is_char_boundary(end) {
-                continue;
-            }
-            if let Some(info) = self.entries.get(&name[..end]) {
-                return *info;
-            }
-        }
-        self.default
+        (0..=name.len().min(self.longest))
+            .rev()
+            .filter(|end| name.is_char_boundary(*end))
+            .find_map(|end| self.entries.get(&name[..end]))
+            .copied()
+            .unwrap_or(self.default)
     }
+}
 
-    pub fn configured_default(&self) -> ModelInfo {
-        self.default
-    }
+/// More than the most bytes [`normalize`] removes from the front of a name after its last `/`
+/// (a region and a vendor prefix: `global.deepseek.`).
+const NORMALIZED_AWAY: usize = 32;
+
+/// The part of `model` after its last `/`, cut to at most `limit` bytes (at a character boundary).
+/// A name cut there is still longer than any known name once normalized, so it matches what the
+/// whole name would: no entry exactly, and the same longest prefix.
+fn bounded(model: &str, limit: usize) -> &str {
+    let name = model.rsplit('/').next().unwrap_or(model);
+    &name[..name.floor_char_boundary(limit)]
 }
 
 /// Lowercase, without routing prefixes, with OpenRouter's dotted Claude versions dashed.
@@ -212,5 +223,29 @@ mod tests {
         assert_eq!(table.lookup("something-else").context_window, 64_000);
         assert_eq!(table.lookup("gpt-4o-mini").context_window, 1_000);
         assert_eq!(ModelTable::default().lookup("something-else").context_window, 128_000);
+    }
+
+    #[test]
+    fn a_long_name_finds_what_its_known_prefix_finds() {
+        let table = ModelTable::default();
+        let tail = "x".repeat(100_000);
+        assert_eq!(table.lookup(&format!("gpt-4o-{tail}")), table.lookup("gpt-4o"));
+        assert_eq!(table.lookup(&format!("openai/gpt-4-{tail}")), table.lookup("gpt-4"));
+        assert_eq!(table.lookup(&format!("us.anthropic.claude-opus-4.5-{tail}")), table.lookup("claude-opus-4-5"));
+        assert_eq!(table.lookup(&tail), DEFAULT_MODEL);
+        // A multi-byte character where the name is cut: the cut falls on a character boundary.
+        for shift in 0..4 {
+            let name = format!("gpt-5{}{}", "-".repeat(shift), "é".repeat(50_000));
+            assert_eq!(table.lookup(&name), table.lookup("gpt-5"), "shift {shift}");
+        }
+    }
+
+    #[test]
+    fn a_long_configured_name_is_still_matched_exactly_and_by_prefix() {
+        let long = format!("local-{}", "q".repeat(300));
+        let table = ModelTable::new(vec![(long.clone(), m(9_999, 99, 1.0, O2))]);
+        assert_eq!(table.lookup(&long).context_window, 9_999);
+        assert_eq!(table.lookup(&format!("{long}-{}", "z".repeat(10_000))).context_window, 9_999);
+        assert_eq!(table.lookup(&long[..long.len() - 1]), DEFAULT_MODEL);
     }
 }

@@ -48,6 +48,13 @@ impl RequestHead {
     pub fn new(route: Route, parts: Parts) -> Self {
         Self { route, method: parts.method, uri: parts.uri, headers: parts.headers }
     }
+
+    /// The model a Gemini request's path names (`/v1beta/models/{model}:generateContent`).
+    pub fn path_model(&self) -> Option<&str> {
+        (self.route.family == crate::route::ApiFamily::Gemini)
+            .then(|| crate::route::gemini_method(self.uri.path()).map(|(model, _)| model))
+            .flatten()
+    }
 }
 
 /// One upstream, with what every request to it needs worked out once: no request formats and
@@ -128,6 +135,7 @@ pub struct Upstreams {
     transport: Transport,
     openai: Upstream,
     anthropic: Upstream,
+    gemini: Upstream,
     first_byte_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -155,6 +163,7 @@ impl Upstreams {
             transport,
             openai: Upstream::new(&upstream.openai)?,
             anthropic: Upstream::new(&upstream.anthropic)?,
+            gemini: Upstream::new(&upstream.gemini)?,
             first_byte_timeout: upstream.first_byte_timeout,
             idle_timeout: upstream.idle_timeout,
         })
@@ -164,6 +173,7 @@ impl Upstreams {
         match family {
             ApiFamily::OpenAi => &self.openai,
             ApiFamily::Anthropic => &self.anthropic,
+            ApiFamily::Gemini => &self.gemini,
         }
     }
 

@@ -1,5 +1,5 @@
-//! A provider simulator on 127.0.0.1:0 speaking Chat Completions, Anthropic Messages and Responses
-//! (plain JSON and SSE) the way a real provider with a given context window and tokenizer would:
+//! A provider simulator on 127.0.0.1:0 speaking Chat Completions, Anthropic Messages, Responses
+//! and Gemini's `generateContent` ([`gemini`]) (plain JSON and SSE) the way a real provider with a given context window and tokenizer would:
 //! it counts tokens its own way (characters / N), rejects what does not fit with each provider's
 //! real overflow error (naming the window or not), reports usage with prompt-cache reads and writes
 //! by prefix, rejects broken tool pairs, answers compactor's summary calls deterministically by
@@ -28,6 +28,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use xxhash_rust::xxh3::xxh3_64;
+
+pub mod gemini;
 
 use super::agents;
 use super::strict;
@@ -475,11 +477,11 @@ impl ProviderSim {
         &self.state.spec
     }
 
-    /// compactor's configuration with both upstreams pointing here and the admin API on (token
+    /// compactor's configuration with every upstream pointing here and the admin API on (token
     /// [`agents::ADMIN_TOKEN`], which [`agents::drive`] uses), then `extra` (tables, no `[admin]`).
     pub fn compactor_config(&self, extra: &str) -> String {
         format!(
-            "[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n[admin]\ntoken = \"{1}\"\n{extra}",
+            "[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\ngemini = \"{0}\"\n[admin]\ntoken = \"{1}\"\n{extra}",
             self.url(),
             agents::ADMIN_TOKEN
         )
@@ -633,6 +635,10 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         record.tokens = tokens;
         push(record);
         return json_reply(200, &json!({"input_tokens": tokens}));
+    }
+    if let Some((model, method)) = gemini::method(&path).filter(|_| parts.method == Method::POST) {
+        let query = parts.uri.query().unwrap_or("");
+        return gemini::handle(&state, record, &parts.headers, query, &model, &method, &body, value).await;
     }
     let Some(dialect) = Dialect::of_path(&path).filter(|_| parts.method == Method::POST) else {
         push(record);

@@ -29,11 +29,21 @@ impl RedisServer {
         if let Ok(url) = std::env::var("REDIS_URL") {
             return Some(Self { url, prefix, port: None, child: None, dir });
         }
-        assert!(
-            std::env::var("COMPACTOR_REQUIRE_REDIS_TESTS").is_err(),
-            "Redis tests are required here but neither redis-server nor REDIS_URL is available"
-        );
+        assert!(!required(), "Redis tests are required here but neither redis-server nor REDIS_URL is available");
         eprintln!("skipped: no redis-server installed and no REDIS_URL");
+        None
+    }
+
+    /// A Redis this test can stop and start again (its own `redis-server`), or `None` (test
+    /// skipped) when there is none; with `COMPACTOR_REQUIRE_REDIS_TESTS=1` a failure instead, as a
+    /// shared `REDIS_URL` cannot be restarted.
+    pub fn restartable() -> Option<Self> {
+        let server = Self::start()?;
+        if server.can_restart() {
+            return Some(server);
+        }
+        assert!(!required(), "this Redis test restarts its server: it needs redis-server, REDIS_URL is not enough");
+        eprintln!("skipped: this test restarts its Redis and only REDIS_URL is available");
         None
     }
 
@@ -103,6 +113,12 @@ impl Drop for RedisServer {
     }
 }
 
+/// Whether every Redis test must run (CI sets `COMPACTOR_REQUIRE_REDIS_TESTS=1`): a test that
+/// cannot get the Redis it needs fails instead of skipping.
+pub fn required() -> bool {
+    std::env::var_os("COMPACTOR_REQUIRE_REDIS_TESTS").is_some()
+}
+
 fn which(program: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
@@ -128,10 +144,7 @@ impl RedisCluster {
     /// `None` (skipped) when the binaries are missing and CI does not require Redis tests.
     pub fn start() -> Option<Self> {
         if !(which("redis-server") && which("redis-cli")) {
-            assert!(
-                std::env::var("COMPACTOR_REQUIRE_REDIS_TESTS").is_err(),
-                "Redis Cluster tests are required here but redis-server/redis-cli are missing"
-            );
+            assert!(!required(), "Redis Cluster tests are required here but redis-server/redis-cli are missing");
             eprintln!("skipped: no redis-server/redis-cli for a cluster");
             return None;
         }

@@ -19,7 +19,9 @@ const SUMMARY: Duration = Duration::from_secs(2);
 /// A subagent's task: the opening that makes it another conversation of the session.
 const SUBAGENT_TASK: &str = "Find every caller of the parser and list them. The ticket is NEBULA-FINCH-9.";
 
-/// Runs `test` against the memory store and, when Redis is available, the Redis store; `store`
+/// Runs `test` against the memory store and, when Redis is available, the Redis store (without
+/// one, the Redis half is skipped with a note, or fails under `COMPACTOR_REQUIRE_REDIS_TESTS=1`:
+/// [`RedisServer::start`]); `store`
 /// is TOML that ends inside the `[session]` table.
 async fn with_each_store(test: impl AsyncFn(&str, Option<&RedisServer>)) {
     test("[session]\n", None).await;

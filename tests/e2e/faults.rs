@@ -70,7 +70,7 @@ async fn an_error_body_that_stalls_is_passed_on_and_cut_after_the_idle_timeout()
         })
         .start()
         .await;
-    let proxy = ProxyProcess::start(&fake, "idle_timeout_ms = 400\n");
+    let proxy = ProxyProcess::start(&fake, "idle_timeout_ms = 1000\n");
     for (path, body) in [("/v1/chat/completions", chat_body(false)), ("/v1/messages", messages_body(false))] {
         let started = Instant::now();
         let response = client().request(request("POST", &proxy.url(path), &[AUTH], body)).await.unwrap();
@@ -80,7 +80,9 @@ async fn an_error_body_that_stalls_is_passed_on_and_cut_after_the_idle_timeout()
             result.expect("the body ends instead of hanging").is_err(),
             "{path}: a cut body must not look complete"
         );
-        assert!(started.elapsed() < Duration::from_secs(8), "{path}: took {:?}", started.elapsed());
+        // Cut at the configured second after the stall, not at a multiple of it (1.5 s of slack).
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1000) && took < Duration::from_millis(2500), "{path}: took {took:?}");
     }
     proxy.wait_for_log("outcome=idle_timeout").await;
 }
@@ -178,14 +180,19 @@ async fn usage_is_recorded_from_chunked_replies_and_for_h2_clients() {
 
 #[tokio::test]
 async fn a_client_that_stalls_in_its_headers_is_disconnected_after_the_header_timeout() {
-    let (_fake, proxy) = ProxyProcess::with_fake("[limits]\nheader_read_timeout_ms = 300\n").await;
+    let (_fake, proxy) = ProxyProcess::with_fake("[limits]\nheader_read_timeout_ms = 1000\n").await;
     let mut stream = std::net::TcpStream::connect(proxy.addr).unwrap();
     stream.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-ty").unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let started = Instant::now();
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer);
-    assert!(started.elapsed() < Duration::from_secs(5), "the connection was held {:?}", started.elapsed());
+    // Dropped at the configured second, not at a multiple of it (1.5 s of slack for a loaded machine).
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "the connection was held {took:?}"
+    );
     let text = String::from_utf8_lossy(&answer);
     assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
 }
@@ -326,10 +333,7 @@ const PRUNE: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n";
 #[tokio::test]
 async fn redis_killed_and_restarted_under_load_never_fails_a_request_and_the_breaker_skips_it_meanwhile() {
     use crate::common::redis_server::RedisServer;
-    let Some(mut redis) = RedisServer::start() else { return };
-    if !redis.can_restart() {
-        return;
-    }
+    let Some(mut redis) = RedisServer::restartable() else { return };
     let config = format!("{PRUNE}{}breaker_failures = 3\nbreaker_backoff_ms = 500\n", redis.config());
     let (_fake, proxy) = ProxyProcess::with_fake(&config).await;
     let proxy = std::sync::Arc::new(proxy);
@@ -402,7 +406,7 @@ async fn redis_killed_and_restarted_under_load_never_fails_a_request_and_the_bre
 type Corruption = fn(&mut redis::Connection, &str, &str);
 
 #[tokio::test]
-async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_afresh() {
+async fn a_corrupt_session_value_is_deleted_and_the_session_starts_afresh() {
     use crate::common::redis_server::RedisServer;
     let Some(redis) = RedisServer::start() else { return };
     let (_fake, proxy) = ProxyProcess::with_fake(&format!("{PRUNE}{}", redis.config())).await;
@@ -418,8 +422,9 @@ async fn a_corrupt_or_foreign_session_value_is_deleted_and_the_session_starts_af
         ("usage that is not JSON", |c, _, conversation| {
             let _: () = redis::cmd("HSET").arg(conversation).arg("usage").arg("{not json").query(c).unwrap();
         }),
-        ("a compaction record of another schema version", |c, _, conversation| {
-            let record = r#"{"v":99,"something":"else"}"#;
+        // (A record of another schema version is no corruption: see `shared_state.rs`.)
+        ("a compaction record of this schema that does not parse", |c, _, conversation| {
+            let record = r#"{"v":1,"something":"else"}"#;
             let _: () = redis::cmd("RPUSH").arg(format!("{conversation}:compactions")).arg(record).query(c).unwrap();
         }),
     ];

@@ -206,7 +206,7 @@ fn corpus(api: Api) -> Vec<Fixture> {
 
 /// Every block or item of a history with its type (`role:…` for a Chat message), as raw bytes.
 fn units(api: Api, body: &[u8]) -> Vec<(String, String)> {
-    let top: RawObject = serde_json::from_slice(body).unwrap();
+    let top = RawObject::parse(std::str::from_utf8(body).unwrap()).unwrap();
     let mut out = Vec::new();
     for message in json::as_array(top.get(api.history()).unwrap()).unwrap() {
         let object = RawObject::parse(message).unwrap();
@@ -548,7 +548,7 @@ fn unknown(n: usize) -> String {
 /// snippets inserted.
 fn inject_unknown(api: Api, body: &[u8]) -> (Vec<u8>, Vec<String>) {
     let text = std::str::from_utf8(body).unwrap();
-    let top: RawObject = serde_json::from_slice(body).unwrap();
+    let top = RawObject::parse(std::str::from_utf8(body).unwrap()).unwrap();
     let history = top.get(api.history()).unwrap();
     // (byte offset, snippet to insert there)
     let mut inserts: Vec<(usize, String)> = Vec::new();

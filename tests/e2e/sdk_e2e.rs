@@ -90,3 +90,69 @@ async fn the_official_python_sdks_work_through_compactor() {
         "the rate-limited requests reached the fake upstream"
     );
 }
+
+/// Google's `google-genai` SDK (`tests/sdk/gemini_e2e.py`) against compactor in front of the
+/// provider simulator's Gemini dialect: plain, streamed, function calls whose thought signatures
+/// must come back byte for byte (the simulator refuses a Gemini 3 turn that lost one), token
+/// counts, and compactor's own error in Google's shape.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_google_genai_sdk_works_through_compactor() {
+    use crate::common::provider::gemini::SIGNATURE;
+    use crate::common::provider::{ProviderSim, ProviderSpec};
+
+    let Some(python) = std::env::var_os("COMPACTOR_SDK_PYTHON").filter(|p| !p.is_empty()) else {
+        assert!(
+            std::env::var_os("COMPACTOR_REQUIRE_SDK_TESTS").is_none(),
+            "COMPACTOR_REQUIRE_SDK_TESTS is set but COMPACTOR_SDK_PYTHON is not: \
+             COMPACTOR_SDK_PYTHON=$(scripts/sdk-venv | tail -1)"
+        );
+        println!("skipped: COMPACTOR_SDK_PYTHON is not set");
+        return;
+    };
+    let sim = ProviderSim::start(ProviderSpec::default()).await;
+    let proxy = ProxyProcess::start_with(&sim.compactor_config(""), &[]);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dead = ProxyProcess::start_with(&format!("[upstream]\ngemini = \"http://{closed}\"\n"), &[]);
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/gemini_e2e.py");
+    let mut command = Command::new(&python);
+    command
+        .arg(&script)
+        .arg("--base-url")
+        .arg(proxy.url(""))
+        .arg("--dead-base-url")
+        .arg(dead.url(""))
+        .arg("--verbose")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1");
+    for var in PROXY_VARS.iter().chain(&["GOOGLE_API_KEY", "GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL"]) {
+        command.env_remove(var);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output()).await.unwrap().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    assert!(output.status.success(), "tests/sdk/gemini_e2e.py failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(" 0 failed") && !stdout.contains("SKIP "), "{stdout}");
+
+    let records = sim.records();
+    // Each function call went back with its signature in the call's own part: the same bytes (the
+    // SDK decodes signatures and sends them again in URL-safe base64; compactor passes its bytes).
+    let returned: Vec<String> = records
+        .iter()
+        .filter(|r| r.path.contains("gemini-3-pro-preview"))
+        .filter_map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+            let call = body["contents"].as_array()?.iter().find(|c| c["role"] == "model")?;
+            let part = &call["parts"][0];
+            let standard = |s: &str| s.replace('-', "+").replace('_', "/");
+            part["functionCall"].is_object().then(|| part["thoughtSignature"].as_str().map(standard))?
+        })
+        .collect();
+    assert_eq!(returned, [SIGNATURE, SIGNATURE], "the signatures came back as the provider gave them");
+    assert!(records.iter().all(|r| r.status == 200), "the simulator accepted every request");
+    assert!(records.iter().any(|r| r.path.contains(":countTokens")));
+    assert!(records.iter().any(|r| r.path.contains(":streamGenerateContent?alt=sse")));
+    let logs = proxy.logs().join("\n") + &dead.logs().join("\n");
+    assert!(!logs.contains("gemini-test-key"), "the API key is in the logs");
+}

@@ -13,7 +13,7 @@ use compactor::rewrite::{History, Rewriter};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use crate::rewrite_properties::{Turn, anthropic_body, chat_body, responses_body, rewriter, turn};
+use crate::rewrite_properties::{Turn, anthropic_body, chat_body, gemini_body, responses_body, rewriter, turn};
 
 /// How the next turn's body differs from the earlier one, besides the messages added.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +55,7 @@ fn body(dialect: Dialect, turns: &[Turn], system: &str, tools: usize) -> Value {
         Dialect::ChatCompletions => chat_body(turns),
         Dialect::AnthropicMessages => anthropic_body(turns),
         Dialect::Responses => responses_body(turns),
+        Dialect::Gemini => gemini_body(turns),
     };
     let Value::Object(generated) = generated else { unreachable!() };
     let mut out = Map::new();
@@ -67,6 +68,7 @@ fn body(dialect: Dialect, turns: &[Turn], system: &str, tools: usize) -> Value {
         }
         match key.as_str() {
             "instructions" => out.insert(key, json!(system)),
+            "systemInstruction" => out.insert(key, json!({"parts": [{"text": system}]})),
             "messages" if dialect == Dialect::ChatCompletions => {
                 let mut messages = value;
                 messages[0]["content"] = json!(system);
@@ -252,7 +254,12 @@ fn assert_same(reused: String, fresh: String, what: &str) {
 }
 
 fn dialect() -> impl Strategy<Value = Dialect> {
-    prop_oneof![Just(Dialect::ChatCompletions), Just(Dialect::AnthropicMessages), Just(Dialect::Responses)]
+    prop_oneof![
+        Just(Dialect::ChatCompletions),
+        Just(Dialect::AnthropicMessages),
+        Just(Dialect::Responses),
+        Just(Dialect::Gemini)
+    ]
 }
 
 proptest! {
@@ -302,6 +309,28 @@ fn a_cache_of_zero_bytes_is_off() {
     let key = PrefixKey::new(Dialect::ChatCompletions, []);
     assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body, &Earlier::default()).1, Reuse::Off);
     assert_eq!(cache.parse(|| key, Dialect::ChatCompletions, &body, &Earlier::default()).1, Reuse::Off);
+}
+
+#[test]
+fn a_parse_heavier_than_half_the_cache_is_not_kept_nor_built_and_a_light_one_is() {
+    let cache = PrefixCache::new(4 << 20);
+    let key = PrefixKey::new(Dialect::ChatCompletions, []);
+    // 100,000 one-letter messages: a 3 MB body whose skeleton weighs more than 2 MiB.
+    let heavy = [
+        &b"{\"model\":\"m\",\"messages\":["[..],
+        &[&br#"{"role":"user","content":"a"}"#[..]; 100_000].join(&b","[..]),
+        b"]}",
+    ]
+    .concat();
+    let heavy = Bytes::from(heavy);
+    let earlier = Earlier::default();
+    let (parsed, _) = cache.parse(|| key, Dialect::ChatCompletions, &heavy, &earlier);
+    assert!(parsed.unwrap().memo.own().is_none(), "no skeleton built for a parse the cache cannot hold");
+    assert_eq!(cache.size().entries, 0);
+    let light = Bytes::from(serde_json::to_vec(&chat_body(&[Turn::User("hi".into())])).unwrap());
+    let (parsed, _) = cache.parse(|| key, Dialect::ChatCompletions, &light, &earlier);
+    assert!(parsed.unwrap().memo.own().is_some());
+    assert_eq!(cache.size().entries, 1);
 }
 
 #[test]

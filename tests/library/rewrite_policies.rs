@@ -342,3 +342,31 @@ fn content_part_arrays_and_refusals_are_counted_and_kept() {
         assert!(sent.contains(&raw), "{raw} changed on its way");
     }
 }
+
+#[test]
+fn attachments_whose_tokens_pass_u32_count_as_the_most_tokens_not_as_a_small_number() {
+    // 3 images in a tool result and 2 in a message at half of u32 each: a wrapped sum would make
+    // this request look nearly empty (and a release build wraps silently).
+    let mut settings = Settings::defaults().build();
+    settings.image_tokens = u32::MAX / 2;
+    let rewriter = Rewriter::new(
+        settings,
+        compactor::tokens::TokenCounter::new(1 << 20),
+        compactor::tokens::ModelTable::default(),
+    );
+    let image =
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}});
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look"}, image, image]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "screenshot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [image, image, image]}]},
+        ],
+    });
+    let (rewritten, _) = rewrite_with(&rewriter, Dialect::AnthropicMessages, &body, &BTreeSet::new());
+    assert_eq!(rewritten.report.tokens_before, u32::MAX);
+    assert!(rewritten.report.message_tokens.iter().all(|tokens| *tokens >= u32::MAX / 2 || *tokens < 100));
+    assert_eq!(rewritten.report.message_tokens[2], u32::MAX, "three images in one result");
+}

@@ -1,11 +1,13 @@
 //! Properties of every rewrite, for any generated conversation in either dialect: tool calls stay
 //! paired, user and assistant text is untouched, the estimate never grows beyond what repair must
-//! add, and rewriting the rewritten request changes nothing.
+//! add, and rewriting the rewritten request changes nothing; with no cache, a warm one, under
+//! window pressure and with a cold one.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use compactor::dialect::Dialect;
-use compactor::rewrite::Rewriter;
+use compactor::rewrite::{CachePricing, History, Rewriter};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -154,6 +156,107 @@ pub(crate) fn responses_body(turns: &[Turn]) -> Value {
     json!({"model": "gpt-5-codex", "instructions": null, "input": input, "store": false, "stream": true})
 }
 
+/// Gemini: model turns with `functionCall` parts (ids on even turns, none on odd ones, where
+/// name and order pair them), a `thoughtSignature` on each turn's first call, responses in the
+/// next user turn; code execution parts for the provider's own tools.
+pub(crate) fn gemini_body(turns: &[Turn]) -> Value {
+    let mut contents: Vec<Value> = Vec::new();
+    let mut call = 0;
+    for turn in turns {
+        match turn {
+            Turn::User(t) => contents.push(json!({"role": "user", "parts": [{"text": t}]})),
+            Turn::Assistant(t) => contents.push(json!({"role": "model", "parts": [{"text": t}]})),
+            Turn::Tools(results) => {
+                let ids = call_ids(&mut call, "fc", results.len());
+                let with_ids = call % 2 == 0;
+                let parts: Vec<Value> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(k, id)| {
+                        let mut call = json!({"name": "run_shell_command", "args": {"command": "ls"}});
+                        if with_ids {
+                            call["id"] = json!(id);
+                        }
+                        let mut part = json!({"functionCall": call});
+                        if k == 0 {
+                            part["thoughtSignature"] = json!(format!("sig/{id}+=="));
+                        }
+                        part
+                    })
+                    .collect();
+                contents.push(json!({"role": "model", "parts": parts}));
+                let responses: Vec<Value> = ids
+                    .iter()
+                    .zip(results)
+                    .filter_map(|(id, size)| {
+                        let mut response = json!({"name": "run_shell_command", "response": {"output": text_of((*size)?, call)}});
+                        if with_ids {
+                            response["id"] = json!(id);
+                        }
+                        Some(json!({"functionResponse": response}))
+                    })
+                    .collect();
+                if !responses.is_empty() {
+                    contents.push(json!({"role": "user", "parts": responses}));
+                }
+            }
+            Turn::Orphan(size) => contents.push(json!({"role": "user", "parts": [{"functionResponse": {"id": "ghost", "name": "run_shell_command", "response": {"output": text_of(*size, 0)}}}]})),
+            Turn::Server(size) => contents.push(json!({"role": "model", "parts": [
+                {"executableCode": {"language": "PYTHON", "code": "print(1)"}},
+                {"codeExecutionResult": {"outcome": "OUTCOME_OK", "output": text_of(*size, call)}},
+                {"text": "ran it", "thoughtSignature": "c2ln"}
+            ]})),
+        }
+    }
+    json!({"systemInstruction": {"parts": [{"text": "sys"}]}, "contents": contents, "generationConfig": {"thinkingConfig": {"includeThoughts": true}}})
+}
+
+/// Gemini: each model turn's calls are answered, one for one, by the responses that open the next
+/// user turn (by id, or by name and order), and no response stands anywhere else.
+fn assert_paired_gemini(body: &Value) {
+    let contents = body["contents"].as_array().unwrap();
+    let is_call = |p: &Value| p.get("functionCall").is_some();
+    let is_response = |p: &Value| p.get("functionResponse").is_some();
+    let mut answered = BTreeSet::new();
+    for (i, content) in contents.iter().enumerate() {
+        let parts = content["parts"].as_array().unwrap();
+        assert!(!parts.is_empty(), "content {i} has no parts");
+        let calls: Vec<&Value> = parts.iter().filter(|p| is_call(p)).map(|p| &p["functionCall"]).collect();
+        if calls.is_empty() {
+            continue;
+        }
+        assert_eq!(content["role"], "model");
+        let next = &contents[i + 1];
+        assert_eq!(next["role"], "user", "a function-call turn must be answered by the next user turn");
+        let next_parts = next["parts"].as_array().unwrap();
+        let leading = next_parts.iter().take_while(|p| is_response(p)).count();
+        assert!(next_parts[leading..].iter().all(|p| !is_response(p)), "responses come first");
+        assert_eq!(leading, calls.len(), "as many responses as calls in content {i}");
+        for (call, response) in calls.iter().zip(&next_parts[..leading]) {
+            let response = &response["functionResponse"];
+            assert_eq!(call["name"], response["name"]);
+            assert_eq!(call.get("id"), response.get("id"));
+            assert!(response["response"].is_object(), "a response stays an object");
+        }
+        answered.insert(i + 1);
+    }
+    for (j, content) in contents.iter().enumerate() {
+        if content["parts"].as_array().unwrap().iter().any(is_response) {
+            assert!(answered.contains(&j), "orphan functionResponse in content {j}");
+        }
+    }
+}
+
+/// Every part carrying a thought signature, in order, with its signature: never edited or moved.
+fn signed_parts(body: &Value) -> Vec<Value> {
+    let Some(contents) = body["contents"].as_array() else { return Vec::new() };
+    contents
+        .iter()
+        .flat_map(|c| c["parts"].as_array().cloned().unwrap_or_default())
+        .filter(|p| p.get("thoughtSignature").is_some())
+        .collect()
+}
+
 /// Responses: every call has exactly one output after it, and no output lacks its call.
 fn assert_paired_responses(body: &Value) {
     let input = body["input"].as_array().unwrap();
@@ -179,6 +282,9 @@ fn assert_paired(dialect: Dialect, body: &Value) {
     if dialect == Dialect::Responses {
         return assert_paired_responses(body);
     }
+    if dialect == Dialect::Gemini {
+        return assert_paired_gemini(body);
+    }
     let messages = body["messages"].as_array().unwrap();
     let mut answered_positions = BTreeSet::new();
     for (i, message) in messages.iter().enumerate() {
@@ -197,7 +303,7 @@ fn assert_paired(dialect: Dialect, body: &Value) {
                 .filter(|b| b["type"] == "tool_use")
                 .map(|b| b["id"].as_str().unwrap())
                 .collect(),
-            Dialect::Responses => unreachable!("checked above"),
+            Dialect::Responses | Dialect::Gemini => unreachable!("checked above"),
         };
         if calls.is_empty() {
             continue;
@@ -224,7 +330,7 @@ fn assert_paired(dialect: Dialect, body: &Value) {
                     results.push(block["tool_use_id"].as_str().unwrap());
                 }
             }
-            Dialect::Responses => unreachable!("checked above"),
+            Dialect::Responses | Dialect::Gemini => unreachable!("checked above"),
         }
         let mut sorted_calls = calls.clone();
         sorted_calls.sort();
@@ -252,6 +358,10 @@ fn assert_paired(dialect: Dialect, body: &Value) {
 
 /// The server-run tool blocks and items, with everything but the text a policy may shorten.
 fn server_blocks(body: &Value) -> Vec<Value> {
+    if let Some(contents) = body["contents"].as_array() {
+        let parts = contents.iter().flat_map(|c| c["parts"].as_array().cloned().unwrap_or_default());
+        return parts.filter(|p| p.get("executableCode").is_some() || p.get("codeExecutionResult").is_some()).collect();
+    }
     let history = if body.get("input").is_some() { body["input"].clone() } else { body["messages"].clone() };
     let mut out = Vec::new();
     for message in history.as_array().unwrap() {
@@ -278,6 +388,13 @@ fn server_blocks(body: &Value) -> Vec<Value> {
 /// User and assistant text, in order.
 fn texts(body: &Value) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(contents) = body["contents"].as_array() {
+        for content in contents {
+            let parts = content["parts"].as_array().unwrap();
+            out.extend(parts.iter().filter_map(|p| p["text"].as_str()).map(str::to_string));
+        }
+        return out;
+    }
     let history = if body.get("input").is_some() { &body["input"] } else { &body["messages"] };
     for message in history.as_array().unwrap() {
         if message["role"] == "tool" {
@@ -285,8 +402,13 @@ fn texts(body: &Value) -> Vec<String> {
         }
         match &message["content"] {
             Value::String(s) => out.push(s.clone()),
-            Value::Array(blocks) => out
-                .extend(blocks.iter().filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap().to_string())),
+            // Chat and Anthropic write `text`, Responses `input_text` and `output_text`.
+            Value::Array(blocks) => out.extend(
+                blocks
+                    .iter()
+                    .filter(|b| matches!(b["type"].as_str(), Some("text" | "input_text" | "output_text")))
+                    .map(|b| b["text"].as_str().unwrap().to_string()),
+            ),
             _ => {}
         }
     }
@@ -302,20 +424,59 @@ pub(crate) fn rewriter() -> Rewriter {
         .rewriter(32 << 20)
 }
 
+/// The histories every property holds under: no cache (every policy at once), a warm prompt cache
+/// over half the conversation (pruning held back unless it pays), the same under window pressure,
+/// and a cache gone cold.
+fn histories(pruned: &BTreeSet<String>, messages: usize) -> Vec<History<'_>> {
+    let warm = History {
+        pruned_before: pruned,
+        seen_messages: messages / 2,
+        pricing: CachePricing::ANTHROPIC,
+        turns: 12,
+        idle: Some(Duration::from_secs(5)),
+        pressure: false,
+    };
+    vec![
+        History::eager(pruned),
+        warm.clone(),
+        History { pressure: true, ..warm.clone() },
+        History { idle: Some(Duration::from_secs(3_600)), pricing: CachePricing::OPENAI, ..warm },
+    ]
+}
+
 fn check(dialect: Dialect, body: Value) {
+    let none = BTreeSet::new();
+    let messages = body.get("input").or(body.get("messages")).and_then(Value::as_array).map_or(0, Vec::len);
+    for (at, history) in histories(&none, messages).into_iter().enumerate() {
+        check_with(dialect, &body, &history, |pruned| histories(pruned, messages).swap_remove(at));
+    }
+}
+
+fn check_with(
+    dialect: Dialect,
+    body: &Value,
+    history: &History,
+    again: impl for<'a> Fn(&'a BTreeSet<String>) -> History<'a>,
+) {
+    let body = body.clone();
     let rewriter = rewriter();
     let bytes = serde_json::to_vec(&body).unwrap();
-    let first = rewriter.rewrite_body(dialect, &bytes, &BTreeSet::new()).unwrap();
+    if dialect == Dialect::Responses {
+        // Every generated Responses conversation opens with developer text: the property sees it.
+        assert!(!texts(&body).is_empty(), "the property must see the conversation's text");
+    }
+    let first = rewriter.rewrite_body_in(dialect, &bytes, history).unwrap();
     let out_bytes = first.body.clone().unwrap_or(bytes.clone());
     let out: Value = serde_json::from_slice(&out_bytes).unwrap();
     assert_paired(dialect, &out);
     assert_eq!(texts(&out), texts(&body), "user and assistant text must be untouched");
     assert_eq!(server_blocks(&out), server_blocks(&body), "server tool blocks keep every field but their text");
+    assert_eq!(signed_parts(&out), signed_parts(&body), "thought signatures keep their parts and places");
     // Repair may add a short synthetic result per unanswered call; nothing else may grow.
     let allowance = first.report.repaired as u32 * 12;
     assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);
     let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
-    let second = rewriter.rewrite_body(dialect, &out_bytes, &pruned).unwrap();
+    let second = rewriter.rewrite_body_in(dialect, &out_bytes, &again(&pruned)).unwrap();
     assert!(
         second.body.is_none(),
         "rewriting the rewritten request must change nothing:\n{}\n---\n{}",
@@ -335,6 +496,11 @@ proptest! {
     #[test]
     fn responses_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
         check(Dialect::Responses, responses_body(&turns));
+    }
+
+    #[test]
+    fn gemini_rewrites_keep_pairs_text_signatures_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
+        check(Dialect::Gemini, gemini_body(&turns));
     }
 
     #[test]

@@ -2,39 +2,41 @@
 //! gives it: doubling the input about doubles the time (issue 9). Reading a request, the whole
 //! rewrite pipeline (parse, count, truncate, dedupe, prune, repair, render), choosing a compaction
 //! cut and rebuilding, recognizing an overflow in an error body, and reading SSE usage are each
-//! timed on hostile shapes.
+//! timed on hostile shapes; so is every scalar a client chooses (the model, call ids, tool names,
+//! header values), each made long (issue 34).
 //!
-//! Each shape is sized so one run takes tens of milliseconds in a debug build; n, 2n and 4n are
-//! timed in turn, five rounds, and the fastest run of each size is compared: 4n must cost well
-//! under the 16x a quadratic step would (under 8x). Taking the sizes in turn spreads a busy moment of a
-//! shared machine over all three, and one timing test runs at a time.
+//! Each shape is sized so its smallest run takes about ten milliseconds of CPU in a debug build
+//! (CPU time of the process, so other work on the shared machine does not count); n, 2n,
+//! 4n, 8n and 16n are timed in turn, five rounds, and the median run of each size counts. The
+//! growth is the slope of log(time) against log(size), fitted over the five sizes: 1 for linear
+//! work, 2 for quadratic. A shape fails at 1.5 or more (16n costing 64x n, where linear work costs
+//! 16x and quadratic 256x): four times the linear cost either side, so neither a busy moment of
+//! the shared machine nor a quadratic step hides behind the bound. No run is ever taken again.
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use compactor::compaction::{plan, summarizer};
 use compactor::config::Config;
 use compactor::dialect::{Dialect, ParsedRequest};
-use compactor::json::RawObject;
 use compactor::overflow::OverflowDetector;
 use compactor::proxy::usage::{Framing, UsageTap};
 use compactor::rewrite::Rewriter;
 use compactor::session::state::CompactionRecord;
 use compactor::tokens::{ModelTable, TokenCounter};
 
-/// One run must last at least this long for the timing to mean something.
-const CALIBRATED_RUN: Duration = Duration::from_millis(50);
+/// The smallest size's run must last at least this long for the timing to mean something.
+const CALIBRATED_RUN: Duration = Duration::from_millis(10);
 /// Past this size a shape is plainly fast enough; calibration stops there.
 const LARGEST_N: usize = 1 << 22;
-/// 4n against n: linear is 4, quadratic 16. The bound sits at their geometric mean: a loaded 2-core
-/// machine and allocator growth push linear runs past 6x at times, while quadratic code lands near 16x.
-const MAX_RATIO_AT_4N: f64 = 8.0;
-/// Rounds of n, 2n, 4n; the fastest run of each size counts.
+/// Sizes n, 2n, … 16n.
+const DOUBLINGS: u32 = 4;
+/// The growth (slope of log time over log size) at which a shape fails: linear is 1, quadratic 2.
+const MAX_GROWTH: f64 = 1.5;
+/// Rounds of every size, taken in turn; the median run of each size counts.
 const ROUNDS: usize = 5;
-/// Rounds of each calibration size.
-const CALIBRATION_ROUNDS: usize = 3;
 
 /// `n` extra fields `"k0":0,"k1":1,…` ready to splice into an object.
 fn many_fields(n: usize) -> String {
@@ -75,64 +77,86 @@ fn shape(
     Shape { name, body: Box::new(body), step: Box::new(step), max_bytes: usize::MAX }
 }
 
-/// How long one `step` over `body` takes.
-fn time_one(step: &Step, body: &[u8]) -> Duration {
-    let start = Instant::now();
-    assert!(step(body), "the step must do its work, or the timing measures a refusal");
-    start.elapsed()
+/// The CPU time this process has used: what a step costs, whatever else the shared machine runs
+/// meanwhile (wall time counts the moments the test waits for a core). Every thread counts, so
+/// work a step hands to a blocking thread is counted too.
+fn cpu_now() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a pointer to a live one.
+    #[allow(unsafe_code)]
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
+    assert_eq!(status, 0, "the process CPU clock is unavailable");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
-/// The fastest run of each body over `rounds` rounds that take the bodies in turn.
-fn fastest_in_turn(step: &Step, bodies: &[Vec<u8>], rounds: usize) -> Vec<Duration> {
-    let mut fastest = vec![Duration::MAX; bodies.len()];
-    for _ in 0..rounds {
-        for (best, body) in fastest.iter_mut().zip(bodies) {
-            *best = (*best).min(time_one(step, body));
+/// The CPU time one `step` over `body` takes.
+fn time_one(step: &Step, body: &[u8]) -> Duration {
+    let start = cpu_now();
+    assert!(step(body), "the step must do its work, or the timing measures a refusal");
+    cpu_now().saturating_sub(start)
+}
+
+/// The median run of each body over [`ROUNDS`] rounds that take the bodies in turn (so a busy
+/// moment of the machine lands on one run of one size, and the median drops it).
+fn median_in_turn(step: &Step, bodies: &[Vec<u8>]) -> Vec<Duration> {
+    let mut runs = vec![Vec::with_capacity(ROUNDS); bodies.len()];
+    for _ in 0..ROUNDS {
+        for (runs, body) in runs.iter_mut().zip(bodies) {
+            runs.push(time_one(step, body));
         }
     }
-    fastest
+    runs.into_iter()
+        .map(|mut runs| {
+            runs.sort();
+            runs[runs.len() / 2]
+        })
+        .collect()
 }
 
-/// Times every shape at n, 2n and 4n and fails naming each shape whose cost grew faster than
-/// linear (with every shape's figures, for docs/architecture.md).
+/// The least-squares slope of log(time) against log(size): how the cost grows with the input.
+fn growth(sizes: &[usize], times: &[Duration]) -> f64 {
+    let points: Vec<(f64, f64)> =
+        sizes.iter().zip(times).map(|(size, time)| ((*size as f64).ln(), time.as_secs_f64().max(1e-9).ln())).collect();
+    let count = points.len() as f64;
+    let (mean_x, mean_y) = points.iter().fold((0.0, 0.0), |(x, y), (px, py)| (x + px / count, y + py / count));
+    let covariance: f64 = points.iter().map(|(x, y)| (x - mean_x) * (y - mean_y)).sum();
+    let variance: f64 = points.iter().map(|(x, _)| (x - mean_x).powi(2)).sum();
+    covariance / variance
+}
+
+/// Times every shape at n, 2n, … 16n and fails naming each shape whose cost grew faster than
+/// linear (with every shape's figures, for docs/architecture.md and docs/correctness.md).
 fn assert_linear(shapes: Vec<Shape>) {
     let _machine = crate::one_at_a_time();
     let mut report = Vec::new();
     let mut too_slow = Vec::new();
+    let largest = 1usize << DOUBLINGS;
     for shape in shapes {
         let mut n = 1_000;
-        // Calibrated on the fastest of a few runs, so one slow run on a busy machine does not
-        // leave the sizes too small to time.
-        while fastest_in_turn(&*shape.step, &[(shape.body)(n)], CALIBRATION_ROUNDS)[0] < CALIBRATED_RUN
-            && n < LARGEST_N
-            && (shape.body)(8 * n).len() <= shape.max_bytes
-        {
+        loop {
+            let body = (shape.body)(n);
+            // The sizes grow linearly with n: the next calibration's largest body is estimated,
+            // not built.
+            let fits = body.len().saturating_mul(2 * largest) <= shape.max_bytes;
+            if n >= LARGEST_N || !fits || median_in_turn(&*shape.step, &[body])[0] >= CALIBRATED_RUN {
+                break;
+            }
             n *= 2;
         }
-        let bodies: Vec<Vec<u8>> = [n, 2 * n, 4 * n].into_iter().map(&*shape.body).collect();
-        let mut times = fastest_in_turn(&*shape.step, &bodies, ROUNDS);
-        let ratio_of = |times: &[Duration]| times[2].as_secs_f64() / times[0].as_secs_f64();
-        if ratio_of(&times) >= MAX_RATIO_AT_4N {
-            // A busy moment of the shared machine can land on one size; a quadratic step fails
-            // the second measure too.
-            let again = fastest_in_turn(&*shape.step, &bodies, ROUNDS);
-            if ratio_of(&again) < ratio_of(&times) {
-                times = again;
-            }
-        }
-        let (base, double, quadruple) = (times[0], times[1], times[2]);
-        let ratio = ratio_of(&times);
+        let sizes: Vec<usize> = (0..=DOUBLINGS).map(|k| n << k).collect();
+        let bodies: Vec<Vec<u8>> = sizes.iter().map(|size| (shape.body)(*size)).collect();
+        let times = median_in_turn(&*shape.step, &bodies);
+        let growth = growth(&sizes, &times);
+        let millis: Vec<String> = times.iter().map(|t| format!("{:.1}", t.as_secs_f64() * 1e3)).collect();
         let line = format!(
-            "{}: n={n} ({} KB) {:.1} ms, 2n {:.1} ms ({:.2}x), 4n {:.1} ms ({ratio:.2}x)",
+            "{}: n={n} ({} KB), n..{largest}n in ms [{}], {largest}n/n {:.1}x, growth {growth:.2}",
             shape.name,
             bodies[0].len() / 1000,
-            base.as_secs_f64() * 1e3,
-            double.as_secs_f64() * 1e3,
-            double.as_secs_f64() / base.as_secs_f64(),
-            quadruple.as_secs_f64() * 1e3,
+            millis.join(", "),
+            times[DOUBLINGS as usize].as_secs_f64() / times[0].as_secs_f64(),
         );
         eprintln!("{line}");
-        if ratio >= MAX_RATIO_AT_4N {
+        if growth >= MAX_GROWTH {
             too_slow.push(line.clone());
         }
         report.push(line);
@@ -144,11 +168,6 @@ fn assert_linear(shapes: Vec<Shape>) {
 fn reading_a_request_costs_time_linear_in_its_size() {
     let parses = |dialect: Dialect| move |body: &[u8]| ParsedRequest::parse(dialect, body).is_some();
     assert_linear(vec![
-        shape(
-            "one object with n keys",
-            |n| format!("{{\"a\":0{}}}", many_fields(n)).into_bytes(),
-            |body| serde_json::from_slice::<RawObject>(body).is_ok(),
-        ),
         shape(
             "a chat request with n top-level keys",
             |n| {
@@ -583,5 +602,203 @@ fn reading_usage_from_a_response_costs_time_linear_in_its_size() {
         )
         // A plain reply is read whole up to 4 MiB (usage.rs); past that it passes unread.
         .up_to(4 << 20),
+    ]);
+}
+
+/// Compactor's whole work before forwarding (`Compactor::prepare`: parse, session
+/// identification, session load, model lookups, every derivation of the rewrite), on its own
+/// runtime, with the default configuration and an in-memory store. The prefix cache is off: its
+/// reuse of an earlier run of the same body would make some runs of a size cheaper than others
+/// (what it adds is a comparison with the earlier body, linear in the body).
+struct RequestPath {
+    compactor: compactor::compaction::Compactor,
+    runtime: tokio::runtime::Runtime,
+}
+
+static REQUEST_PATH: LazyLock<RequestPath> = LazyLock::new(|| {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut config = Config::default();
+    config.limits.prefix_cache_bytes = 0;
+    let compactor = runtime.block_on(async {
+        let store = compactor::session::Store::from_config(&config.session);
+        let upstreams = std::sync::Arc::new(compactor::upstream::Upstreams::new(&config).unwrap());
+        compactor::compaction::Compactor::new(&config, store, upstreams)
+    });
+    RequestPath { compactor, runtime }
+});
+
+/// Prepares a request to `path` with `headers` and `body`; true when compactor read and rewrote
+/// it (a report means the whole pipeline ran, not a refusal).
+fn prepares(path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> bool {
+    let mut map = http::HeaderMap::new();
+    map.insert("content-type", http::HeaderValue::from_static("application/json"));
+    for (name, value) in headers {
+        map.insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(value).unwrap(),
+        );
+    }
+    let route = compactor::route::Route::of(&http::Method::POST, path, &map);
+    let head = compactor::upstream::RequestHead {
+        route,
+        method: http::Method::POST,
+        uri: path.parse().unwrap(),
+        headers: map,
+    };
+    let prepared = REQUEST_PATH.runtime.block_on(REQUEST_PATH.compactor.prepare(&head, Bytes::copy_from_slice(body)));
+    prepared.report.is_some()
+}
+
+/// The body as a request to `path`.
+fn prepared_at(path: &'static str) -> impl Fn(&[u8]) -> bool {
+    move |body| prepares(path, &[], body)
+}
+
+/// The input as the value of header `name` on a request of `body` to `path`.
+fn prepared_with_header(path: &'static str, name: &'static str, body: &'static str) -> impl Fn(&[u8]) -> bool {
+    move |value| prepares(path, &[(name, value)], body.as_bytes())
+}
+
+/// A name of `n` characters that starts like a known one, in two-byte characters past its start
+/// (so every cut of it can fall inside a character).
+fn long_name(start: &str, n: usize) -> String {
+    let mut name = start.to_string();
+    name.extend(std::iter::repeat_n('é', n / 2));
+    name
+}
+
+/// A value of `n` header-safe bytes.
+fn long_value(n: usize) -> Vec<u8> {
+    (0..n).map(|i| b"abcdefghijklmnopqrstuvwxyz0123456789-_"[i % 38]).collect()
+}
+
+const CHAT_PATH: &str = "/v1/chat/completions";
+const MESSAGES_PATH: &str = "/v1/messages";
+const RESPONSES_PATH: &str = "/v1/responses";
+const SMALL_CHAT: &str =
+    r#"{"model":"gpt-4o","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+
+/// A chat turn that called `tool` under `id` and got its output back.
+fn chat_with_call(model: &str, id: &str, tool: &str) -> Vec<u8> {
+    let (model, id, tool) = (json_string(model), json_string(id), json_string(tool));
+    format!(
+        r#"{{"model":{model},"tools":[{{"type":"function","function":{{"name":{tool},"parameters":{{}}}}}}],"messages":[{{"role":"user","content":"go"}},{{"role":"assistant","content":null,"tool_calls":[{{"id":{id},"type":"function","function":{{"name":{tool},"arguments":"{{}}"}}}}]}},{{"role":"tool","tool_call_id":{id},"content":"done"}},{{"role":"user","content":"thanks"}}]}}"#
+    )
+    .into_bytes()
+}
+
+fn anthropic_with_call(model: &str, id: &str, tool: &str) -> Vec<u8> {
+    let (model, id, tool) = (json_string(model), json_string(id), json_string(tool));
+    format!(
+        r#"{{"model":{model},"max_tokens":100,"messages":[{{"role":"user","content":"go"}},{{"role":"assistant","content":[{{"type":"tool_use","id":{id},"name":{tool},"input":{{}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":{id},"content":"done"}}]}}]}}"#
+    )
+    .into_bytes()
+}
+
+fn responses_with_call(model: &str, id: &str, tool: &str) -> Vec<u8> {
+    let (model, id, tool) = (json_string(model), json_string(id), json_string(tool));
+    format!(
+        r#"{{"model":{model},"input":[{{"type":"message","role":"user","content":"go"}},{{"type":"function_call","call_id":{id},"name":{tool},"arguments":"{{}}"}},{{"type":"function_call_output","call_id":{id},"output":"done"}}]}}"#
+    )
+    .into_bytes()
+}
+
+fn json_string(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
+}
+
+#[test]
+fn every_scalar_a_client_chooses_costs_time_linear_in_its_length() {
+    assert_linear(vec![
+        shape(
+            "chat, a model name of n characters",
+            |n| chat_with_call(&long_name("gpt-4o-", n), "c1", "run"),
+            prepared_at(CHAT_PATH),
+        ),
+        shape(
+            "anthropic, a model name of n characters",
+            |n| anthropic_with_call(&long_name("claude-sonnet-4.5-", n), "t1", "run"),
+            prepared_at(MESSAGES_PATH),
+        ),
+        shape(
+            "responses, a model name of n characters",
+            |n| responses_with_call(&long_name("openai/gpt-5-", n), "f1", "run"),
+            prepared_at(RESPONSES_PATH),
+        ),
+        shape(
+            "chat, a call id of n characters",
+            |n| chat_with_call("gpt-4o", &long_name("call_", n), "run"),
+            prepared_at(CHAT_PATH),
+        ),
+        shape(
+            "anthropic, a tool_use id of n characters",
+            |n| anthropic_with_call("claude-sonnet-4-5", &long_name("toolu_", n), "run"),
+            prepared_at(MESSAGES_PATH),
+        ),
+        shape(
+            "responses, a call_id of n characters",
+            |n| responses_with_call("gpt-5", &long_name("fc_", n), "run"),
+            prepared_at(RESPONSES_PATH),
+        ),
+        shape(
+            "chat, a tool name of n characters",
+            |n| chat_with_call("gpt-4o", "c1", &long_name("run_", n)),
+            prepared_at(CHAT_PATH),
+        ),
+        shape(
+            "anthropic, a tool name of n characters",
+            |n| anthropic_with_call("claude-sonnet-4-5", "t1", &long_name("read_", n)),
+            prepared_at(MESSAGES_PATH),
+        ),
+        shape(
+            "responses, a tool name of n characters",
+            |n| responses_with_call("gpt-5", "f1", &long_name("shell_", n)),
+            prepared_at(RESPONSES_PATH),
+        ),
+        shape(
+            "chat, a prompt_cache_key of n characters",
+            |n| {
+                let key = json_string(&long_name("session-", n));
+                format!(
+                    r#"{{"model":"gpt-4o","prompt_cache_key":{key},"messages":[{{"role":"user","content":"hi"}}]}}"#
+                )
+                .into_bytes()
+            },
+            prepared_at(CHAT_PATH),
+        ),
+        shape(
+            "anthropic, a metadata.user_id of n characters",
+            |n| {
+                let user =
+                    json_string(&format!("user_{}_account_x_session_{}", long_name("", n / 2), long_name("", n / 2)));
+                format!(r#"{{"model":"claude-sonnet-4-5","max_tokens":10,"metadata":{{"user_id":{user}}},"messages":[{{"role":"user","content":"hi"}}]}}"#)
+                    .into_bytes()
+            },
+            prepared_at(MESSAGES_PATH),
+        ),
+        shape("a session header of n bytes", long_value, prepared_with_header(CHAT_PATH, "x-session-id", SMALL_CHAT)),
+        shape(
+            "Claude Code's session header of n bytes",
+            long_value,
+            prepared_with_header(
+                MESSAGES_PATH,
+                "x-claude-code-session-id",
+                r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#,
+            ),
+        ),
+        shape(
+            "a bearer credential of n bytes",
+            |n| [b"Bearer ".as_slice(), &long_value(n)].concat(),
+            prepared_with_header(CHAT_PATH, "authorization", SMALL_CHAT),
+        ),
+        shape(
+            "an x-api-key of n bytes",
+            long_value,
+            prepared_with_header(
+                MESSAGES_PATH,
+                "x-api-key",
+                r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#,
+            ),
+        ),
     ]);
 }

@@ -1,0 +1,378 @@
+//! Google's Gemini API (`generateContent`): `contents` of roles `user` and `model` (and the older
+//! `function`), each a list of `parts`; `systemInstruction` as the system prompt; the model is in
+//! the path, not the body.
+//!
+//! Client tool pairs are a model turn's `functionCall` parts answered by `functionResponse` parts
+//! in the next user turn: by `id` when the model gave one, else by name and order (the k-th call
+//! of a name is answered by the k-th response of that name). Pruning and truncation replace a
+//! response's `response` object with one of the same shape (`{"output": "<placeholder>"}`, or
+//! the one key the response had), keeping `name` and `id`; a response carrying `parts` (inline
+//! data) is never shortened. `thoughtSignature` is never read or written: the part that carries it
+//! (a call, a thought, a text) keeps its bytes and its place in its turn, which compactor never
+//! splits. `executableCode` / `codeExecutionResult` are the provider's (run inside its turn):
+//! never repaired or shortened. `inlineData` / `fileData` are counted, never touched.
+
+use std::borrow::Cow;
+
+use super::{Message, ParsedRequest};
+use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
+use crate::json::{self, RawObject};
+
+/// The first character of an id compactor made up for a call the model gave none: never one a
+/// provider writes, so it never meets a real id.
+const MADE_UP: char = '\u{1}';
+
+/// Reads `systemInstruction` (or its snake_case spelling) into `parsed`.
+pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
+    for key in ["systemInstruction", "system_instruction"] {
+        let Some(raw) = parsed.top.get(key).filter(|raw| *raw != "null") else { continue };
+        let content = RawObject::parse(raw)?;
+        let parts = content.get("parts").map(json::as_array).unwrap_or_default().unwrap_or_default();
+        let texts: Vec<Cow<'a, str>> = parts.iter().filter_map(|part| RawObject::parse(part)?.str("text")).collect();
+        let text =
+            if texts.len() == 1 { texts.into_iter().next().unwrap_or_default() } else { Cow::Owned(texts.join("\n")) };
+        parsed.push_top_system(text);
+    }
+    Some(())
+}
+
+/// Reads content `index` (`raw`, already read as `object`) into `parsed`.
+pub(super) fn parse_message<'a>(
+    parsed: &mut ParsedRequest<'a>,
+    index: usize,
+    raw: &'a str,
+    object: RawObject<'a>,
+) -> Option<()> {
+    let role = match object.str("role").as_deref() {
+        // countTokens' contents may leave the role out: a user's.
+        None | Some("user") => Role::User,
+        Some("model") => Role::Assistant,
+        Some("function") | Some("tool") => Role::Tool,
+        Some(_) => return None,
+    };
+    let parts = match object.get("parts") {
+        Some(parts) if parts.starts_with('[') => json::as_array(parts)?,
+        None | Some("null") => Vec::new(),
+        Some(_) => return None,
+    };
+    // The model turn a response without an id answers: the last one before this content.
+    let calling = parsed.messages.iter().rposition(|m| m.role == Role::Assistant);
+    let mut calls_by_name: Vec<(String, usize)> = Vec::new();
+    let mut code_runs = (0usize, 0usize);
+    for (b, part) in parts.iter().enumerate() {
+        let item = part_item(index, b, role, part, calling, &mut calls_by_name, &mut code_runs)?;
+        parsed.conversation.items.push(item);
+    }
+    parsed.messages.push(Message { raw, object, role, blocks: Some(parts) });
+    Some(())
+}
+
+/// The ordinal of the next call (or response) of `name` in this content, counted.
+fn ordinal(seen: &mut Vec<(String, usize)>, name: &str) -> usize {
+    match seen.iter_mut().find(|(n, _)| n == name) {
+        Some((_, count)) => {
+            *count += 1;
+            *count - 1
+        }
+        None => {
+            seen.push((name.to_string(), 1));
+            0
+        }
+    }
+}
+
+/// The id standing for a call the model gave no id: its turn, name and ordinal.
+fn made_up_id(message: usize, name: &str, ordinal: usize) -> String {
+    format!("{MADE_UP}{message}:{ordinal}:{name}")
+}
+
+/// The neutral item of one part; `None` when a part compactor knows lacks a field it requires
+/// (the request then goes untouched).
+fn part_item<'a>(
+    message: usize,
+    b: usize,
+    role: Role,
+    part: &'a str,
+    calling: Option<usize>,
+    names: &mut Vec<(String, usize)>,
+    code_runs: &mut (usize, usize),
+) -> Option<Item<'a>> {
+    let item = |kind| Item::new(message, Some(b), kind);
+    let Some(object) = RawObject::parse(part) else { return Some(item(Kind::Other { raw: part })) };
+    let text_role = if role == Role::Assistant { Role::Assistant } else { Role::User };
+    if let Some(call) = object.get("functionCall") {
+        let call = RawObject::parse(call)?;
+        let name = call.str("name")?;
+        let id = match call.str("id") {
+            Some(id) => id,
+            None => Cow::Owned(made_up_id(message, &name, ordinal(names, &name))),
+        };
+        let arguments = call.get("args").map(Cow::Borrowed).unwrap_or_default();
+        return Some(item(Kind::ToolCall { id: Some(id), name, arguments }));
+    }
+    if let Some(response) = object.get("functionResponse") {
+        let response = RawObject::parse(response)?;
+        let name = response.str("name")?;
+        let call_id = match response.str("id") {
+            Some(id) => id,
+            None => Cow::Owned(made_up_id(calling.unwrap_or(usize::MAX), &name, ordinal(names, &name))),
+        };
+        let attachments = response.get("parts").and_then(json::as_array).map_or(0, |p| p.len() as u32);
+        let body = response.get("response");
+        let (text, shortenable) = match body.and_then(RawObject::parse) {
+            Some(body) => (response_text(&body).unwrap_or(Cow::Borrowed(body_raw(&response))), attachments == 0),
+            None => (Cow::Borrowed(body.unwrap_or("")), false),
+        };
+        let kind = Kind::ToolResult { call_id: Some(call_id), text, attachments };
+        return Some(item(kind).shortenable(shortenable));
+    }
+    if object.get("inlineData").is_some() || object.get("fileData").is_some() {
+        return Some(item(Kind::Attachment));
+    }
+    // Code the provider ran inside its own turn, paired with its result by order.
+    if let Some(code) = object.get("executableCode").and_then(RawObject::parse) {
+        let id = Cow::Owned(format!("{MADE_UP}code:{message}:{}", code_runs.0));
+        code_runs.0 += 1;
+        let kind = Kind::ToolCall {
+            id: Some(id),
+            name: Cow::Borrowed("code_execution"),
+            arguments: code.str("code").unwrap_or_default(),
+        };
+        return Some(item(kind).provider_run());
+    }
+    if let Some(result) = object.get("codeExecutionResult").and_then(RawObject::parse) {
+        let id = Cow::Owned(format!("{MADE_UP}code:{message}:{}", code_runs.1));
+        code_runs.1 += 1;
+        let kind =
+            Kind::ToolResult { call_id: Some(id), text: result.str("output").unwrap_or_default(), attachments: 0 };
+        return Some(item(kind).provider_run().shortenable(false));
+    }
+    if let Some(text) = object.get("text") {
+        let text = json::as_str(text)?;
+        if object.get("thought").is_some_and(|t| t == "true") {
+            return Some(item(Kind::Thinking { text }));
+        }
+        return Some(item(Kind::Text { role: text_role, text }));
+    }
+    Some(item(Kind::Other { raw: part }))
+}
+
+/// The raw `response` object of a function response.
+fn body_raw<'a>(response: &RawObject<'a>) -> &'a str {
+    response.get("response").unwrap_or("")
+}
+
+/// A response object's one string, when it is all it holds (`{"output": "…"}`, `{"error": "…"}`).
+fn response_text<'a>(body: &RawObject<'a>) -> Option<Cow<'a, str>> {
+    match body.fields.as_slice() {
+        [(_, value)] if value.starts_with('"') => json::as_str(value),
+        _ => None,
+    }
+}
+
+/// The `contents` array with every edit and insert applied; untouched contents keep their bytes.
+pub(super) fn render_contents(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
+    let conversation = &parsed.conversation;
+    // Synthetic responses, by the model turn whose calls they answer.
+    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
+    for insert in &conversation.inserts {
+        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
+            slot.push(insert);
+        }
+    }
+    let none: &[&InsertResult] = &[];
+    let answers = |index: usize| matches!(parsed.messages.get(index).map(|m| m.role), Some(Role::User | Role::Tool));
+    let mut renders = parsed.memo.renders(&parsed.unapplied);
+    for (index, message) in parsed.messages.iter().enumerate() {
+        let owed_here = if index > 0 && answers(index) { owed[index - 1].as_slice() } else { none };
+        if !owed_here.is_empty() {
+            if let Some(text) = render_content(parsed, index, message, owed_here) {
+                out.push(&text);
+            }
+        } else if conversation.message_changed(index) {
+            let items = conversation.items_of(index);
+            if let Some(text) = renders.message(index, items, None, || render_content(parsed, index, message, none)) {
+                out.push(&text);
+            }
+        } else {
+            out.push(message.raw);
+        }
+        // No user turn follows this model turn: its responses get one of their own.
+        if message.role == Role::Assistant && !answers(index + 1) && !owed[index].is_empty() {
+            let parts: Vec<String> = owed[index].iter().map(|insert| synthetic_part(parsed, insert)).collect();
+            out.push(&format!(r#"{{"role":"user","parts":[{}]}}"#, parts.join(",")));
+        }
+    }
+    renders.keep();
+}
+
+/// A `functionResponse` part answering the call of `insert`: with the call's id when it had one.
+fn synthetic_part(parsed: &ParsedRequest, insert: &InsertResult) -> String {
+    let call = &parsed.conversation.items[insert.call_item];
+    let name = match &call.kind {
+        Kind::ToolCall { name, .. } => name.as_ref(),
+        _ => "",
+    };
+    let mut out = String::from(r#"{"functionResponse":{"#);
+    if !insert.call_id.starts_with(MADE_UP) {
+        out.push_str(r#""id":"#);
+        json::push_json_string(&mut out, &insert.call_id);
+        out.push(',');
+    }
+    out.push_str(r#""name":"#);
+    json::push_json_string(&mut out, name);
+    out.push_str(r#","response":{"output":"#);
+    json::push_json_string(&mut out, &insert.text);
+    out.push_str("}}}");
+    out
+}
+
+/// A `functionResponse` part with its `response` replaced by an object of the same shape holding
+/// `text`: the response's one key when it had one string, else `output`. Every other field of
+/// the part and of the response (`name`, `id`) keeps its bytes.
+fn replace_response(part: &str, text: &str) -> Option<String> {
+    let object = RawObject::parse(part)?;
+    let response = RawObject::parse(object.get("functionResponse")?)?;
+    let body = response.get("response").and_then(RawObject::parse);
+    let key = match body.as_ref().map(|b| b.fields.as_slice()) {
+        Some([(key, value)]) if value.starts_with('"') => key.to_string(),
+        _ => "output".to_string(),
+    };
+    let mut replaced = String::from("{");
+    json::push_json_string(&mut replaced, &key);
+    replaced.push(':');
+    json::push_json_string(&mut replaced, text);
+    replaced.push('}');
+    let mut inner = String::new();
+    response.write(&mut inner, &[], |k| (k == "response").then(|| replaced.clone()));
+    let mut out = String::with_capacity(part.len());
+    object.write(&mut out, &[], |k| (k == "functionResponse").then(|| inner.clone()));
+    Some(out)
+}
+
+/// A changed content: kept parts raw, shortened responses re-rendered, removed ones left out,
+/// synthetic responses after the content's own responses; `None` when no part is left.
+fn render_content(parsed: &ParsedRequest, index: usize, message: &Message, owed: &[&InsertResult]) -> Option<String> {
+    let items = parsed.conversation.items_of(index);
+    let parts = message.blocks.as_deref().unwrap_or_default();
+    let mut by_part: Vec<Option<&Item>> = vec![None; parts.len()];
+    for item in items {
+        if let Some(slot) = item.block.and_then(|b| by_part.get_mut(b))
+            && slot.is_none()
+        {
+            *slot = Some(item);
+        }
+    }
+    // (is a function response, rendered part)
+    let mut rendered: Vec<(bool, String)> = Vec::with_capacity(parts.len() + owed.len());
+    for (part, item) in parts.iter().zip(by_part) {
+        let response = item.is_some_and(|i| matches!(i.kind, Kind::ToolResult { .. }) && i.repairable);
+        match item.map(|i| &i.edit) {
+            Some(Edit::Remove) => {}
+            Some(Edit::Replace(text)) if response => {
+                rendered.push((true, replace_response(part, text).unwrap_or_else(|| part.to_string())))
+            }
+            _ => rendered.push((response, part.to_string())),
+        }
+    }
+    let at = rendered.iter().take_while(|(response, _)| *response).count();
+    rendered.splice(at..at, owed.iter().map(|insert| (true, synthetic_part(parsed, insert))));
+    if !owed.is_empty() && index > 0 {
+        // The responses in the order of the calls they answer, as the model made them.
+        let calls: Vec<&str> = parsed.conversation.items_of(index - 1).iter().filter_map(|i| i.call_id()).collect();
+        let kept = items.iter().filter(|i| i.edit != Edit::Remove && matches!(i.kind, Kind::ToolResult { .. }));
+        let ids: Vec<Option<&str>> =
+            kept.map(|i| i.call_id()).chain(owed.iter().map(|insert| Some(insert.call_id.as_str()))).collect();
+        let leading = at + owed.len();
+        if ids.len() == leading {
+            let position =
+                |id: Option<&str>| id.and_then(|id| calls.iter().position(|c| *c == id)).unwrap_or(usize::MAX);
+            let mut order: Vec<usize> = (0..leading).collect();
+            order.sort_by_key(|&k| position(ids[k]));
+            let mut taken: Vec<Option<(bool, String)>> = rendered.drain(..leading).map(Some).collect();
+            let sorted: Vec<(bool, String)> = order.iter().filter_map(|&k| taken[k].take()).collect();
+            rendered.splice(0..0, sorted);
+        }
+    }
+    if rendered.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = rendered.into_iter().map(|(_, part)| part).collect();
+    let parts = format!("[{}]", parts.join(","));
+    let mut out = String::with_capacity(parts.len() + 32);
+    message.object.write(&mut out, &[], |key| (key == "parts").then(|| parts.clone()));
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::{Dialect, ParsedRequest};
+
+    #[test]
+    fn a_shortened_response_keeps_its_shape_name_and_id() {
+        let part = r#"{"functionResponse":{"id":"c1","name":"read_file","response":{"output":"long text"}},"x":1}"#;
+        let replaced = replace_response(part, "[cleared]").unwrap();
+        assert_eq!(
+            replaced,
+            r#"{"functionResponse":{"id":"c1","name":"read_file","response":{"output":"[cleared]"}},"x":1}"#
+        );
+        let error = r#"{"functionResponse":{"name":"run","response":{"error":"boom"}}}"#;
+        assert_eq!(
+            replace_response(error, "cut").unwrap(),
+            r#"{"functionResponse":{"name":"run","response":{"error":"cut"}}}"#
+        );
+        let structured = r#"{"functionResponse":{"name":"run","response":{"a":1,"b":"x"}}}"#;
+        assert_eq!(
+            replace_response(structured, "cut").unwrap(),
+            r#"{"functionResponse":{"name":"run","response":{"output":"cut"}}}"#
+        );
+    }
+
+    #[test]
+    fn calls_without_ids_pair_with_responses_by_name_and_order() {
+        let body = r#"{"contents":[
+            {"role":"user","parts":[{"text":"go"}]},
+            {"role":"model","parts":[{"functionCall":{"name":"a","args":{}},"thoughtSignature":"s1"},{"functionCall":{"name":"b","args":{}}},{"functionCall":{"name":"a","args":{}}}]},
+            {"role":"user","parts":[{"functionResponse":{"name":"b","response":{"output":"B"}}},{"functionResponse":{"name":"a","response":{"output":"A0"}}},{"functionResponse":{"name":"a","response":{"output":"A1"}}}]}
+        ]}"#;
+        let parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        let pairs: Vec<(String, String)> = parsed
+            .conversation
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::ToolResult { call_id: Some(id), text, .. } => Some((id.to_string(), text.to_string())),
+                _ => None,
+            })
+            .collect();
+        let call_ids: Vec<String> = parsed
+            .conversation
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::ToolCall { id: Some(id), .. } => Some(id.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pairs[0], (call_ids[1].clone(), "B".to_string()));
+        assert_eq!(pairs[1], (call_ids[0].clone(), "A0".to_string()));
+        assert_eq!(pairs[2], (call_ids[2].clone(), "A1".to_string()));
+    }
+
+    #[test]
+    fn responses_with_inline_data_and_provider_code_are_never_shortenable() {
+        let body = r#"{"contents":[
+            {"role":"model","parts":[{"functionCall":{"id":"c","name":"shot","args":{}}},{"executableCode":{"language":"PYTHON","code":"1"}},{"codeExecutionResult":{"outcome":"OUTCOME_OK","output":"1"}}]},
+            {"role":"user","parts":[{"functionResponse":{"id":"c","name":"shot","response":{"output":"png"},"parts":[{"inlineData":{"mimeType":"image/png","data":"AAAA"}}]}},{"inlineData":{"mimeType":"image/png","data":"AAAA"}}]}
+        ]}"#;
+        let parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        let kinds: Vec<(bool, bool)> =
+            parsed.conversation.items.iter().map(|i| (i.repairable, i.shortenable)).collect();
+        // call, code (provider's), result (provider's), response with parts, attachment.
+        assert_eq!(kinds[1], (false, true));
+        assert_eq!(kinds[2], (false, false));
+        assert_eq!(kinds[3], (true, false));
+        assert!(matches!(parsed.conversation.items[4].kind, Kind::Attachment));
+    }
+}
