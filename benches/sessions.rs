@@ -35,6 +35,11 @@ use common::provider::{
 };
 
 const MODES: [&str; 3] = ["cost", "windows", "agents"];
+/// What the cost sessions' compactor assumes it has measured of how long conversations run: a
+/// deployment that has seen as many conversations of 20, 60 and 150 turns as the table has rows.
+/// Each session starts a fresh compactor, which has measured nothing; without an assumption no
+/// batch below pressure ever pays back and every row reads 1.00x.
+const DEFAULT_ASSUMED_RUNS: &str = "20,60,150";
 /// A model name no table knows: compactor guesses its window (128k) and its tokenizer (o200k).
 const UNKNOWN_MODEL: &str = "sim-local-model";
 
@@ -46,6 +51,8 @@ struct Settings {
     outputs: Vec<usize>,
     /// Sessions per cost row.
     seeds: usize,
+    /// Run lengths the cost sessions' compactor assumes it has measured (`[prune] assumed_runs`).
+    assumed_runs: Vec<u64>,
 }
 
 fn main() {
@@ -78,6 +85,7 @@ impl Settings {
         let mut jobs = env("SESSIONS_JOBS");
         let mut outputs = env("SESSIONS_OUTPUTS");
         let mut seeds = env("SESSIONS_SEEDS");
+        let mut assumed = std::env::var("SESSIONS_ASSUMED_RUNS").ok();
         let mut modes = Vec::new();
         let mut filtered_out = false;
         let mut rest = args.iter();
@@ -88,9 +96,10 @@ impl Settings {
                 "--jobs" => jobs = Some(rest.next().ok_or("--jobs needs a value")?.clone()),
                 "--outputs" => outputs = Some(rest.next().ok_or("--outputs needs a value")?.clone()),
                 "--seeds" => seeds = Some(rest.next().ok_or("--seeds needs a value")?.clone()),
+                "--assumed-runs" => assumed = Some(rest.next().ok_or("--assumed-runs needs a value")?.clone()),
                 other if other.starts_with('-') => {
                     return Err(format!(
-                        "unknown argument {other:?} (known: cost windows agents --extra --jobs --outputs --seeds)"
+                        "unknown argument {other:?} (known: cost windows agents --extra --jobs --outputs --seeds --assumed-runs)"
                     ));
                 }
                 other => match MODES.iter().find(|m| **m == other) {
@@ -122,7 +131,15 @@ impl Settings {
             Some(seeds) => seeds.parse::<usize>().map_err(|_| format!("--seeds {seeds:?}: not a number"))?.max(1),
             None => 5,
         };
-        Ok(Some(Self { modes, extra, jobs, outputs, seeds }))
+        let assumed = assumed.unwrap_or_else(|| DEFAULT_ASSUMED_RUNS.to_string());
+        let assumed_runs = assumed
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty() && *n != "none")
+            .map(str::parse::<u64>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| format!("--assumed-runs {assumed:?}: expected comma-separated turn counts, or none"))?;
+        Ok(Some(Self { modes, extra, jobs, outputs, seeds, assumed_runs }))
     }
 }
 
@@ -141,6 +158,11 @@ async fn run(settings: Settings) {
         }
         if *mode == "cost" && settings.seeds != 5 {
             command = format!("SESSIONS_SEEDS={} {command}", settings.seeds);
+        }
+        let assumed: Vec<String> = settings.assumed_runs.iter().map(u64::to_string).collect();
+        if *mode == "cost" && assumed.join(",") != DEFAULT_ASSUMED_RUNS {
+            let list = if assumed.is_empty() { "none".to_string() } else { assumed.join(",") };
+            command = format!("SESSIONS_ASSUMED_RUNS={list} {command}");
         }
         println!("\n### `{command}`\n");
         match *mode {
@@ -192,19 +214,39 @@ where
     results
 }
 
-/// Starts compactor in front of `provider` (off the async workers: it waits for the binary).
-async fn compactor_for(provider: &ProviderSim, extra: &str) -> ProxyProcess {
+/// Starts compactor in front of `provider` (off the async workers: it waits for the binary), with
+/// `assumed_runs` as `[prune] assumed_runs` (by environment, so `--extra` may carry a `[prune]`).
+async fn compactor_for(provider: &ProviderSim, extra: &str, assumed_runs: &[u64]) -> ProxyProcess {
     let config = provider.compactor_config(extra);
-    tokio::task::spawn_blocking(move || ProxyProcess::start_with(&config, &[])).await.expect("start compactor")
+    let list: Vec<String> = assumed_runs.iter().map(u64::to_string).collect();
+    let assumed = format!("[{}]", list.join(","));
+    tokio::task::spawn_blocking(move || {
+        let env: &[(&str, &str)] =
+            if assumed == "[]" { &[] } else { &[("COMPACTOR_PRUNE__ASSUMED_RUNS", assumed.as_str())] };
+        ProxyProcess::start_with(&config, env)
+    })
+    .await
+    .expect("start compactor")
 }
 
 /// One session against a fresh provider, straight or through a fresh compactor.
 async fn session(spec: ProviderSpec, session: SessionSpec, turns: usize, compactor: Option<String>) -> Run {
+    assumed_session(spec, session, turns, compactor, Vec::new()).await
+}
+
+/// [`session`] with a compactor that assumes `assumed_runs`.
+async fn assumed_session(
+    spec: ProviderSpec,
+    session: SessionSpec,
+    turns: usize,
+    compactor: Option<String>,
+    assumed_runs: Vec<u64>,
+) -> Run {
     let provider = ProviderSim::start(spec).await;
     let mut session = AgentSession::new(session);
     match compactor {
         Some(config) => {
-            let proxy = compactor_for(&provider, &config).await;
+            let proxy = compactor_for(&provider, &config, &assumed_runs).await;
             drive(&proxy.url(""), &provider, &mut session, turns).await
         }
         None => drive(&provider.url(), &provider, &mut session, turns).await,
@@ -302,9 +344,10 @@ async fn cost(settings: &Settings) {
         let provider = ProviderSpec { window: 1_000_000, keep_bodies: false, ..ProviderSpec::default() };
         let spec = SessionSpec::new(agent, model).outputs(&outputs).seed(turns as u64 * 1_000 + seed);
         let config = config.clone();
+        let assumed = settings.assumed_runs.clone();
         async move {
             let direct = session(provider.clone(), spec.clone(), turns, None).await;
-            let through = session(provider, spec, turns, Some(config)).await;
+            let through = assumed_session(provider, spec, turns, Some(config), assumed).await;
             (agent, turns, CostSample::of(&direct, &through))
         }
     })
@@ -319,8 +362,15 @@ async fn cost(settings: &Settings) {
          cache reads 0.1x, writes 1.25x; OpenAI gpt-4.1: cached input 0.25x) plus summary calls at full input price and their output \
          (5x Anthropic, 4x gpt-4.1); the agent's own output is the same both ways and left out. \"prefix\" prices the longest common \
          prefix with the previous request, message by message, markers ignored; \"breakpoints\" applies Anthropic's rule (entries only \
-         at cache_control breakpoints, 20-block lookback; Messages only). Local: tokens re-prefilled after the first changed token.\n",
-        settings.seeds
+         at cache_control breakpoints, 20-block lookback; Messages only). Local: tokens re-prefilled after the first changed token. \
+         Horizon: compactor assumes it has measured conversations of {} turns (`[prune] assumed_runs`; a fresh compactor has measured \
+         none, and then nothing below pressure pays back).\n",
+        settings.seeds,
+        if settings.assumed_runs.is_empty() {
+            "no length".to_string()
+        } else {
+            settings.assumed_runs.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        }
     );
     println!(
         "| shape (dialect) | turns | input tokens direct → compactor | input sent | cache reads | cache writes | cache breaks | summary calls | **cost, Anthropic (prefix)** [range] | cost, Anthropic (breakpoints) | cost, OpenAI gpt-4.1 | local re-prefill | facts kept |"

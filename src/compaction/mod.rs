@@ -255,6 +255,7 @@ impl Compactor {
             }
         }
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
+        ctx.count_turn(ladder.cache.lifetime);
         ctx.note_forwarded(u64::from(report.tokens_after));
         metric::rewrite_done(route, &report, sent != body);
         if let Some(reason) = report.prefix_break {
@@ -648,11 +649,13 @@ impl Compactor {
         let conversation = ctx.conversation();
         // What the provider saw: the previous request's messages, as the client counts them.
         let seen_by_client = usize::try_from(conversation.messages).unwrap_or(usize::MAX);
+        let prune = &settings.prune;
+        let later_turns = ctx.later_turns(ladder.cache.lifetime, prune.payback_confidence, &prune.assumed_runs);
         let history = |seen_messages: usize| History {
             pruned_before: &conversation.pruned,
             seen_messages,
             pricing: ladder.cache,
-            turns: conversation.requests,
+            later_turns,
             idle: ctx.idle(),
             pressure,
         };

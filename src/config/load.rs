@@ -144,6 +144,10 @@ impl Config {
                 pressure: r.parse("prune.pressure", d.prune.pressure, |p: f64| {
                     if p > 0.0 && p <= 1.0 { Ok(p) } else { Err("must be in (0, 1]".into()) }
                 }),
+                payback_confidence: r.parse("prune.payback_confidence", d.prune.payback_confidence, |p: f64| {
+                    if p > 0.0 && p <= 1.0 { Ok(p) } else { Err("must be in (0, 1]".into()) }
+                }),
+                assumed_runs: r.get("prune.assumed_runs", d.prune.assumed_runs),
             },
             truncate: TruncateConfig {
                 enabled: r.get("truncate.enabled", d.truncate.enabled),

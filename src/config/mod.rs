@@ -78,9 +78,20 @@ pub struct PruneConfig {
     pub placeholder: String,
     pub protected_tools: Vec<String>,
     pub dedupe: bool,
-    /// Share of the window (less the output reserve) above which a prune batch goes whatever it
-    /// costs the prompt cache.
+    /// Share of the window (less the output reserve) above which a ready prune batch goes whatever
+    /// it costs the prompt cache: by default compaction's threshold, so old outputs are the first
+    /// thing given up when the window runs out of room, and nothing the model read goes before.
+    /// Below it a batch goes only when the cache is cold (the conversation idle past the
+    /// upstream's cache lifetime) or when it pays back (see docs/payback.md).
     pub pressure: f64,
+    /// Below pressure, on a warm cache, a prune batch goes only when it pays back over the turns
+    /// the conversation runs with at least this probability, by how long the deployment has seen
+    /// conversations of the model run.
+    pub payback_confidence: f64,
+    /// Run lengths (turns on a warm cache) counted as if measured, each as much as the estimate
+    /// needs to use it; none by default: until the deployment has measured its own, no batch
+    /// pays back.
+    pub assumed_runs: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -361,7 +372,9 @@ impl Default for Config {
                 placeholder: crate::rewrite::placeholder::DEFAULT.into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
-                pressure: 0.5,
+                pressure: 0.8,
+                payback_confidence: 0.9,
+                assumed_runs: Vec::new(),
             },
             truncate: TruncateConfig { enabled: true, tool_output_max_tokens: 10_000 },
             repair: RepairConfig { enabled: true },
@@ -404,6 +417,8 @@ impl Config {
                 placeholder: crate::rewrite::placeholder::Template::new(&self.prune.placeholder),
                 protected_tools: self.prune.protected_tools.clone(),
                 pressure: self.prune.pressure,
+                payback_confidence: self.prune.payback_confidence,
+                assumed_runs: self.prune.assumed_runs.clone(),
             },
             openai_cache: self.upstream.openai_cache,
             anthropic_cache: self.upstream.anthropic_cache,

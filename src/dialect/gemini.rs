@@ -270,7 +270,12 @@ fn render_content(parsed: &ParsedRequest, index: usize, message: &Message, owed:
         match item.map(|i| &i.edit) {
             Some(Edit::Remove) => {}
             Some(Edit::Replace(text)) if response => {
-                rendered.push((true, replace_response(part, text).unwrap_or_else(|| part.to_string())))
+                // A response that cannot be rewritten goes as it came, and is not counted as saved.
+                let replaced = replace_response(part, text).unwrap_or_else(|| {
+                    parsed.unapplied.push(index);
+                    part.to_string()
+                });
+                rendered.push((true, replaced))
             }
             _ => rendered.push((response, part.to_string())),
         }

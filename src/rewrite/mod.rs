@@ -1,6 +1,7 @@
 //! The rewrite stage: parse, count, then truncate, dedupe, prune and repair on the neutral view,
 //! and render only what changed.
 
+pub mod cache_cost;
 pub mod dedupe;
 pub mod payback;
 pub mod placeholder;
@@ -16,7 +17,7 @@ use crate::dialect::{Dialect, ParsedRequest};
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TokenCounter};
 use crate::work::{self, Stopped};
 
-pub use payback::{CachePricing, History, Reason};
+pub use payback::{CachePricing, History, Pending, Reason};
 pub use prune::PruneSettings;
 
 /// The policies' settings, from `[prune]`, `[truncate]`, `[repair]` and `[tokens]`.

@@ -4,19 +4,23 @@
 //! not what it removes. A pending rewrite of old content (a prune batch) goes only when:
 //!
 //! - the window needs it (`pressure`, decided by compaction's budget), or
-//! - the cache is cold anyway (the conversation idle longer than the cache's lifetime), or
-//! - it pays back: `freed × expected remaining turns × read` ≥ the extra it costs now,
-//!   `(write − read) × seen tokens after the change − write × freed`, where the expected
-//!   remaining turns are the turns the conversation has run so far (a session that ran n turns
-//!   is as likely as not to run n more).
+//! - the provider has no cache, or the cache is cold anyway (the conversation idle longer than
+//!   the cache's lifetime): the rewrite costs nothing extra, or
+//! - it pays back: priced by the cache model ([`super::cache_cost`]), this request and the turns
+//!   the conversation will run with high probability ([`History::later_turns`], measured per
+//!   model by the deployment: [`crate::session::runs`]) cost less with the rewrite than without.
 //!
-//! With no cache (`none`: read = write = 1) the extra is negative and every batch goes at once,
-//! as it always did.
+//! The arithmetic, in base-price tokens, for a batch that frees `f` tokens with `a` seen tokens
+//! after its first change (the placeholders included): now, the rewrite re-writes `a` instead of
+//! reading `a + f`, an extra `(write − read) × a − read × f`; each later turn reads `f` fewer
+//! tokens, `read × f`. With no measured horizon nothing below pressure pays back.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
+
+use super::cache_cost::Turns;
 
 /// A provider's prompt-cache prices relative to its base input price, and how long an entry
 /// lives without use.
@@ -107,8 +111,9 @@ pub struct History<'a> {
     /// what the agent just added.
     pub seen_messages: usize,
     pub pricing: CachePricing,
-    /// Requests the conversation has run.
-    pub turns: u64,
+    /// Turns the conversation will still run on a warm cache after this request, with high
+    /// probability (the deployment's measured horizon; 0 when it has measured nothing).
+    pub later_turns: u64,
     /// Time since the conversation's previous request; `None` for its first.
     pub idle: Option<Duration>,
     /// The window needs room: rewrite whatever helps, whatever it costs.
@@ -118,7 +123,14 @@ pub struct History<'a> {
 impl<'a> History<'a> {
     /// No cache, nothing seen: every policy acts at once (tests, benchmarks, the fuzzers).
     pub fn eager(pruned_before: &'a BTreeSet<String>) -> Self {
-        Self { pruned_before, seen_messages: 0, pricing: CachePricing::NONE, turns: 0, idle: None, pressure: false }
+        Self {
+            pruned_before,
+            seen_messages: 0,
+            pricing: CachePricing::NONE,
+            later_turns: 0,
+            idle: None,
+            pressure: false,
+        }
     }
 
     /// Whether the provider's cache of this conversation has expired (or never existed).
@@ -154,9 +166,22 @@ impl Reason {
     }
 }
 
-/// Whether a rewrite of seen content that frees `freed` tokens and changes the `after` seen tokens
-/// that follow its first change (freed ones excluded) should go now, and why.
-pub fn decide(history: &History, freed: u64, after: u64) -> Option<Reason> {
+/// A pending rewrite of content the provider has seen, in tokens as they would be sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Seen tokens before the rewrite's first change: still read from the cache.
+    pub before: u64,
+    /// Tokens the rewrite removes.
+    pub freed: u64,
+    /// Seen tokens from the first change on that stay (what replaces the removed ones included):
+    /// re-written instead of read.
+    pub after: u64,
+    /// Tokens the provider has not seen (this turn's new messages), sent either way.
+    pub new: u64,
+}
+
+/// Whether a pending rewrite of seen content should go now, and why.
+pub fn decide(history: &History, pending: &Pending) -> Option<Reason> {
     if history.pressure {
         return Some(Reason::Pressure);
     }
@@ -166,15 +191,18 @@ pub fn decide(history: &History, freed: u64, after: u64) -> Option<Reason> {
     if history.cold() {
         return Some(Reason::Cold);
     }
-    pays_back(&history.pricing, history.turns, freed, after).then_some(Reason::PaysBack)
+    pays_back(&history.pricing, history.later_turns, pending).then_some(Reason::PaysBack)
 }
 
-/// The pay-back rule, in base-price input tokens.
-pub fn pays_back(pricing: &CachePricing, turns: u64, freed: u64, after: u64) -> bool {
-    let (freed, after) = (freed as f64, after as f64);
-    let extra_now = (pricing.write - pricing.read) * after - pricing.write * freed;
-    let saved_later = freed * pricing.read * turns as f64;
-    saved_later >= extra_now
+/// The pay-back rule: this request and `later` more cost no more with the rewrite than without,
+/// priced by the cache model. Each later turn is assumed to add as much as this one did (it adds
+/// the same both ways, so it does not move the decision).
+pub fn pays_back(pricing: &CachePricing, later: u64, pending: &Pending) -> bool {
+    let seen = pending.before + pending.freed + pending.after;
+    let kept = Turns { tokens: seen + pending.new, cached: seen, later, growth: pending.new };
+    let rewritten =
+        Turns { tokens: seen - pending.freed + pending.new, cached: pending.before, later, growth: pending.new };
+    rewritten.cost(pricing) <= kept.cost(pricing)
 }
 
 #[cfg(test)]
@@ -196,13 +224,56 @@ mod tests {
         }
     }
 
+    /// Bills a run of requests block by block, as a provider would: each request reads from the
+    /// cache the blocks it shares, from the start, with the one before, and writes the rest.
+    fn bill(pricing: &CachePricing, cached_first: usize, requests: &[Vec<(&str, u64)>]) -> f64 {
+        let mut total = 0.0;
+        for (index, blocks) in requests.iter().enumerate() {
+            let tokens: u64 = blocks.iter().map(|(_, t)| t).sum();
+            let shared = match index {
+                0 => cached_first,
+                _ => blocks.iter().zip(&requests[index - 1]).take_while(|(a, b)| a == b).count(),
+            };
+            let cached: u64 = blocks[..shared].iter().map(|(_, t)| t).sum();
+            total += super::super::cache_cost::request(pricing, tokens, cached);
+        }
+        total
+    }
+
     #[test]
-    fn a_batch_pays_back_only_over_enough_turns_and_always_without_a_cache() {
-        // 20k freed in front of 45k seen tokens, Anthropic: 1.15 x 45k - 1.25 x 20k = 26.75k
-        // extra now; 2k saved per later turn, so 14 turns pay it back.
-        assert!(!pays_back(&CachePricing::ANTHROPIC, 13, 20_000, 45_000));
-        assert!(pays_back(&CachePricing::ANTHROPIC, 14, 20_000, 45_000));
-        assert!(pays_back(&CachePricing::NONE, 0, 1, 1_000_000));
+    fn a_batch_goes_from_the_turn_count_where_the_bill_says_it_pays_back() {
+        // The example: 20k of old output in front of 45k seen tokens, 1k new per turn.
+        // The provider cached [system, old output, tail]; the rewrite swaps the old output for a
+        // 10-token placeholder. Each side billed turn by turn; the break-even is where the bills
+        // cross, whatever formula the rule uses.
+        let (system, old, placeholder, tail, new) = (5_000, 20_010, 10, 45_000, 1_000);
+        let run = |first: (&'static str, u64), later: usize| -> Vec<Vec<(&str, u64)>> {
+            (0..=later)
+                .map(|turn| {
+                    let mut blocks = vec![("system", system), first, ("tail", tail)];
+                    blocks.extend((0..=turn).map(|i| (["n0", "n1", "n2", "n3"][i % 4], new + i as u64)));
+                    blocks
+                })
+                .collect()
+        };
+        let pending = Pending { before: system, freed: old - placeholder, after: tail + placeholder, new };
+        for pricing in [CachePricing::ANTHROPIC, CachePricing::OPENAI] {
+            let break_even = (0..1_000)
+                .find(|&later| {
+                    let kept = bill(&pricing, 3, &run(("old", old), later));
+                    let rewritten = bill(&pricing, 1, &run(("placeholder", placeholder), later));
+                    rewritten <= kept
+                })
+                .unwrap();
+            assert!(break_even > 1, "{pricing}: a real cost to pay back");
+            assert!(pays_back(&pricing, break_even as u64, &pending), "{pricing}: pays back at {break_even} turns");
+            assert!(
+                !pays_back(&pricing, break_even as u64 - 1, &pending),
+                "{pricing}: does not pay back at {} turns",
+                break_even - 1
+            );
+        }
+        assert!(pays_back(&CachePricing::NONE, 0, &Pending { before: 0, freed: 1, after: 1_000_000, new: 0 }));
     }
 
     #[test]
@@ -212,14 +283,15 @@ mod tests {
             pruned_before: &none,
             seen_messages: 10,
             pricing: CachePricing::ANTHROPIC,
-            turns: 1,
+            later_turns: 1,
             idle: Some(Duration::from_secs(10)),
             pressure: false,
         };
-        assert_eq!(decide(&history, 100, 1_000_000), None);
+        let pending = Pending { before: 1_000, freed: 100, after: 1_000_000, new: 100 };
+        assert_eq!(decide(&history, &pending), None);
         history.idle = Some(Duration::from_secs(301));
-        assert_eq!(decide(&history, 100, 1_000_000), Some(Reason::Cold));
+        assert_eq!(decide(&history, &pending), Some(Reason::Cold));
         history.pressure = true;
-        assert_eq!(decide(&history, 100, 1_000_000), Some(Reason::Pressure));
+        assert_eq!(decide(&history, &pending), Some(Reason::Pressure));
     }
 }

@@ -20,6 +20,10 @@ pub struct PruneSettings {
     /// Share of the window (less the output reserve) above which a batch goes whatever it costs
     /// the prompt cache (compaction's budget applies it).
     pub pressure: f64,
+    /// Probability with which the conversation must run the turns a batch pays back over.
+    pub payback_confidence: f64,
+    /// Run lengths counted as if measured (`[prune] assumed_runs`).
+    pub assumed_runs: Vec<u64>,
 }
 
 /// What pruning did.
@@ -129,11 +133,18 @@ pub fn apply(
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
-            let after: u64 = (first..conversation.items.len())
-                .filter(|&i| seen(i) && !batch.contains(&i))
-                .map(|i| u64::from(item_size(conversation, i, &sizes, count)))
-                .sum();
-            match payback::decide(history, u64::from(freed), after) {
+            let mut pending = payback::Pending { freed: u64::from(freed), ..payback::Pending::default() };
+            for index in (0..conversation.items.len()).filter(|i| !batch.contains(i)) {
+                let size = u64::from(item_size(conversation, index, &sizes, count));
+                match (seen(index), index < first) {
+                    (true, true) => pending.before += size,
+                    (true, false) => pending.after += size,
+                    (false, _) => pending.new += size,
+                }
+            }
+            // What replaces the batch stays after the first change: re-written, not read.
+            pending.after += prunable.iter().map(|&i| u64::from(placeholder_tokens(i))).sum::<u64>();
+            match payback::decide(history, &pending) {
                 Some(reason) => pruned.prefix_break = Some(reason),
                 None => {
                     pruned.held_tokens = freed;
@@ -162,7 +173,7 @@ fn item_size(conversation: &Conversation, index: usize, sizes: &[u32], count: &d
     match &item.edit {
         _ if sizes[index] > 0 => sizes[index],
         Edit::Keep => item.tokens,
-        Edit::Replace(text) => count(text) + crate::conversation::FRAMING_TOKENS,
+        Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
         Edit::Remove => 0,
     }
 }

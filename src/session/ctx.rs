@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use super::error::StoreError;
 use super::identify::{ConversationId, SessionKey};
+use super::runs::RunLengths;
 use super::state::{
-    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, LearnedChange, MAX_MEASURED,
+    Breaker, CompactionRecord, ConversationState, ConversationUpdate, Learned, LearnedChange, MAX_MEASURED, ModelRun,
     SessionState, SessionUpdate, Update, Usage,
 };
 use super::store::Store;
@@ -71,6 +72,8 @@ pub struct SessionCtx {
     /// without its state and writes nothing there, so that version's replicas keep it.
     foreign_session: bool,
     foreign_model: bool,
+    /// How long conversations of the model run, as the store last said.
+    runs: RunLengths,
 }
 
 impl SessionCtx {
@@ -89,6 +92,7 @@ impl SessionCtx {
             forwarded_estimate: 0,
             foreign_session: false,
             foreign_model: false,
+            runs: RunLengths::default(),
         };
         let span = trace::stage("compactor.session.load", ctx.key.as_str());
         let loaded = ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).instrument(span.clone()).await;
@@ -157,7 +161,41 @@ impl SessionCtx {
             learned.model_tag = model.tag;
             self.set_learned(learned);
         }
+        self.runs = match self.store.run_lengths(&model.store_key).await {
+            Ok(runs) => runs,
+            Err(error) => {
+                self.report(&error, "load");
+                RunLengths::default()
+            }
+        };
         self.model = Some(model);
+    }
+
+    /// This request's turn in its conversation's run: 1 after a pause of `lifetime` or more (the
+    /// provider's cache has gone cold), the previous request's turn plus one otherwise.
+    pub fn run_turn(&self, lifetime: Duration) -> u64 {
+        match self.idle() {
+            Some(idle) if idle < lifetime => self.conversation.run + 1,
+            _ => 1,
+        }
+    }
+
+    /// Turns the conversation will still run on a warm cache after this request, with
+    /// probability `confidence`, by what the deployment measured of its model (and `assumed`
+    /// runs, `[prune] assumed_runs`); 0 when nothing is known.
+    pub fn later_turns(&self, lifetime: Duration, confidence: f64, assumed: &[u64]) -> u64 {
+        let runs = if assumed.is_empty() { self.runs } else { self.runs.with_assumed(assumed) };
+        runs.remaining(self.run_turn(lifetime), confidence)
+    }
+
+    /// Counts this request in its conversation's run, and the run in the model's histogram when
+    /// it starts a bucket (written with the commit).
+    pub fn count_turn(&mut self, lifetime: Duration) {
+        let turn = self.run_turn(lifetime);
+        self.pending.conversation.run = Some(turn);
+        if let (Some(bucket), Some(model)) = (RunLengths::boundary(turn), &self.model) {
+            self.pending.model_run = Some(ModelRun { store_key: model.store_key.clone(), bucket });
+        }
     }
 
     /// What the session learned of its model's window and tokenizer.
@@ -333,6 +371,7 @@ impl SessionCtx {
                 breaker: Some(Breaker::default()),
                 ..ConversationUpdate::default()
             },
+            model_run: None,
         };
         self.publish(update).await
     }
@@ -522,6 +561,44 @@ mod tests {
         assert_eq!(stored.compactions, vec![record(1)]);
         assert_eq!(stored.breaker, Breaker::default());
         assert_eq!(ctx.conversation().compactions, vec![record(1)]);
+    }
+
+    /// A request of conversation `id` of session `name`, to one model.
+    async fn turn(store: &Store, name: &str, id: &str) -> SessionCtx {
+        let mut ctx = SessionCtx::load(store.clone(), key(name), conversation(id)).await;
+        ctx.use_model(ModelKey::new("anthropic", "claude")).await;
+        ctx
+    }
+
+    #[tokio::test]
+    async fn conversations_that_ran_long_make_a_young_one_expect_more_turns_and_a_pause_starts_a_new_run() {
+        let store = Store::from_config(&Config::default().session);
+        let lifetime = Duration::from_secs(300);
+        let young = turn(&store, "new", MAIN).await;
+        assert_eq!(young.later_turns(lifetime, 0.9, &[]), 0, "nothing measured: no turn assumed");
+        // Ten sessions whose main conversation ran 20 turns on a warm cache.
+        for session in 0..10 {
+            for _ in 0..20 {
+                let mut ctx = turn(&store, &format!("s{session}"), MAIN).await;
+                ctx.record_request(&[], 0, 3);
+                ctx.count_turn(lifetime);
+                assert!(ctx.commit().await);
+            }
+        }
+        let mut ctx = turn(&store, "new", MAIN).await;
+        assert_eq!(ctx.run_turn(lifetime), 1);
+        assert_eq!(ctx.later_turns(lifetime, 0.9, &[]), 16 - 1, "every run so far reached turn 16");
+        ctx.record_request(&[], 0, 3);
+        ctx.count_turn(lifetime);
+        assert!(ctx.commit().await);
+        let ctx = turn(&store, "new", MAIN).await;
+        assert_eq!((ctx.run_turn(lifetime), ctx.later_turns(lifetime, 0.9, &[])), (2, 16 - 2));
+        // The same conversation after a pause past the cache's lifetime: a new run, at its start.
+        assert_eq!(ctx.run_turn(Duration::ZERO), 1);
+        // Another model has measured nothing.
+        let mut other = SessionCtx::load(store.clone(), key("new"), conversation(SUBAGENT)).await;
+        other.use_model(ModelKey::new("openai", "gpt")).await;
+        assert_eq!(other.later_turns(lifetime, 0.9, &[]), 0);
     }
 
     #[tokio::test]

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::runs::RunLengths;
 use super::state::{
-    CompactionRecord, ConversationState, ConversationView, SessionState, SessionUpdate, SessionView, Update,
+    CompactionRecord, ConversationState, ConversationView, ModelRun, SessionState, SessionUpdate, SessionView, Update,
 };
 use crate::tokens::CacheSize;
 
@@ -129,6 +130,9 @@ impl MemoryStore {
     /// again, and the least recently used sessions leave until the store fits its bound again; one
     /// that alone outweighs the bound leaves instead.
     pub fn update(&self, key: &str, conversation: &str, update: &Update) {
+        if let Some(run) = &update.model_run {
+            self.count_run(run);
+        }
         self.index_key(key);
         self.with_session(key, "update", |entry, session, fresh| {
             self.apply(session, conversation, update);
@@ -195,6 +199,21 @@ impl MemoryStore {
         }
         crate::telemetry::metric::store_corrupt();
         tracing::warn!(session = %key, "session state left in doubt by a panic dropped; the session starts afresh");
+    }
+
+    /// Counts a run in its model's histogram, kept under the model's key like what was learned
+    /// of the model.
+    fn count_run(&self, run: &ModelRun) {
+        let entry = self.sessions.get_with(run.store_key.clone(), || Arc::new(Held::new(&run.store_key)));
+        if let Ok(mut session) = entry.session.lock() {
+            session.state.runs.count(run.bucket);
+        }
+    }
+
+    /// The histogram of run lengths kept under a model's key.
+    pub fn run_lengths(&self, key: &str) -> RunLengths {
+        let Some(entry) = self.sessions.get(key) else { return RunLengths::default() };
+        entry.session.lock().map(|session| session.state.runs).unwrap_or_default()
     }
 
     fn apply(&self, session: &mut MemorySession, conversation: &str, update: &Update) {

@@ -8,6 +8,7 @@ pub mod error;
 pub mod identify;
 pub mod memory;
 pub mod redis;
+pub mod runs;
 pub mod state;
 pub mod store;
 

@@ -19,6 +19,7 @@
 //! the hash tag) are never read: state is a cache, they expire with their TTL, and forgetting a
 //! session deletes them too.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use redis::{Pipeline, RedisResult, Value as RedisValue};
 use tokio::sync::OnceCell;
 
 use super::error::StoreError;
+use super::runs::{BOUNDS, RunLengths};
 use super::state::{
     Breaker, CALIBRATION_MILLI, CompactionRecord, ConversationState, ConversationView, Counters, Learned, MAX_RECORDS,
     STATE_VERSION, SessionState, SessionUpdate, SessionView, Update, Usage,
@@ -66,7 +68,15 @@ pub struct RedisStore {
     ttl_secs: i64,
     max_conversations: usize,
     timeout: Duration,
+    /// Models' histograms of run lengths, with when they were read.
+    runs: Arc<std::sync::Mutex<HashMap<String, (std::time::Instant, RunLengths)>>>,
 }
+
+/// How long a model's histogram of run lengths read from Redis is used before it is read again.
+const RUNS_REFRESH: Duration = Duration::from_secs(30);
+
+/// Models whose histograms are kept in process at most (the cache starts afresh past it).
+const RUNS_CACHED_MODELS: usize = 1_024;
 
 /// Deletes the lock only when the caller still owns it.
 const RELEASE_LOCK: &str =
@@ -209,7 +219,20 @@ fn session_state(hash: &Hash) -> SessionState {
             cache_read_tokens: number(hash, "cache_read_tokens"),
             cache_write_tokens: number(hash, "cache_write_tokens"),
         },
+        runs: run_lengths(hash),
     }
+}
+
+/// A model's histogram of run lengths: fields `run_<bucket>` of its session hash.
+fn run_lengths(hash: &Hash) -> RunLengths {
+    let mut runs = RunLengths::default();
+    for (field, value) in hash {
+        let bucket = field.strip_prefix("run_").and_then(|b| b.parse::<usize>().ok());
+        if let (Some(slot), Ok(count)) = (bucket.and_then(|b| runs.reached.get_mut(b)), value.parse()) {
+            *slot = count;
+        }
+    }
+    runs
 }
 
 /// A conversation's three keys, read; values of another version are left out.
@@ -231,6 +254,7 @@ fn conversation_state(hash: &Hash, pruned: Vec<String>, compactions: &[String]) 
         requests: number(hash, "requests"),
         messages: number(hash, "messages"),
         last_request_unix_ms: number(hash, "last_request_ms"),
+        run: number(hash, "run"),
     }
 }
 
@@ -242,6 +266,7 @@ impl RedisStore {
             ttl_secs: i64::try_from(config.ttl.as_secs()).unwrap_or(i64::MAX),
             max_conversations: config.max_conversations.max(1) as usize,
             timeout: config.redis_timeout,
+            runs: Arc::default(),
         };
         let cell = store.connection.clone();
         let urls: Vec<String> = config.redis_url.expose().split(',').map(|u| u.trim().to_string()).collect();
@@ -390,6 +415,9 @@ impl RedisStore {
         if let Some(at) = change.request_at_unix_ms {
             pipeline.hset(&hash, "last_request_ms", at).ignore();
         }
+        if let Some(run) = change.run {
+            pipeline.hset(&hash, "run", run).ignore();
+        }
         if let Some(record) = &change.compaction {
             // The newest records are the ones that can still match; keep a bounded lineage.
             pipeline
@@ -415,13 +443,47 @@ impl RedisStore {
             .arg(self.ttl_secs)
             .arg(self.conversations_prefix(session))
             .ignore();
+        // A run's count rides the same round trip, unless the model's key is on another shard.
+        let mut model = redis::pipe();
+        if let Some(run) = &update.model_run {
+            let key = self.key(&run.store_key, "session");
+            let target = if cluster { &mut model } else { &mut pipeline };
+            target.hincr(&key, format!("run_{}", run.bucket.min(BOUNDS.len() - 1)), 1).ignore();
+            target.expire(&key, self.ttl_secs).ignore();
+        }
         self.bounded(connection.query::<()>(&pipeline)).await?;
         if cluster {
             let mut index = redis::pipe();
             self.write_index(&mut index, session);
             self.bounded(connection.query::<()>(&index)).await?;
+            if update.model_run.is_some() {
+                self.bounded(connection.query::<()>(&model)).await?;
+            }
         }
         Ok(())
+    }
+
+    /// A model's histogram of run lengths, as read at most [`RUNS_REFRESH`] ago: it moves slowly,
+    /// and a read per request would add a round trip to every request.
+    pub async fn run_lengths(&self, model_key: &str) -> Result<RunLengths, StoreError> {
+        if let Ok(cached) = self.runs.lock()
+            && let Some((at, runs)) = cached.get(model_key)
+            && at.elapsed() < RUNS_REFRESH
+        {
+            return Ok(*runs);
+        }
+        let connection = self.connection()?;
+        let mut command = redis::cmd("HGETALL");
+        command.arg(self.key(model_key, "session"));
+        let hash: Hash = self.bounded(connection.command(&command)).await?;
+        let runs = run_lengths(&hash);
+        if let Ok(mut cached) = self.runs.lock() {
+            if cached.len() >= RUNS_CACHED_MODELS {
+                cached.clear();
+            }
+            cached.insert(model_key.to_string(), (std::time::Instant::now(), runs));
+        }
+        Ok(runs)
     }
 
     /// Changes the session's own values only (the admin API's requests).

@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::runs::RunLengths;
+
 /// The version of the stored schema: a session another version wrote is served without its state
 /// and left alone, never misread, deleted or overwritten (docs/sessions-state.md, upgrades).
 pub const STATE_VERSION: u32 = 1;
@@ -174,6 +176,9 @@ fn smallest_set(a: u64, b: u64) -> u64 {
 pub struct SessionState {
     pub version: u32,
     pub counters: Counters,
+    /// How long conversations of the model run (kept under the model's key only).
+    #[serde(default, skip_serializing_if = "RunLengths::is_empty")]
+    pub runs: RunLengths,
 }
 
 /// Compactions of one conversation that failed in a row.
@@ -200,6 +205,10 @@ pub struct ConversationState {
     /// cache has gone cold once it is older than the cache's lifetime.
     #[serde(default)]
     pub last_request_unix_ms: u64,
+    /// Requests of the conversation's current run: each within the cache's lifetime of the one
+    /// before ([`super::runs`]).
+    #[serde(default)]
+    pub run: u64,
 }
 
 impl ConversationState {
@@ -236,6 +245,16 @@ pub struct ConversationUpdate {
     pub request_messages: Option<u64>,
     /// When that request arrived (Unix ms).
     pub request_at_unix_ms: Option<u64>,
+    /// The request's turn in the conversation's current run.
+    pub run: Option<u64>,
+}
+
+/// A run of a conversation reached a bucket of its model's histogram ([`super::runs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRun {
+    /// The model's store key.
+    pub store_key: String,
+    pub bucket: usize,
 }
 
 /// Everything one write adds: the session part and the conversation part, stored together.
@@ -243,6 +262,8 @@ pub struct ConversationUpdate {
 pub struct Update {
     pub session: SessionUpdate,
     pub conversation: ConversationUpdate,
+    /// Counted in the model's histogram of run lengths, written with the rest.
+    pub model_run: Option<ModelRun>,
 }
 
 impl Update {
@@ -290,6 +311,9 @@ impl ConversationState {
         }
         if let Some(at) = update.request_at_unix_ms {
             self.last_request_unix_ms = at;
+        }
+        if let Some(run) = update.run {
+            self.run = run;
         }
         // Fencing: a record of a generation already stored (a holder whose lock lapsed while
         // another took over) is not laid beside the winner's.

@@ -10,6 +10,7 @@ use super::breaker::{Admission, Breaker};
 use super::error::StoreError;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
+use super::runs::RunLengths;
 use super::state::{ConversationState, SessionState, SessionUpdate, SessionView, Update};
 use crate::config::{SessionConfig, StoreKind};
 use crate::telemetry::metric;
@@ -116,6 +117,15 @@ impl Store {
                 Ok(())
             }
             Backend::Redis(store) => self.guarded(store.update(key, conversation, update)).await,
+        }
+    }
+
+    /// How long conversations of a model run: the histogram kept under the model's key
+    /// ([`super::runs`]); from a shared store, as read at most half a minute ago.
+    pub async fn run_lengths(&self, model_key: &str) -> Result<RunLengths, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.run_lengths(model_key)),
+            Backend::Redis(store) => self.guarded(store.run_lengths(model_key)).await,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The one test support module: the fake upstream (and its strict and small-window behaviours),
 //! the provider simulator and agent-shaped sessions, a real Redis, the compactor binary as a
-//! process, an HTTP client, request bodies, and rewrite settings. Every test crate includes it.
+//! process, an HTTP client, request bodies, and rewrite settings, and the scripted model real agent
+//! CLIs run against. Every test crate includes it.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod agents;
@@ -10,6 +11,7 @@ pub mod fake;
 pub mod process;
 pub mod provider;
 pub mod redis_server;
+pub mod script;
 pub mod settings;
 pub mod strict;
 pub mod window;

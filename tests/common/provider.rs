@@ -6,6 +6,9 @@
 //! echoing the fact markers it finds in the transcript it was sent (not in the prompt around it),
 //! and records every request for assertions and benchmarks.
 //!
+//! With a [`Script`] it plays a model for real agent CLIs (see `script.rs`): tool calls to the
+//! agent's own shell, streamed in each dialect, and answers to the agents' own summary requests.
+//!
 //! It also prices sessions the way providers bill them (see [`bill_by_prefix`] and
 //! [`bill_by_breakpoints`]).
 
@@ -18,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use compactor::rewrite::{CachePricing, cache_cost};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::BoxBody;
@@ -32,6 +36,7 @@ use xxhash_rust::xxh3::xxh3_64;
 pub mod gemini;
 
 use super::agents;
+use super::script::{self, Kind, Move, Script};
 use super::strict;
 use super::window::{markers, transcript_of};
 
@@ -122,12 +127,18 @@ pub enum Errors {
     Unnamed,
     /// This style on every route.
     Style(ErrorStyle),
+    /// What the dialect's own provider sends: OpenAI on chat (names the window), Anthropic on
+    /// messages (names it), OpenAI Responses (names nothing; `response.failed` when streaming).
+    Real,
 }
 
 impl Errors {
     pub fn style(self, dialect: Dialect) -> ErrorStyle {
         match (self, dialect) {
             (Errors::Style(style), _) => style,
+            (Errors::Real, Dialect::Chat) => ErrorStyle::OpenAi,
+            (Errors::Real, Dialect::Messages) => ErrorStyle::Anthropic,
+            (Errors::Real, Dialect::Responses) => ErrorStyle::Responses,
             (Errors::Named, Dialect::Chat) => ErrorStyle::OpenAi,
             (Errors::Named, Dialect::Messages) => ErrorStyle::Anthropic,
             (Errors::Named, Dialect::Responses) => ErrorStyle::Vllm,
@@ -142,6 +153,7 @@ impl Errors {
             Errors::Named => "named",
             Errors::Unnamed => "unnamed",
             Errors::Style(_) => "fixed",
+            Errors::Real => "real",
         }
     }
 }
@@ -164,6 +176,8 @@ pub struct ProviderSpec {
     pub summary_delay: Duration,
     /// Keep every request body in its record (benchmarks of long sessions turn this off).
     pub keep_bodies: bool,
+    /// Play the scripted model for a real agent CLI instead of answering with prose.
+    pub script: Option<Script>,
 }
 
 impl Default for ProviderSpec {
@@ -178,6 +192,7 @@ impl Default for ProviderSpec {
             summary_tokens: 300,
             summary_delay: Duration::ZERO,
             keep_bodies: true,
+            script: None,
         }
     }
 }
@@ -419,6 +434,13 @@ pub struct Record {
     pub dialect: Option<Dialect>,
     /// A compactor summary call (tool-less, with its summarizer prompt).
     pub summary: bool,
+    /// One of the agent's own summary requests (its own compaction, in its own words).
+    pub agent_summary: bool,
+    /// Another helper call of the agent (a title, a probe): not part of its conversation.
+    pub helper: bool,
+    /// Scripted: the round this answer called (0: none), and whether it was the final answer.
+    pub round: usize,
+    pub final_answer: bool,
     pub outcome: Outcome,
     pub status: u16,
     /// The session it belongs to (by the agent's session header or key, else its opening).
@@ -445,6 +467,8 @@ struct State {
     /// The units of each session's last answered request.
     previous: Mutex<HashMap<String, Vec<Unit>>>,
     summaries: AtomicUsize,
+    /// Scripted with a room: the window, set by the first scripted turn.
+    window: Mutex<Option<usize>>,
 }
 
 /// A running provider simulator.
@@ -463,6 +487,7 @@ impl ProviderSim {
             records: Mutex::new(Vec::new()),
             previous: Mutex::new(HashMap::new()),
             summaries: AtomicUsize::new(0),
+            window: Mutex::new(None),
         });
         let served = state.clone();
         serve(listener, move |request| handle(served.clone(), request));
@@ -503,6 +528,11 @@ impl ProviderSim {
 
     pub fn last(&self) -> Record {
         self.state.records.lock().unwrap().last().cloned().expect("the simulator received a request")
+    }
+
+    /// The window in force: the spec's, or the one a scripted room set.
+    pub fn window(&self) -> usize {
+        self.state.window.lock().unwrap().unwrap_or(self.state.spec.window)
     }
 
     pub fn summary_calls(&self) -> usize {
@@ -604,6 +634,10 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         body: if spec.keep_bodies { body.clone() } else { Bytes::new() },
         dialect: None,
         summary: false,
+        agent_summary: false,
+        helper: false,
+        round: 0,
+        final_answer: false,
         outcome: Outcome::Rejected,
         status: 404,
         session: String::new(),
@@ -654,8 +688,12 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         );
     };
     let prompt = Prompt::read(dialect, &value, spec);
-    let summary = prompt.tool_less && String::from_utf8_lossy(&body).contains(SUMMARY_MARKER);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let summary = prompt.tool_less && text.contains(SUMMARY_MARKER);
     record.summary = summary;
+    let kind = spec.script.as_ref().map(|_| script::kind(dialect, &value, &text)).filter(|_| !summary);
+    record.agent_summary = kind == Some(Kind::AgentSummary);
+    record.helper = kind == Some(Kind::Helper);
     record.session = session_of(&parts.headers, &value, &prompt);
     record.tokens = prompt.tokens;
     record.max_tokens = prompt.max_tokens;
@@ -672,12 +710,18 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         push(record);
         return json_reply(400, &error);
     }
-    let over_prompt = prompt.tokens > spec.window;
-    let over_output = spec.count_max_tokens && prompt.tokens + prompt.max_tokens > spec.window;
+    let window = match (&spec.script, kind) {
+        (Some(Script { room: Some(room), .. }), Some(Kind::Turn)) => {
+            *state.window.lock().unwrap().get_or_insert(prompt.tokens + room)
+        }
+        _ => state.window.lock().unwrap().unwrap_or(spec.window),
+    };
+    let over_prompt = prompt.tokens > window;
+    let over_output = spec.count_max_tokens && prompt.tokens + prompt.max_tokens > window;
     if over_prompt || over_output {
         let style = spec.errors.style(dialect);
         let counted_output = if over_prompt { 0 } else { prompt.max_tokens };
-        let reply = overflow_reply(style, stream, spec.window, prompt.tokens, counted_output);
+        let reply = overflow_reply(style, stream, window, prompt.tokens, counted_output);
         record.outcome = Outcome::Overflow;
         record.status = reply.status().as_u16();
         record.units = prompt.units;
@@ -686,18 +730,25 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         return reply;
     }
 
-    let (text, usage) = if summary {
-        let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        // Only what the summarizer was asked to read: the transcript (its previous summary first).
-        let found = markers(transcript_of(&String::from_utf8_lossy(&body)));
+    // A summary carries only what it was asked to read: compactor's summarizer its transcript (its
+    // previous summary first), an agent's own summary request the whole conversation.
+    let summary_text = |number: usize, source: &str| {
         let padding = agents::text(
             agents::Text::Prose,
             number as u64,
             (spec.summary_tokens as f64 * spec.chars_per_token) as usize,
         );
-        let text = format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", found.join(" "));
-        let output = spec.tokens(text.chars().count());
-        (text, Usage { prompt: prompt.tokens, read: 0, write: 0, cached: 0, output })
+        if spec.script.is_some() {
+            script::summary(number, source, &padding)
+        } else {
+            format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", markers(source).join(" "))
+        }
+    };
+    let (reply, usage) = if summary {
+        let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
+        let reply = summary_text(number, transcript_of(&text));
+        let output = spec.tokens(reply.chars().count());
+        (Move::Text(reply), Usage { prompt: prompt.tokens, read: 0, write: 0, cached: 0, output })
     } else {
         let previous = state.previous.lock().unwrap().insert(record.session.clone(), prompt.units.clone());
         let (_, prefix) = previous.map_or((0, 0), |p| common_prefix(&p, &prompt.units));
@@ -720,10 +771,25 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
                 Usage { prompt: prompt.tokens, read: cached, write: 0, cached, output: spec.reply_tokens }
             }
         };
-        let seed = record.tokens as u64;
-        let text = agents::text(agents::Text::Prose, seed, (spec.reply_tokens as f64 * spec.chars_per_token) as usize);
-        (text, usage)
+        let reply = match (&spec.script, kind) {
+            (Some(script), Some(Kind::Turn)) => script::next_move(script, dialect, &value, &text, spec.chars_per_token),
+            (Some(_), Some(Kind::AgentSummary)) => Move::Text(summary_text(1000 + record.tokens, &text)),
+            (Some(_), _) => Move::Text("Scripted task".into()),
+            (None, _) => {
+                let seed = record.tokens as u64;
+                Move::Text(agents::text(
+                    agents::Text::Prose,
+                    seed,
+                    (spec.reply_tokens as f64 * spec.chars_per_token) as usize,
+                ))
+            }
+        };
+        (reply, usage)
     };
+    match &reply {
+        Move::Call(_) => record.round = script::progress(&text).0 + 1,
+        Move::Text(_) => record.final_answer = kind == Some(Kind::Turn),
+    }
     record.outcome = Outcome::Answered;
     record.status = 200;
     record.output_tokens = usage.output;
@@ -733,10 +799,14 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
     record.blocks = prompt.blocks;
     let include_usage = value["stream_options"]["include_usage"] == true;
     push(record);
+    let serial = state.records.lock().unwrap().len();
     if summary && !spec.summary_delay.is_zero() {
         tokio::time::sleep(spec.summary_delay).await;
     }
-    answer(dialect, stream, include_usage, &model, &text, &usage)
+    match reply {
+        Move::Text(text) => answer(dialect, stream, include_usage, &model, &text, &usage, serial),
+        Move::Call(call) => answer_call(dialect, stream, include_usage, &model, &call, &usage, serial),
+    }
 }
 
 /// Token usage of one answer.
@@ -776,11 +846,23 @@ fn event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
-fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text: &str, usage: &Usage) -> Reply {
+fn answer(
+    dialect: Dialect,
+    stream: bool,
+    include_usage: bool,
+    model: &str,
+    text: &str,
+    usage: &Usage,
+    serial: usize,
+) -> Reply {
+    // A fresh id per answer, as providers give: Claude Code merges assistant blocks that share a
+    // message id into one message.
+    let (msg_id, resp_id, chat_id) =
+        (format!("msg_sim{serial:06}"), format!("resp_sim{serial:06}"), format!("chatcmpl-sim{serial:06}"));
     match (dialect, stream) {
         (Dialect::Chat, false) => json_reply(
             200,
-            &json!({"id": "chatcmpl-sim", "object": "chat.completion", "created": 1_700_000_000,
+            &json!({"id": chat_id, "object": "chat.completion", "created": 1_700_000_000,
             "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": usage.chat()}),
         ),
@@ -788,7 +870,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             let chunk = |delta: Value, finish: Value| {
                 format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
                 "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
                 )
             };
@@ -798,7 +880,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             if include_usage {
                 events.push(format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-sim", "object": "chat.completion.chunk",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
                     "created": 1_700_000_000, "model": model, "choices": [], "usage": usage.chat()})
                 ));
             }
@@ -807,7 +889,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
         }
         (Dialect::Messages, false) => json_reply(
             200,
-            &json!({"id": "msg_sim", "type": "message", "role": "assistant", "model": model,
+            &json!({"id": msg_id, "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": null,
             "usage": usage.anthropic(usage.output)}),
         ),
@@ -815,7 +897,7 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             let mut events = vec![
                 event(
                     "message_start",
-                    &json!({"type": "message_start", "message": {"id": "msg_sim", "type": "message", "role": "assistant",
+                    &json!({"type": "message_start", "message": {"id": msg_id, "type": "message", "role": "assistant",
                     "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage.anthropic(1)}}),
                 ),
                 event(
@@ -840,14 +922,14 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
             sse_reply(&events)
         }
         (Dialect::Responses, stream) => {
-            let message = json!({"type": "message", "id": "msg_sim", "status": "completed", "role": "assistant",
+            let message = json!({"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]});
-            let completed = json!({"id": "resp_sim", "object": "response", "created_at": 1_700_000_000, "status": "completed",
+            let completed = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "completed",
                 "model": model, "output": [message], "usage": usage.responses()});
             if !stream {
                 return json_reply(200, &completed);
             }
-            let started = json!({"id": "resp_sim", "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
+            let started = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
                 "model": model, "output": []});
             let mut sequence = 0;
             let mut next = |name: &str, mut data: Value| {
@@ -861,24 +943,24 @@ fn answer(dialect: Dialect, stream: bool, include_usage: bool, model: &str, text
                 next("response.in_progress", json!({"response": started})),
                 next(
                     "response.output_item.added",
-                    json!({"output_index": 0, "item": {"type": "message", "id": "msg_sim",
+                    json!({"output_index": 0, "item": {"type": "message", "id": msg_id,
                     "status": "in_progress", "role": "assistant", "content": []}}),
                 ),
                 next(
                     "response.content_part.added",
-                    json!({"item_id": "msg_sim", "output_index": 0, "content_index": 0,
+                    json!({"item_id": msg_id, "output_index": 0, "content_index": 0,
                     "part": {"type": "output_text", "text": "", "annotations": []}}),
                 ),
             ];
             for delta in deltas(text) {
                 events.push(next(
                     "response.output_text.delta",
-                    json!({"item_id": "msg_sim", "output_index": 0, "content_index": 0, "delta": delta}),
+                    json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": delta}),
                 ));
             }
             events.push(next(
                 "response.output_text.done",
-                json!({"item_id": "msg_sim", "output_index": 0, "content_index": 0, "text": text}),
+                json!({"item_id": msg_id, "output_index": 0, "content_index": 0, "text": text}),
             ));
             events.push(next("response.output_item.done", json!({"output_index": 0, "item": message})));
             events.push(next("response.completed", json!({"response": completed})));
@@ -991,6 +1073,18 @@ pub const ANTHROPIC: Prices = Prices { name: "Anthropic", cache_read: 0.1, cache
 pub const OPENAI: Prices =
     Prices { name: "OpenAI gpt-4.1", cache_read: 0.25, cache_write: 1.0, output: 4.0, step: 128 };
 
+impl Prices {
+    /// The same prices as compactor's cache model takes them.
+    pub fn cache(&self) -> CachePricing {
+        CachePricing {
+            read: self.cache_read,
+            write: self.cache_write,
+            lifetime: Duration::from_secs(300),
+            preset: None,
+        }
+    }
+}
+
 /// What a session's upstream requests cost.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bill {
@@ -1041,7 +1135,7 @@ pub fn bill_by_prefix(records: &[Record], prices: &Prices) -> Bill {
         bill.cache_read += read;
         bill.cache_write += rest;
         bill.prefilled += record.tokens - prefix;
-        bill.cost += read as f64 * prices.cache_read + rest as f64 * prices.cache_write;
+        bill.cost += cache_cost::request(&prices.cache(), record.tokens as u64, read as u64);
         previous = Some(record);
     }
     summary_costs(&mut bill, records, prices);
@@ -1088,9 +1182,143 @@ pub fn bill_by_breakpoints(records: &[Record], prices: &Prices) -> Bill {
         bill.cache_read += read;
         bill.cache_write += write;
         bill.prefilled += record.tokens - prefix;
-        bill.cost += read as f64 * prices.cache_read + write as f64 * prices.cache_write + plain as f64;
+        // Reads and writes as the cache model prices them; what follows the last breakpoint is
+        // plain input.
+        bill.cost += cache_cost::request(&prices.cache(), (read + write) as u64, read as u64) + plain as f64;
         previous = Some(record);
     }
     summary_costs(&mut bill, records, prices);
     bill
+}
+
+/// A tool call as each dialect's provider sends it, plain or streamed (the arguments in a few
+/// deltas, as providers stream them).
+fn answer_call(
+    dialect: Dialect,
+    stream: bool,
+    include_usage: bool,
+    model: &str,
+    call: &script::Call,
+    usage: &Usage,
+    serial: usize,
+) -> Reply {
+    // A fresh id per answer, as providers give: Claude Code merges assistant blocks that share a
+    // message id into one message.
+    let (msg_id, resp_id, chat_id) =
+        (format!("msg_sim{serial:06}"), format!("resp_sim{serial:06}"), format!("chatcmpl-sim{serial:06}"));
+    let arguments = call.arguments.to_string();
+    match (dialect, stream) {
+        (Dialect::Chat, false) => json_reply(
+            200,
+            &json!({"id": chat_id, "object": "chat.completion", "created": 1_700_000_000, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [{"id": call.id,
+            "type": "function", "function": {"name": call.name, "arguments": arguments}}]}, "finish_reason": "tool_calls"}],
+            "usage": usage.chat()}),
+        ),
+        (Dialect::Chat, true) => {
+            let chunk = |delta: Value, finish: Value| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
+                "created": 1_700_000_000, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                )
+            };
+            let mut events = vec![chunk(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}]}),
+                Value::Null,
+            )];
+            events.extend(
+                deltas(&arguments)
+                    .iter()
+                    .map(|d| chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": d}}]}), Value::Null)),
+            );
+            events.push(chunk(json!({}), json!("tool_calls")));
+            if include_usage {
+                events.push(format!(
+                    "data: {}\n\n",
+                    json!({"id": chat_id, "object": "chat.completion.chunk",
+                    "created": 1_700_000_000, "model": model, "choices": [], "usage": usage.chat()})
+                ));
+            }
+            events.push("data: [DONE]\n\n".into());
+            sse_reply(&events)
+        }
+        (Dialect::Messages, false) => json_reply(
+            200,
+            &json!({"id": msg_id, "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}],
+            "stop_reason": "tool_use", "stop_sequence": null, "usage": usage.anthropic(usage.output)}),
+        ),
+        (Dialect::Messages, true) => {
+            let mut events = vec![
+                event(
+                    "message_start",
+                    &json!({"type": "message_start", "message": {"id": msg_id, "type": "message", "role": "assistant",
+                    "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage.anthropic(1)}}),
+                ),
+                event(
+                    "content_block_start",
+                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use",
+                    "id": call.id, "name": call.name, "input": {}}}),
+                ),
+            ];
+            events.extend(deltas(&arguments).iter().map(|d| {
+                event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": d}}),
+                )
+            }));
+            events.push(event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})));
+            events.push(event(
+                "message_delta",
+                &json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                "usage": {"output_tokens": usage.output}}),
+            ));
+            events.push(event("message_stop", &json!({"type": "message_stop"})));
+            sse_reply(&events)
+        }
+        (Dialect::Responses, stream) => {
+            let item_id = format!("fc_{}", call.id.trim_start_matches("call_"));
+            let item = |status: &str, arguments: &str| {
+                json!({"type": "function_call", "id": item_id, "status": status, "call_id": call.id,
+                "name": call.name, "arguments": arguments})
+            };
+            let completed = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "completed",
+                "model": model, "output": [item("completed", &arguments)], "usage": usage.responses()});
+            if !stream {
+                return json_reply(200, &completed);
+            }
+            let started = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "status": "in_progress",
+                "model": model, "output": []});
+            let mut sequence = 0;
+            let mut next = |name: &str, mut data: Value| {
+                data["type"] = json!(name);
+                data["sequence_number"] = json!(sequence);
+                sequence += 1;
+                event(name, &data)
+            };
+            let mut events = vec![
+                next("response.created", json!({"response": started})),
+                next("response.in_progress", json!({"response": started})),
+                next("response.output_item.added", json!({"output_index": 0, "item": item("in_progress", "")})),
+            ];
+            for delta in deltas(&arguments) {
+                events.push(next(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": item_id, "output_index": 0, "delta": delta}),
+                ));
+            }
+            events.push(next(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": 0, "arguments": arguments}),
+            ));
+            events.push(next(
+                "response.output_item.done",
+                json!({"output_index": 0, "item": item("completed", &arguments)}),
+            ));
+            events.push(next("response.completed", json!({"response": completed})));
+            sse_reply(&events)
+        }
+    }
 }

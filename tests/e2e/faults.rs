@@ -490,6 +490,9 @@ async fn an_admin_compaction_of_an_unknown_session_is_a_404_and_creates_nothing(
         // A session the proxy knows is still marked.
         let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
         let key = answer.header("x-compactor-session").unwrap().to_string();
+        // The request's state is written after its answer: wait until the store holds it.
+        let stored = async || proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin").await.status == 200;
+        assert!(eventually(stored).await, "{store}: the request's session was never stored");
         let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{key}/compact"), "admin").await;
         assert_eq!(marked.status, 202, "{store}: {}", marked.text());
         let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), "admin").await.json();

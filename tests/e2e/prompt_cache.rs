@@ -108,8 +108,7 @@ async fn old_outputs_are_pruned_in_batches_that_clear_minimum_tokens_never_a_lit
     // The start of every placeholder, fixed or naming its call.
     const PLACEHOLDER: &str = "[Old tool result content cleared";
     let provider = ProviderSim::start(ProviderSpec { window: 64_000, ..ProviderSpec::default() }).await;
-    let extra =
-        "[models.\"sim-model\"]\ncontext_window = 64000\n[prune]\nprotect_tokens = 8000\nminimum_tokens = 4000\n";
+    let extra = "[models.\"sim-model\"]\ncontext_window = 64000\n[prune]\nprotect_tokens = 8000\nminimum_tokens = 4000\npressure = 0.5\n";
     let proxy = ProxyProcess::start_with(&provider.compactor_config(extra), &[]);
     let spec = SessionSpec::new(Agent::Plain(Dialect::Messages), "sim-model").outputs(&[1_500]);
     let turns = 30;
@@ -198,4 +197,49 @@ async fn after_a_compaction_the_next_requests_share_the_prefix_through_the_summa
         }
     }
     assert!(shared >= 2, "the summary is re-applied on later turns: {shared}");
+}
+
+/// `compactor_prefix_breaks_total{reason="…"}` in the metrics text.
+fn breaks(text: &str, reason: &str) -> u64 {
+    let prefix = format!("compactor_prefix_breaks_total{{reason=\"{reason}\"}} ");
+    text.lines().find_map(|line| line.strip_prefix(&prefix)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn below_pressure_nothing_the_model_read_is_removed_until_the_deployment_knows_conversations_run_on() {
+    use crate::common::agents::{Agent, AgentSession, SessionSpec, drive};
+    use crate::common::provider::{ANTHROPIC, bill_by_prefix};
+
+    // Claude Code's request shape, 60 turns of ~4k tokens of output on a 1M window: 240k tokens,
+    // never near pressure (half the window), far past protect_tokens + minimum_tokens.
+    let turns = 60;
+    let spec = SessionSpec::new(Agent::ClaudeCode, "claude-sonnet-4-5").outputs(&[4_000]).seed(26);
+    let window = "[models.\"claude-sonnet-4-5\"]\ncontext_window = 1000000\n";
+    let provider_spec = ProviderSpec { window: 1_000_000, keep_bodies: false, ..ProviderSpec::default() };
+    let direct_provider = ProviderSim::start(provider_spec.clone()).await;
+    let direct = drive(&direct_provider.url(), &direct_provider, &mut AgentSession::new(spec.clone()), turns).await;
+    let direct_bill = bill_by_prefix(&direct.records, &ANTHROPIC);
+
+    // Defaults, nothing measured: the prompt goes as the agent sent it, every fact with it.
+    let provider = ProviderSim::start(provider_spec.clone()).await;
+    let proxy = ProxyProcess::start_with(&provider.compactor_config(window), &[]);
+    let run = drive(&proxy.url(""), &provider, &mut AgentSession::new(spec.clone()), turns).await;
+    let bill = bill_by_prefix(&run.records, &ANTHROPIC);
+    assert_eq!(bill.breaks, direct_bill.breaks, "no cache break of compactor's below pressure");
+    assert_eq!(run.stats().facts_retained, run.stats().facts_planted);
+    assert!(bill.cost <= direct_bill.cost * 1.001, "{} vs {}", bill.cost, direct_bill.cost);
+    let held = proxy.get_with_token("/metrics", "").await.text();
+    assert_eq!(breaks(&held, "pays_back") + breaks(&held, "pressure") + breaks(&held, "cold_cache"), 0);
+
+    // A deployment that has seen conversations of 200 turns: old outputs go where they pay back,
+    // and the session costs less than direct.
+    let provider = ProviderSim::start(provider_spec).await;
+    let proxy =
+        ProxyProcess::start_with(&provider.compactor_config(&format!("{window}[prune]\nassumed_runs = [200]\n")), &[]);
+    let run = drive(&proxy.url(""), &provider, &mut AgentSession::new(spec), turns).await;
+    let pruned = bill_by_prefix(&run.records, &ANTHROPIC);
+    let text = proxy.get_with_token("/metrics", "").await.text();
+    assert!(breaks(&text, "pays_back") > 0, "{text}");
+    assert_eq!(breaks(&text, "pressure"), 0);
+    assert!(pruned.cost < direct_bill.cost, "{} vs {}", pruned.cost, direct_bill.cost);
 }

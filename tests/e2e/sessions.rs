@@ -487,3 +487,49 @@ async fn a_small_memory_store_drops_the_least_recently_used_sessions_for_a_big_o
     assert_eq!(again.header("x-compactor-pruned"), Some("2"));
     assert!(eventually(async || known(&proxy, "b").await).await, "b is stored again");
 }
+
+#[tokio::test]
+async fn how_long_a_models_conversations_run_is_measured_in_redis_and_read_by_every_replica() {
+    use compactor::config::{Config, StoreKind};
+    use compactor::session::{ConversationId, ModelKey, SessionCtx, SessionKey, SessionSource, Store};
+    let Some(redis) = RedisServer::start() else { return };
+    let mut config = Config::default().session;
+    config.store = StoreKind::Redis;
+    config.redis_url = compactor::config::RedisUrls::new(redis.url.clone());
+    config.key_prefix = redis.prefix.clone();
+    let (writer, reader) = (Store::from_config(&config), Store::from_config(&config));
+    assert!(eventually(async || writer.health().await.is_ok() && reader.health().await.is_ok()).await);
+    let lifetime = Duration::from_secs(300);
+    let request = async |store: &Store, session: &str| {
+        let key = SessionKey { key: format!("tenant.{session}"), source: SessionSource::Header };
+        let mut ctx = SessionCtx::load(store.clone(), key, ConversationId::parse("00000000000000aa").unwrap()).await;
+        ctx.use_model(ModelKey::new("anthropic", "claude-sonnet-4-5")).await;
+        ctx
+    };
+    assert_eq!(request(&writer, "fresh").await.later_turns(lifetime, 0.9, &[]), 0, "nothing measured yet");
+    // Ten conversations of 40 turns on one replica.
+    for session in 0..10 {
+        for _ in 0..40 {
+            let mut ctx = request(&writer, &format!("long-{session}")).await;
+            ctx.record_request(&[], 0, 3);
+            ctx.count_turn(lifetime);
+            assert!(ctx.commit().await);
+        }
+    }
+    // Another replica, which never read the histogram, plans with it: every run reached 32 turns.
+    let ctx = request(&reader, "fresh").await;
+    assert_eq!(ctx.later_turns(lifetime, 0.9, &[]), 32 - 1);
+    // The histogram lives under the model's key, with a TTL, and only bucket starts were written.
+    let mut connection = redis.connection();
+    let all: Vec<String> = redis::cmd("KEYS").arg(format!("{}:*", redis.prefix)).query(&mut connection).unwrap();
+    let model_keys: Vec<String> =
+        all.into_iter().filter(|k| k.contains("{model.") && k.ends_with(":session")).collect();
+    assert_eq!(model_keys.len(), 1, "{model_keys:?}");
+    let runs: std::collections::HashMap<String, u64> =
+        redis::cmd("HGETALL").arg(&model_keys[0]).query(&mut connection).unwrap();
+    assert_eq!(runs.get("run_0"), Some(&10));
+    assert_eq!(runs.get("run_9"), Some(&10), "turn 32 reached by all ten");
+    assert_eq!(runs.get("run_10"), None, "turn 48 by none");
+    let ttl: i64 = redis::cmd("TTL").arg(&model_keys[0]).query(&mut connection).unwrap();
+    assert!(ttl > 0);
+}

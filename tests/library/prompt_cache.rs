@@ -21,7 +21,7 @@ fn warm<'a>(pruned: &'a BTreeSet<String>, seen_messages: usize, turns: u64) -> H
         pruned_before: pruned,
         seen_messages,
         pricing: CachePricing::ANTHROPIC,
-        turns,
+        later_turns: turns,
         idle: Some(Duration::from_secs(5)),
         pressure: false,
     }
@@ -155,7 +155,7 @@ fn a_pending_batch_goes_in_one_break_when_the_cache_is_cold_the_window_presses_o
     let cases = [
         (History { idle: Some(Duration::from_secs(600)), ..warm_young.clone() }, Reason::Cold),
         (History { pressure: true, ..warm_young.clone() }, Reason::Pressure),
-        (History { turns: 500, ..warm_young.clone() }, Reason::PaysBack),
+        (History { later_turns: 500, ..warm_young.clone() }, Reason::PaysBack),
         (History { pricing: CachePricing::NONE, ..warm_young.clone() }, Reason::NoCache),
     ];
     for (history, reason) in cases {

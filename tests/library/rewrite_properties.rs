@@ -432,7 +432,7 @@ fn histories(pruned: &BTreeSet<String>, messages: usize) -> Vec<History<'_>> {
         pruned_before: pruned,
         seen_messages: messages / 2,
         pricing: CachePricing::ANTHROPIC,
-        turns: 12,
+        later_turns: 12,
         idle: Some(Duration::from_secs(5)),
         pressure: false,
     };
