@@ -128,7 +128,8 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let freed = prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).fold(0, u32::saturating_add);
+        let freed =
+            prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).fold(0, u32::saturating_add);
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
