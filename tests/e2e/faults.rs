@@ -487,7 +487,7 @@ async fn an_admin_compaction_of_an_unknown_session_is_a_404_and_creates_nothing(
         if let Some(redis) = redis.as_ref().filter(|_| !store.is_empty()) {
             assert!(redis.keys().iter().all(|key| !key.contains(unknown)), "{:?}", redis.keys());
         }
-        // A session the proxy knows is still marked.
+        // A session the store holds (once its first request is committed) is still marked.
         let answer = send(request("POST", &proxy.url("/v1/chat/completions"), &[AUTH], chat_body(false))).await;
         let key = answer.header("x-compactor-session").unwrap().to_string();
         // The request's state is written after its answer: wait until the store holds it.
