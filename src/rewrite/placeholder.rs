@@ -39,8 +39,8 @@ impl Template {
         &self.text
     }
 
-    /// The placeholder of the output of call `call_id` (`tokens`: the output's size as the client
-    /// sent it).
+    /// The placeholder of the output of call `call_id` (`tokens`: the output's size as it would
+    /// be sent, framing included).
     pub fn render<'t>(&'t self, calls: &Calls, call_id: Option<&str>, tokens: u32) -> Cow<'t, str> {
         if self.fixed {
             return Cow::Borrowed(&self.text);

@@ -61,11 +61,12 @@ pub fn apply(
     };
     let protected_call = |call_id: Option<&str>| call_id.is_some_and(|id| protected_ids.contains(id));
     let calls = Calls::of(conversation);
-    // Each output's own placeholder (it names its call): the same bytes on every turn.
-    let placeholder_of = |index: usize| match &conversation.items[index].kind {
-        Kind::ToolResult { call_id, .. } => {
-            settings.placeholder.render(&calls, call_id.as_deref(), conversation.items[index].tokens)
-        }
+    // Each output's own placeholder (it names its call and the size it replaces, `tokens`: the
+    // output as it would be sent, after any cut): the same bytes on every turn, and the same
+    // again when a rewritten body is rewritten (a cut output's placeholder names the cut's size,
+    // so its own size cannot tip the decision the other way on a second pass).
+    let placeholder_of = |index: usize, tokens: u32| match &conversation.items[index].kind {
+        Kind::ToolResult { call_id, .. } => settings.placeholder.render(&calls, call_id.as_deref(), tokens),
         _ => std::borrow::Cow::Borrowed(settings.placeholder.as_str()),
     };
     let is_placeholder = |index: usize, text: &str| {
@@ -73,7 +74,7 @@ pub fn apply(
         settings.placeholder.rendered(&calls, call_id, text)
     };
     let framing = crate::conversation::FRAMING_TOKENS;
-    let placeholder_tokens = |index: usize| count(&placeholder_of(index)) + framing;
+    let placeholder_tokens = |index: usize, tokens: u32| count(&placeholder_of(index, tokens)) + framing;
     // No placeholder is larger: a larger output is worth pruning without rendering its own
     // (worked out once, at the first output: a request without any pays nothing).
     let largest = std::cell::OnceCell::new();
@@ -108,7 +109,7 @@ pub fn apply(
         // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
         // nothing from pruning; leaving them out of the window too keeps a second pass deciding
         // the same.
-        let not_worth = current <= largest() && current <= placeholder_tokens(index);
+        let not_worth = current <= largest() && current <= placeholder_tokens(index, current);
         if not_worth || protected_call(call_id) {
             continue;
         }
@@ -128,8 +129,10 @@ pub fn apply(
     }
     // `prunable` runs newest first: its last entry is the batch's first change.
     if let Some(&first) = prunable.last() {
-        let freed =
-            prunable.iter().map(|&i| sizes[i].saturating_sub(placeholder_tokens(i))).fold(0, u32::saturating_add);
+        let freed = prunable
+            .iter()
+            .map(|&i| sizes[i].saturating_sub(placeholder_tokens(i, sizes[i])))
+            .fold(0, u32::saturating_add);
         let seen = |index: usize| conversation.items[index].message < history.seen_messages;
         if seen(first) {
             let batch: HashSet<usize> = prunable.iter().copied().collect();
@@ -143,7 +146,7 @@ pub fn apply(
                 }
             }
             // What replaces the batch stays after the first change: re-written, not read.
-            pending.after += prunable.iter().map(|&i| u64::from(placeholder_tokens(i))).sum::<u64>();
+            pending.after += prunable.iter().map(|&i| u64::from(placeholder_tokens(i, sizes[i]))).sum::<u64>();
             match payback::decide(history, &pending) {
                 Some(reason) => pruned.prefix_break = Some(reason),
                 None => {
@@ -153,8 +156,11 @@ pub fn apply(
             }
         }
     }
-    let texts: Vec<(usize, String)> =
-        forced.into_iter().chain(prunable).map(|index| (index, placeholder_of(index).into_owned())).collect();
+    let texts: Vec<(usize, String)> = forced
+        .into_iter()
+        .chain(prunable)
+        .map(|index| (index, placeholder_of(index, sizes[index]).into_owned()))
+        .collect();
     drop(calls);
     for (index, text) in texts {
         let item = &mut conversation.items[index];

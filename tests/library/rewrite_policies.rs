@@ -370,3 +370,33 @@ fn attachments_whose_tokens_pass_u32_count_as_the_most_tokens_not_as_a_small_num
     assert!(rewritten.report.message_tokens.iter().all(|tokens| *tokens >= u32::MAX / 2 || *tokens < 100));
     assert_eq!(rewritten.report.message_tokens[2], u32::MAX, "three images in one result");
 }
+
+/// Found by the `dialects` fuzzer: a code interpreter's log cut to head and tail, a little larger
+/// than its placeholder. The placeholder named the size of the output before the cut, so on a
+/// second pass (the rewritten body rewritten again) it was a token shorter and the cut output now
+/// outweighed it: pruned the second time, kept the first. A rewritten body rewritten again must
+/// stay as it is.
+#[test]
+fn a_cut_output_a_little_larger_than_its_placeholder_is_decided_the_same_on_a_second_pass() {
+    use compactor::config::Config;
+    use compactor::tokens::{ModelTable, TokenCounter};
+    let mut settings = Config::default().rewrite_settings();
+    settings.prune.protect_tokens = 40;
+    settings.prune.minimum_tokens = 10;
+    settings.tool_output_max_tokens = 60;
+    let rewriter = Rewriter::new(settings, TokenCounter::new(32 << 20), ModelTable::default());
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/regressions/responses-cut-output-then-pruned.json"
+    ))
+    .unwrap();
+    let none = BTreeSet::new();
+    let first =
+        rewriter.rewrite_body(Dialect::Responses, &body, &none).unwrap().body.expect("the fixture is rewritten");
+    let first = String::from_utf8(first.to_vec()).unwrap();
+    assert!(first.contains("tokens truncated"), "the log is cut on the first pass");
+    let again = rewriter.rewrite_body(Dialect::Responses, first.as_bytes(), &none).unwrap();
+    if let Some(second) = again.body {
+        assert_eq!(String::from_utf8(second.to_vec()).unwrap(), first, "a second rewrite changed the body");
+    }
+}
