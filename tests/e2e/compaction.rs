@@ -235,6 +235,9 @@ async fn the_admin_api_can_ask_for_a_compaction_on_the_next_request() {
     let answer = post(&proxy, Api::Chat, "s", &body).await;
     assert_eq!(summaries.count(), 0);
     let key = answer.header("x-compactor-session").unwrap().to_string();
+    // The request's state is written after its answer; only a session the store holds is marked.
+    let path = format!("/admin/sessions/{key}");
+    assert!(eventually(async || proxy.get_with_token(&path, "admin").await.status == 200).await);
     let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{key}/compact"), "admin").await;
     assert_eq!(marked.status, 202);
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -297,6 +297,8 @@ async fn the_admin_request_to_compact_waits_for_a_conversation_with_something_to
         let proxy = ProxyProcess::start(&_fake, &format!("{CONFIG}{store}"));
         let main = conversation(Api::Chat, 12, false);
         let session = header(&post(&proxy, Api::Chat, "asked", &main).await, "x-compactor-session");
+        // The request's state is written after its answer; only a session the store holds is marked.
+        view_until(&proxy, "admin", &session, |view| view["state"]["counters"]["requests"] == 1).await;
         let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{session}/compact"), "admin").await;
         assert_eq!(marked.status, 202);
         view_until(&proxy, "admin", &session, |view| view["state"]["counters"]["compact_requested"] == 1).await;
