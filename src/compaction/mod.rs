@@ -507,7 +507,9 @@ impl Compactor {
                         ladder.note(name, "nothing");
                         continue;
                     };
-                    match self.compaction().run(head, ladder, ctx, harder, "overflow", sizing).await {
+                    // Boxed: a compaction's future (its summary calls) is large and rarely runs; held inline
+                    // it made every request's future that much larger to move.
+                    match Box::pin(self.compaction().run(head, ladder, ctx, harder, "overflow", sizing)).await {
                         Ok(Compacted { record, summary_time, summary_calls }) => {
                             ladder.trace.summary += summary_time;
                             ladder.trace.summary_calls += summary_calls;
@@ -569,7 +571,8 @@ impl Compactor {
         }
         let sizing = self.sizing(ladder, ctx, report);
         for harder in [false, true] {
-            match self.compaction().run(head, ladder, ctx, harder, trigger, sizing).await {
+            // Boxed: see the overflow rung above.
+            match Box::pin(self.compaction().run(head, ladder, ctx, harder, trigger, sizing)).await {
                 Ok(Compacted { record, summary_time, summary_calls }) => {
                     ladder.trace.summary += summary_time;
                     ladder.trace.summary_calls += summary_calls;
