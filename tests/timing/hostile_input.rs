@@ -42,8 +42,26 @@ fn hostile_bodies() -> Vec<(&'static str, &'static str, String)> {
 #[tokio::test]
 async fn objects_with_100000_keys_are_answered_quickly_and_healthz_stays_responsive() {
     let _machine = crate::one_at_a_time();
+    let (fake, proxy) = proxy_with_fixed_answers().await;
+    let bodies = hostile_bodies();
+
+    // Alone, each body is answered (nothing in it to rewrite: forwarded as it came) well within a
+    // second: about 0.1-0.2 s in a debug build (the pairwise duplicate check took 28 s in release).
+    each_alone_is_forwarded_within(&proxy, &fake, &bodies, Duration::from_millis(1000)).await;
+
+    // Two at once, the case that stalled a 2-core instance: /healthz is polled meanwhile. Bodies
+    // this large are parsed off the async workers (`compactor::work`), but the two parses still
+    // share the machine's two cores with the health check (~0.2 s each in a debug build, more on
+    // a loaded machine); the pairwise check held a worker for 28 s per request in a release build.
+    let slowest_health = slowest_health_while(&proxy, bodies.iter().take(2), Duration::from_millis(10)).await;
+    assert!(slowest_health < Duration::from_secs(2), "/healthz took {slowest_health:?} under hostile load");
+}
+
+/// A fake upstream with a fixed answer per dialect (it shares the test's cores and should not
+/// parse megabyte bodies), compactor in front of it, and the tokenizer loaded by a first request
+/// (that one-time cost is not what these tests measure).
+async fn proxy_with_fixed_answers() -> (FakeUpstream, ProxyProcess) {
     let fake = FakeUpstream::start().await;
-    // A fixed answer: the fake upstream shares this test's cores and should not parse 1 MB bodies.
     fake.respond_with(|received| {
         let answer = if received.path_and_query.starts_with("/v1/messages") {
             r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}"#
@@ -53,30 +71,37 @@ async fn objects_with_100000_keys_are_answered_quickly_and_healthz_stays_respons
         Some(Reply::json(200, serde_json::from_str(answer).unwrap()))
     });
     let proxy = ProxyProcess::start(&fake, "");
-    // The tokenizer loads on the first request: that one-time cost is not what is measured here.
     let warm_up = send(request("POST", &proxy.url("/v1/chat/completions"), &[], chat_body(false))).await;
     assert_eq!(warm_up.status, 200);
-    let bodies = hostile_bodies();
+    (fake, proxy)
+}
 
-    // Alone, each body is answered (nothing in it to rewrite: forwarded as it came) well within a
-    // second: about 0.1-0.2 s in a debug build (the pairwise duplicate check took 28 s in release).
-    for (name, path, body) in &bodies {
+/// Sends each body alone: answered 200 within `bound`, and gone upstream as it came.
+async fn each_alone_is_forwarded_within(
+    proxy: &ProxyProcess,
+    fake: &FakeUpstream,
+    bodies: &[(&str, &str, String)],
+    bound: Duration,
+) {
+    for (name, path, body) in bodies {
         let started = Instant::now();
         let answer =
             send(request("POST", &proxy.url(path), &[("content-type", "application/json")], body.clone())).await;
         let took = started.elapsed();
         assert_eq!(answer.status, 200, "{name}: {}", answer.text());
         assert_eq!(fake.last().body, body.as_bytes(), "{name}: the body went upstream as it came");
-        assert!(took < Duration::from_millis(1000), "{name}: answered in {took:?}");
+        assert!(took < bound, "{name}: answered in {took:?}");
     }
+}
 
-    // Two at once, the case that stalled a 2-core instance: /healthz is polled meanwhile. Bodies
-    // this large are parsed off the async workers (`compactor::work`), but the two parses still
-    // share the machine's two cores with the health check (~0.2 s each in a debug build, more on
-    // a loaded machine); the pairwise check held a worker for 28 s per request in a release build.
+/// Sends `bodies` all at once and polls /healthz every `poll` until they are answered (each 200);
+/// the slowest health answer.
+async fn slowest_health_while<'b>(
+    proxy: &ProxyProcess,
+    bodies: impl Iterator<Item = &'b (&'b str, &'b str, String)>,
+    poll: Duration,
+) -> Duration {
     let hostile: Vec<_> = bodies
-        .iter()
-        .take(2)
         .map(|(_, path, body)| {
             let request = request("POST", &proxy.url(path), &[("content-type", "application/json")], body.clone());
             tokio::spawn(async move { send(request).await.status })
@@ -87,12 +112,12 @@ async fn objects_with_100000_keys_are_answered_quickly_and_healthz_stays_respons
         let started = Instant::now();
         assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
         slowest_health = slowest_health.max(started.elapsed());
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(poll).await;
     }
     for task in hostile {
         assert_eq!(task.await.unwrap(), 200);
     }
-    assert!(slowest_health < Duration::from_secs(2), "/healthz took {slowest_health:?} under hostile load");
+    slowest_health
 }
 
 /// A JSON string of `n` bytes that starts like a known name.
@@ -133,51 +158,16 @@ fn oversized_scalars() -> Vec<(&'static str, &'static str, String)> {
 #[tokio::test]
 async fn a_320_kb_model_name_or_id_is_answered_in_milliseconds_and_healthz_stays_fast() {
     let _machine = crate::one_at_a_time();
-    let fake = FakeUpstream::start().await;
-    fake.respond_with(|received| {
-        let answer = if received.path_and_query.starts_with("/v1/messages") {
-            r#"{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}"#
-        } else {
-            r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}"#
-        };
-        Some(Reply::json(200, serde_json::from_str(answer).unwrap()))
-    });
-    let proxy = ProxyProcess::start(&fake, "");
-    let warm_up = send(request("POST", &proxy.url("/v1/chat/completions"), &[], chat_body(false))).await;
-    assert_eq!(warm_up.status, 200);
+    let (fake, proxy) = proxy_with_fixed_answers().await;
     let bodies = oversized_scalars();
 
     // Alone, each is answered in milliseconds (a debug build reads 320 KB in a few); the model
     // lookup that hashed every prefix of the name took 4 s for this one in a release build.
-    for (name, path, body) in &bodies {
-        let started = Instant::now();
-        let answer =
-            send(request("POST", &proxy.url(path), &[("content-type", "application/json")], body.clone())).await;
-        let took = started.elapsed();
-        assert_eq!(answer.status, 200, "{name}: {}", answer.text());
-        assert_eq!(fake.last().body, body.as_bytes(), "{name}: the body went upstream as it came");
-        assert!(took < Duration::from_millis(300), "{name}: answered in {took:?}");
-    }
+    each_alone_is_forwarded_within(&proxy, &fake, &bodies, Duration::from_millis(300)).await;
 
     // All at once, twice over, while /healthz is polled: the health check never waits behind them.
-    let hostile: Vec<_> = bodies
-        .iter()
-        .chain(bodies.iter())
-        .map(|(_, path, body)| {
-            let request = request("POST", &proxy.url(path), &[("content-type", "application/json")], body.clone());
-            tokio::spawn(async move { send(request).await.status })
-        })
-        .collect();
-    let mut slowest_health = Duration::ZERO;
-    while !hostile.iter().all(|task| task.is_finished()) {
-        let started = Instant::now();
-        assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200);
-        slowest_health = slowest_health.max(started.elapsed());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    for task in hostile {
-        assert_eq!(task.await.unwrap(), 200);
-    }
+    let slowest_health =
+        slowest_health_while(&proxy, bodies.iter().chain(bodies.iter()), Duration::from_millis(5)).await;
     assert!(slowest_health < Duration::from_millis(300), "/healthz took {slowest_health:?} under hostile load");
 }
 
