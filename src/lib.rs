@@ -3,6 +3,7 @@
 //! A request flows one way through named stages: route, read body, rewrite, forward, tap the
 //! response, record. Each stage is a module of its own.
 
+pub mod allocator;
 pub mod compaction;
 pub mod config;
 pub mod conversation;

@@ -77,6 +77,7 @@ fn main() -> ExitCode {
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
+    compactor::allocator::set_purge_delay(config.limits.allocator_purge_delay.as_millis() as u64);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -199,6 +199,11 @@ pub struct LimitsConfig {
     /// with their bodies); past it a request gets 503 in its API dialect with `retry-after`. A body
     /// larger than the whole budget goes when it is alone. 0 turns the bound off.
     pub max_inflight_body_bytes: u64,
+    /// How long the allocator keeps freed memory before giving it back to the system: a large
+    /// request's parse is freed on workers that may then sit idle, and with a delay its pages
+    /// stayed resident until they allocated again. `MIMALLOC_PURGE_DELAY` in the environment wins.
+    #[serde(rename = "allocator_purge_delay_ms", serialize_with = "millis")]
+    pub allocator_purge_delay: Duration,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -342,6 +347,7 @@ impl Default for Config {
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
                 max_inflight_body_bytes: 64 * 1024 * 1024,
+                allocator_purge_delay: Duration::ZERO,
                 rewrite_budget: Duration::from_millis(10_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,

@@ -433,3 +433,34 @@ async fn memory_follows_the_body_bytes_in_flight() {
     // it allocates again (MIMALLOC_PURGE_DELAY=0 gives them back; docs/limits.md).
     assert!(peak - before < 48 * body_bytes, "peak {:.0} MiB", mib(peak));
 }
+
+#[tokio::test]
+async fn memory_goes_back_to_the_system_after_a_large_request() {
+    // One 7.7 MiB body of 260,000 one-letter messages: its parse takes a few hundred MiB, built
+    // and dropped on workers that then sit idle. With mimalloc's default purge delay those pages
+    // stayed resident (243 MiB three seconds after a 29.8 MiB request); compactor sets the delay
+    // from `limits.allocator_purge_delay_ms` (0 by default) so they go back once freed.
+    let (_fake, proxy) = ProxyProcess::with_fake("").await;
+    let body = one_letter_messages(260_000);
+    let mib = |bytes: u64| bytes as f64 / 1048576.0;
+    let (_, before) = memory(proxy.pid());
+    let url = proxy.url("/v1/chat/completions");
+    let answer = send(request("POST", &url, &[("authorization", "Bearer k")], body.clone())).await;
+    assert_eq!(answer.status, 200);
+    let (peak, _) = memory(proxy.pid());
+    let body_bytes = body.len() as u64;
+    assert!(peak - before > 8 * body_bytes, "the request should have grown RSS: peak {:.0} MiB", mib(peak));
+    // RSS back within the body's size of where it was (plus the body twice: the client's and the
+    // upstream's socket buffers and what the allocator keeps for the next request).
+    let bound = before + 3 * body_bytes;
+    let mut after = peak;
+    for _ in 0..50 {
+        after = memory(proxy.pid()).1;
+        if after < bound {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("RSS before {:.0} MiB, peak {:.0} MiB, after {:.0} MiB", mib(before), mib(peak), mib(after));
+    assert!(after < bound, "RSS stayed at {:.0} MiB (before {:.0} MiB, peak {:.0} MiB)", mib(after), mib(before), mib(peak));
+}
