@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use crate::clis::Cli;
-use crate::common::provider::{ANTHROPIC, Bill, OPENAI, Prices, Record, bill_by_breakpoints, bill_by_prefix};
+use crate::common::provider::{ANTHROPIC, Bill, GEMINI, OPENAI, Prices, Record, bill_by_breakpoints, bill_by_prefix};
 use crate::common::script::Script;
 use crate::scenario::{Played, Scenario, play};
 
@@ -31,6 +31,7 @@ fn agents() -> Vec<Cli> {
                 Cli::Codex => "codex",
                 Cli::OpenCode => "opencode",
                 Cli::QwenCode => "qwen",
+                Cli::GeminiCli => "gemini",
             };
             chosen.is_empty() || chosen.split(',').any(|c| c.trim() == key)
         })
@@ -39,7 +40,11 @@ fn agents() -> Vec<Cli> {
 
 /// The provider's prices for the agent's dialect.
 fn prices(cli: Cli) -> Prices {
-    if cli == Cli::ClaudeCode { ANTHROPIC } else { OPENAI }
+    match cli {
+        Cli::ClaudeCode => ANTHROPIC,
+        Cli::GeminiCli => GEMINI,
+        Cli::Codex | Cli::OpenCode | Cli::QwenCode => OPENAI,
+    }
 }
 
 /// The requests that belong to the agent's conversation and to compactor (helper calls such as
@@ -70,7 +75,7 @@ fn last_prompt(played: &Played) -> usize {
         .records
         .iter()
         .rev()
-        .find(|r| r.outcome.is_answered() && r.dialect.is_some() && !r.summary && !r.helper)
+        .find(|r| r.outcome.is_answered() && r.model_call && !r.summary && !r.helper)
         .map_or(0, |r| r.tokens)
 }
 
