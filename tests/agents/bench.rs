@@ -2,12 +2,13 @@
 //! long scripted session (30 rounds of about 4,000 tokens by default) on a large window, straight
 //! at the provider and through compactor at its defaults, and every upstream request is priced
 //! under the provider's prefix caching: Anthropic prices for Claude Code (reads 0.1x, writes
-//! 1.25x), OpenAI prices for the others (reads 0.25x, no write surcharge), with the same model of
+//! 1.25x), Gemini's implicit caching for Gemini CLI and OpenAI prices for the others (reads 0.25x,
+//! no write surcharge), with the same model of
 //! the cache the sessions bench uses (`bill_by_prefix`, and `bill_by_breakpoints` for Claude Code),
 //! and the tokens a local server (llama.cpp, vLLM, SGLang) would prefill again after each change.
 //!
 //! Settings (environment): `COMPACTOR_BENCH_AGENTS` (comma-separated: claude, codex, opencode,
-//! qwen; default all), `COMPACTOR_BENCH_ROUNDS` (30), `COMPACTOR_BENCH_FILLER` (4000),
+//! qwen, gemini; default all), `COMPACTOR_BENCH_ROUNDS` (30), `COMPACTOR_BENCH_FILLER` (4000),
 //! `COMPACTOR_BENCH_WINDOWS` (200000,1000000).
 
 use std::time::Duration;

@@ -106,6 +106,27 @@ fn usage_metadata(usage: &Usage, output: usize) -> Value {
         "candidatesTokenCount": output, "totalTokenCount": usage.prompt + output})
 }
 
+/// The JSON schema a request asks its answer to follow (`generationConfig.responseJsonSchema`).
+fn json_schema(body: &Value) -> Option<&Value> {
+    let config = &body["generationConfig"];
+    config.get("responseJsonSchema").or_else(|| config.get("responseSchema"))
+}
+
+/// A value of `schema`: every property with its type's plainest value.
+fn answer_for_schema(schema: &Value) -> Value {
+    let kind = schema["type"].as_str().unwrap_or("object").to_ascii_lowercase();
+    match kind.as_str() {
+        "object" => {
+            let properties = schema["properties"].as_object().into_iter().flatten();
+            Value::Object(properties.map(|(name, property)| (name.clone(), answer_for_schema(property))).collect())
+        }
+        "number" | "integer" => json!(0),
+        "boolean" => json!(false),
+        "array" => json!([]),
+        _ => json!("The scripted steps make progress."),
+    }
+}
+
 /// Whether the last content is a user text asking for a tool call.
 fn asks_for_call(body: &Value) -> Option<String> {
     let last = body["contents"].as_array()?.last()?;
@@ -203,7 +224,12 @@ pub(super) async fn handle(
                 Some(script::next_move(script, script::Wire::Gemini, &value, &text, spec.chars_per_token))
             }
             (Some(_), Some(Kind::AgentSummary)) => Some(Move::Text(state.summary_text(1000 + record.tokens, &text))),
-            (Some(_), _) => Some(Move::Text("Scripted task".into())),
+            // A helper asking for JSON (Gemini CLI's loop detection) gets an object of its schema:
+            // zero, false and a short text say nothing is wrong.
+            (Some(_), _) => Some(Move::Text(match json_schema(&value) {
+                Some(schema) => answer_for_schema(schema).to_string(),
+                None => "Scripted task".into(),
+            })),
             (None, _) => None,
         };
         match &scripted {
