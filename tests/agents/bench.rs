@@ -32,7 +32,7 @@ fn agents() -> Vec<Cli> {
                 Cli::Codex => "codex",
                 Cli::OpenCode => "opencode",
                 Cli::QwenCode => "qwen",
-                Cli::GeminiCli => "gemini",
+                Cli::Gemini => "gemini",
             };
             chosen.is_empty() || chosen.split(',').any(|c| c.trim() == key)
         })
@@ -43,7 +43,7 @@ fn agents() -> Vec<Cli> {
 fn prices(cli: Cli) -> Prices {
     match cli {
         Cli::ClaudeCode => ANTHROPIC,
-        Cli::GeminiCli => GEMINI,
+        Cli::Gemini => GEMINI,
         Cli::Codex | Cli::OpenCode | Cli::QwenCode => OPENAI,
     }
 }

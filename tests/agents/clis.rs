@@ -21,11 +21,11 @@ pub enum Cli {
     Codex,
     OpenCode,
     QwenCode,
-    GeminiCli,
+    Gemini,
 }
 
 impl Cli {
-    pub const ALL: [Cli; 5] = [Cli::ClaudeCode, Cli::Codex, Cli::OpenCode, Cli::QwenCode, Cli::GeminiCli];
+    pub const ALL: [Cli; 5] = [Cli::ClaudeCode, Cli::Codex, Cli::OpenCode, Cli::QwenCode, Cli::Gemini];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -33,7 +33,7 @@ impl Cli {
             Cli::Codex => "Codex CLI",
             Cli::OpenCode => "OpenCode",
             Cli::QwenCode => "Qwen Code",
-            Cli::GeminiCli => "Gemini CLI",
+            Cli::Gemini => "Gemini CLI",
         }
     }
 
@@ -43,7 +43,7 @@ impl Cli {
             Cli::Codex => "codex",
             Cli::OpenCode => "opencode",
             Cli::QwenCode => "qwen",
-            Cli::GeminiCli => "gemini",
+            Cli::Gemini => "gemini",
         }
     }
 
@@ -75,7 +75,7 @@ impl Cli {
             Cli::OpenCode | Cli::QwenCode => "sim-model",
             // A Gemini 3 model: the simulator then refuses a current turn whose calls lost their
             // thought signatures, as the Gemini API does.
-            Cli::GeminiCli => "gemini-3.1-pro-preview",
+            Cli::Gemini => "gemini-3.1-pro-preview",
         }
     }
 }
@@ -184,7 +184,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
                 .env("OPENAI_MODEL", cli.model())
                 .env("QWEN_CODE_SUPPRESS_YOLO_WARNING", "1");
         }
-        Cli::GeminiCli => {
+        Cli::Gemini => {
             // The API key auth type (with the base URL alone 0.61 refuses "Invalid auth method
             // selected."), and nothing that reaches the network besides the base URL: no usage
             // statistics, telemetry, update check or ripgrep. Its own compression starts at half
@@ -249,7 +249,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
             .collect::<Vec<_>>()
             .join("\n"),
         Cli::QwenCode => stdout.clone(),
-        Cli::GeminiCli => last_json(&stdout).and_then(|v| v["response"].as_str().map(String::from)).unwrap_or_default(),
+        Cli::Gemini => last_json(&stdout).and_then(|v| v["response"].as_str().map(String::from)).unwrap_or_default(),
     };
     Outcome { code, timed_out, answer, stdout, stderr }
 }

@@ -30,7 +30,7 @@ fn allowed_overflows(cli: Cli) -> usize {
         Cli::OpenCode | Cli::QwenCode => crate::common::provider::Dialect::Chat,
         // The Gemini API's 400 names the window: "The input token count (N) exceeds the maximum
         // number of tokens allowed (M)."
-        Cli::GeminiCli => return 1,
+        Cli::Gemini => return 1,
     };
     let style: ErrorStyle = Errors::Real.style(dialect);
     if style.names_window() { 1 } else { 2 }
@@ -93,7 +93,7 @@ async fn qwen_code_through_compactor() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn gemini_cli_through_compactor() {
-    through_compactor(Cli::GeminiCli).await;
+    through_compactor(Cli::Gemini).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -118,7 +118,7 @@ async fn qwen_code_direct_fails() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn gemini_cli_direct_fails() {
-    direct_fails(Cli::GeminiCli).await;
+    direct_fails(Cli::Gemini).await;
 }
 
 /// The scripted command keeps its fact token out of the call: only running it shows the token,
