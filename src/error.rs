@@ -32,6 +32,8 @@ pub enum ProxyError {
     UpstreamCut { upstream: String, source: Cause },
     #[error("the upstream at {upstream} did not answer within {} ms", timeout.as_millis())]
     UpstreamTimeout { upstream: String, timeout: std::time::Duration },
+    #[error("compactor has no {what} upstream: set `{key}` in its configuration")]
+    NoUpstream { what: &'static str, key: &'static str },
     #[error("cannot build the upstream request: invalid upstream URL")]
     BadUpstreamUrl(#[source] http::uri::InvalidUri),
     #[error("cannot build the upstream request: invalid upstream host")]
@@ -61,7 +63,7 @@ impl ProxyError {
             Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::NoUpstream { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::StoreUnavailable(_) | Self::Overloaded { .. } | Self::InflightBodies { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -84,6 +86,7 @@ impl ProxyError {
             Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => "bad_upstream_request",
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
+            Self::NoUpstream { .. } => "no_upstream",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Overloaded { .. } => "overloaded",
@@ -110,6 +113,7 @@ impl ProxyError {
             | Self::BadUpstreamUrl(_)
             | Self::BadUpstreamHost(_)
             | Self::Unauthorized
+            | Self::NoUpstream { .. }
             | Self::NotFound
             | Self::MethodNotAllowed { .. } => false,
         }
@@ -162,7 +166,7 @@ impl ProxyError {
                 "error": { "type": self.anthropic_type(), "message": message }
             }),
             // google.rpc.Status, as the Gemini API answers its own errors.
-            ApiFamily::Gemini => serde_json::json!({
+            ApiFamily::Gemini | ApiFamily::Vertex => serde_json::json!({
                 "error": { "code": self.status().as_u16(), "message": message, "status": self.google_status() }
             }),
         };

@@ -9,6 +9,9 @@ pub enum ApiFamily {
     Anthropic,
     /// Google's Gemini API (`generateContent`): Gemini CLI and the google-genai SDKs.
     Gemini,
+    /// Gemini models on Vertex AI (`/v1/projects/{p}/locations/{l}/publishers/google/models/…`):
+    /// the same dialect as [`ApiFamily::Gemini`], its own upstream (`upstream.vertex`).
+    Vertex,
 }
 
 impl ApiFamily {
@@ -18,7 +21,13 @@ impl ApiFamily {
             ApiFamily::OpenAi => "openai",
             ApiFamily::Anthropic => "anthropic",
             ApiFamily::Gemini => "gemini",
+            ApiFamily::Vertex => "vertex",
         }
+    }
+
+    /// Whether its bodies and errors are Gemini's (`generateContent`, `google.rpc.Status`).
+    pub fn speaks_gemini(self) -> bool {
+        matches!(self, ApiFamily::Gemini | ApiFamily::Vertex)
     }
 }
 
@@ -61,10 +70,52 @@ pub fn gemini_method(path: &str) -> Option<(&str, &str)> {
     if !is_gemini_version(version) {
         return None;
     }
-    let rest = rest.strip_prefix("models/")?;
+    model_and_method(rest.strip_prefix("models/")?)
+}
+
+/// A Vertex AI model method path: the model and the method. Either
+/// `/{version}/projects/{project}/locations/{location}/publishers/google/models/{model}:{method}`
+/// or Vertex's express mode, `/{version}/publishers/google/models/{model}:{method}` (with a key).
+pub fn vertex_method(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix('/')?;
+    let (version, rest) = rest.split_once('/')?;
+    if !is_gemini_version(version) {
+        return None;
+    }
+    let rest = match rest.strip_prefix("projects/") {
+        Some(rest) => {
+            let (project, rest) = rest.split_once('/')?;
+            let (location, rest) = rest.strip_prefix("locations/")?.split_once('/')?;
+            if project.is_empty() || location.is_empty() {
+                return None;
+            }
+            rest
+        }
+        None => rest,
+    };
+    model_and_method(rest.strip_prefix("publishers/google/models/")?)
+}
+
+/// The model and the method of a Gemini or a Vertex AI model method path.
+pub fn model_method(path: &str) -> Option<(&str, &str)> {
+    gemini_method(path).or_else(|| vertex_method(path))
+}
+
+/// `{model}:{method}`, neither empty nor holding a slash.
+fn model_and_method(rest: &str) -> Option<(&str, &str)> {
     let (model, method) = rest.rsplit_once(':')?;
     (!model.is_empty() && !model.contains('/') && !method.is_empty() && !method.contains('/'))
         .then_some((model, method))
+}
+
+/// The endpoint of a Gemini model method.
+fn gemini_endpoint(method: &str, post: bool) -> Endpoint {
+    match method {
+        "generateContent" if post => Endpoint::GenerateContent,
+        "streamGenerateContent" if post => Endpoint::StreamGenerateContent,
+        "countTokens" if post => Endpoint::GeminiCountTokens,
+        _ => Endpoint::Other,
+    }
 }
 
 /// `v1`, `v1beta`, `v1alpha`, `v1beta1`...: the versions of Google's APIs.
@@ -79,20 +130,19 @@ impl Route {
     /// (the Anthropic SDK's `/v1/models`), because that header only ever means Anthropic.
     /// Gemini's paths (a model method, anything under `/v1beta/` or `/v1alpha/` but Google's
     /// OpenAI-compatible `/v1beta/openai/`, which OpenAI clients call as they call OpenAI) and
-    /// anything carrying `x-goog-api-key` go to Gemini.
+    /// anything carrying `x-goog-api-key` go to Gemini. Vertex AI's Gemini model methods go to
+    /// Vertex AI, whatever their headers.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let post = method == Method::POST;
+        if let Some((_, vertex)) = vertex_method(path) {
+            return Self { family: ApiFamily::Vertex, endpoint: gemini_endpoint(vertex, post) };
+        }
         let gemini = gemini_method(path);
         let beta = path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || path == "/v1beta";
         let openai_compatible = path.starts_with("/v1beta/openai/");
         if !openai_compatible && (gemini.is_some() || beta || headers.contains_key(GOOG_API_KEY)) {
-            let endpoint = match gemini {
-                Some((_, "generateContent")) if post => Endpoint::GenerateContent,
-                Some((_, "streamGenerateContent")) if post => Endpoint::StreamGenerateContent,
-                Some((_, "countTokens")) if post => Endpoint::GeminiCountTokens,
-                _ => Endpoint::Other,
-            };
+            let endpoint = gemini.map_or(Endpoint::Other, |(_, method)| gemini_endpoint(method, post));
             return Self { family: ApiFamily::Gemini, endpoint };
         }
         let anthropic_path = path == "/v1/messages" || path.starts_with("/v1/messages/");
@@ -127,6 +177,7 @@ impl Route {
             (_, Endpoint::StreamGenerateContent) => "stream_generate_content",
             (_, Endpoint::GeminiCountTokens) => "gemini_count_tokens",
             (ApiFamily::Gemini, _) => "gemini_other",
+            (ApiFamily::Vertex, _) => "vertex_other",
             (ApiFamily::Anthropic, Endpoint::Models) => "anthropic_models",
             (ApiFamily::OpenAi, Endpoint::Models) => "models",
             (ApiFamily::Anthropic, Endpoint::Other) => "anthropic_other",
@@ -250,6 +301,38 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-goog-api-key", http::HeaderValue::from_static("k"));
         assert_eq!(Route::of(&Method::GET, "/v1/models", &headers).family, ApiFamily::Gemini);
+    }
+
+    #[test]
+    fn vertex_model_methods_go_to_vertex() {
+        let path = "/v1/projects/my-project/locations/us-central1/publishers/google/models/gemini-2.5-pro";
+        let stream = route(Method::POST, &format!("{path}:streamGenerateContent"));
+        assert_eq!((stream.family, stream.endpoint), (ApiFamily::Vertex, Endpoint::StreamGenerateContent));
+        assert_eq!(stream.label(), "stream_generate_content");
+        assert_eq!(route(Method::POST, &format!("{path}:generateContent")).endpoint, Endpoint::GenerateContent);
+        assert_eq!(route(Method::POST, &format!("{path}:countTokens")).endpoint, Endpoint::GeminiCountTokens);
+        let other = route(Method::POST, &format!("{path}:predict"));
+        assert_eq!((other.family, other.endpoint, other.label()), (ApiFamily::Vertex, Endpoint::Other, "vertex_other"));
+        assert_eq!(vertex_method(&format!("{path}:generateContent")), Some(("gemini-2.5-pro", "generateContent")));
+        assert_eq!(
+            vertex_method(
+                "/v1beta1/projects/p/locations/global/publishers/google/models/gemini-3-pro-preview:countTokens"
+            ),
+            Some(("gemini-3-pro-preview", "countTokens"))
+        );
+        // Express mode: no project, a key.
+        let express = route(Method::POST, "/v1/publishers/google/models/gemini-2.5-flash:generateContent");
+        assert_eq!((express.family, express.endpoint), (ApiFamily::Vertex, Endpoint::GenerateContent));
+        assert_eq!(model_method("/v1/publishers/google/models/m:generateContent"), Some(("m", "generateContent")));
+        assert_eq!(model_method("/v1beta/models/m:countTokens"), Some(("m", "countTokens")));
+        // Not Vertex AI's Gemini models: another publisher, a missing location, a bad version.
+        assert_eq!(vertex_method("/v1/projects/p/locations/l/publishers/anthropic/models/claude:rawPredict"), None);
+        assert_eq!(vertex_method("/v1/projects/p/publishers/google/models/m:generateContent"), None);
+        assert_eq!(vertex_method("/v2/projects/p/locations/l/publishers/google/models/m:generateContent"), None);
+        assert_eq!(
+            route(Method::POST, "/v1/projects/p/locations/l/endpoints/openapi/chat/completions").family,
+            ApiFamily::OpenAi
+        );
     }
 
     #[test]

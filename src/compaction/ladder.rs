@@ -164,7 +164,7 @@ impl Ladder {
         }
         self.lowered_max_tokens = true;
         let parsed = ParsedRequest::parse(self.dialect, sent)?;
-        let (field, requested) = parsed.max_tokens()?;
+        let (field, requested) = parsed.max_tokens_field()?;
         let (limit, prompt) = (overflow.limit?, overflow.prompt_tokens?);
         let fits = limit.saturating_sub(prompt).saturating_sub(MAX_TOKENS_MARGIN);
         if fits < u64::from(min_output_tokens) || fits >= requested {

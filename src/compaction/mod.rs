@@ -612,6 +612,7 @@ impl Compactor {
             ApiFamily::OpenAi => self.rewriter.settings.openai_cache,
             ApiFamily::Anthropic => self.rewriter.settings.anthropic_cache,
             ApiFamily::Gemini => self.rewriter.settings.gemini_cache,
+            ApiFamily::Vertex => self.rewriter.settings.vertex_cache,
         }
     }
 

@@ -286,8 +286,13 @@ impl Summarizer {
 
 /// The head of a Gemini summary call: the client's headers and query (its key may be there), sent
 /// to `:generateContent` of the summarizing model, without `alt=sse` (the answer is read whole).
+/// The path is the client's up to its `models/` (a Vertex AI path keeps its project and location).
 fn gemini_summary_head(head: &RequestHead, model: &str) -> RequestHead {
-    let version = head.uri.path().trim_start_matches('/').split('/').next().unwrap_or("v1beta");
+    let client_path = head.uri.path();
+    let models = match client_path.rfind("/models/") {
+        Some(at) => &client_path[..at + "/models/".len()],
+        None => "/v1beta/models/",
+    };
     let query: Vec<&str> = head
         .uri
         .query()
@@ -295,7 +300,7 @@ fn gemini_summary_head(head: &RequestHead, model: &str) -> RequestHead {
         .split('&')
         .filter(|pair| !pair.is_empty() && !pair.starts_with("alt="))
         .collect();
-    let mut path = format!("/{version}/models/{model}:generateContent");
+    let mut path = format!("{models}{model}:generateContent");
     if !query.is_empty() {
         path.push('?');
         path.push_str(&query.join("&"));

@@ -64,6 +64,9 @@ impl Config {
                 openai: r.parse("upstream.openai", d.upstream.openai, |s: String| BaseUrl::parse(&s)),
                 anthropic: r.parse("upstream.anthropic", d.upstream.anthropic, |s: String| BaseUrl::parse(&s)),
                 gemini: r.parse("upstream.gemini", d.upstream.gemini, |s: String| BaseUrl::parse(&s)),
+                vertex: r.parse("upstream.vertex", d.upstream.vertex, |s: String| {
+                    if s.is_empty() { Ok(None) } else { BaseUrl::parse(&s).map(Some) }
+                }),
                 connect_timeout: r.parse("upstream.connect_timeout_ms", d.upstream.connect_timeout, positive_ms),
                 first_byte_timeout: r.parse(
                     "upstream.first_byte_timeout_ms",
@@ -79,6 +82,8 @@ impl Config {
                     .parse("upstream.anthropic_cache", d.upstream.anthropic_cache, |s: String| CachePricing::parse(&s)),
                 gemini_cache: r
                     .parse("upstream.gemini_cache", d.upstream.gemini_cache, |s: String| CachePricing::parse(&s)),
+                vertex_cache: r
+                    .parse("upstream.vertex_cache", d.upstream.vertex_cache, |s: String| CachePricing::parse(&s)),
             },
             limits: LimitsConfig {
                 max_body_bytes: r.parse("limits.max_body_bytes", d.limits.max_body_bytes, positive),

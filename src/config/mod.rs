@@ -154,6 +154,11 @@ pub struct UpstreamConfig {
     /// Base URL for Google's Gemini API: `/{v1|v1beta}/models/{model}:generateContent` and the
     /// other Gemini paths, and anything carrying `x-goog-api-key`.
     pub gemini: BaseUrl,
+    /// Base URL for Vertex AI's Gemini models:
+    /// `/{v1,v1beta1}/projects/{p}/locations/{l}/publishers/google/models/{model}:generateContent`
+    /// and its siblings. `None` (the default, `""`): such a request is refused with a Gemini error.
+    #[serde(serialize_with = "optional_url")]
+    pub vertex: Option<BaseUrl>,
     #[serde(rename = "connect_timeout_ms", serialize_with = "millis")]
     pub connect_timeout: Duration,
     #[serde(rename = "first_byte_timeout_ms", serialize_with = "millis")]
@@ -164,11 +169,12 @@ pub struct UpstreamConfig {
     pub http2: bool,
     /// Trust the operating system's root certificates in addition to the built-in webpki roots.
     pub native_roots: bool,
-    /// Prompt-cache prices and lifetime of the `openai` upstream, of the `anthropic` one, and of
-    /// the `gemini` one.
+    /// Prompt-cache prices and lifetime of the `openai` upstream, of the `anthropic` one, of the
+    /// `gemini` one and of the `vertex` one.
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
     pub gemini_cache: CachePricing,
+    pub vertex_cache: CachePricing,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -314,6 +320,12 @@ impl Serialize for BaseUrl {
     }
 }
 
+/// Renders an optional URL as its text, `""` when there is none (every key shows in
+/// `--check-config`).
+fn optional_url<S: serde::Serializer>(url: &Option<BaseUrl>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(url.as_ref().map_or("", BaseUrl::as_str))
+}
+
 /// Renders a duration as whole milliseconds (`*_ms` keys).
 pub(crate) fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
@@ -335,6 +347,7 @@ impl Default for Config {
                     text: "https://generativelanguage.googleapis.com".into(),
                     authority: "generativelanguage.googleapis.com".into(),
                 },
+                vertex: None,
                 connect_timeout: Duration::from_millis(10_000),
                 first_byte_timeout: Duration::from_millis(600_000),
                 idle_timeout: Duration::from_millis(300_000),
@@ -343,6 +356,7 @@ impl Default for Config {
                 openai_cache: CachePricing::OPENAI,
                 anthropic_cache: CachePricing::ANTHROPIC,
                 gemini_cache: CachePricing::GEMINI,
+                vertex_cache: CachePricing::GEMINI,
             },
             limits: LimitsConfig {
                 max_body_bytes: 32 * 1024 * 1024,
@@ -429,6 +443,7 @@ impl Config {
             openai_cache: self.upstream.openai_cache,
             anthropic_cache: self.upstream.anthropic_cache,
             gemini_cache: self.upstream.gemini_cache,
+            vertex_cache: self.upstream.vertex_cache,
             truncate_enabled: self.truncate.enabled,
             tool_output_max_tokens: self.truncate.tool_output_max_tokens,
             repair_enabled: self.repair.enabled,

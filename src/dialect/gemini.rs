@@ -36,6 +36,15 @@ pub(super) fn parse_top<'a>(parsed: &mut ParsedRequest<'a>) -> Option<()> {
     Some(())
 }
 
+/// The output cap of a Gemini request: `generationConfig.maxOutputTokens` (or the snake_case
+/// spellings the API also takes), read without parsing anything else of the config.
+pub(super) fn max_output_tokens(parsed: &ParsedRequest) -> Option<u64> {
+    ["generationConfig", "generation_config"].into_iter().find_map(|key| {
+        let config = RawObject::parse(parsed.top.get(key)?)?;
+        ["maxOutputTokens", "max_output_tokens"].into_iter().find_map(|field| config.get(field)?.parse::<u64>().ok())
+    })
+}
+
 /// Reads content `index` (`raw`, already read as `object`) into `parsed`.
 pub(super) fn parse_message<'a>(
     parsed: &mut ParsedRequest<'a>,
@@ -379,5 +388,21 @@ mod tests {
         assert_eq!(kinds[2], (false, false));
         assert_eq!(kinds[3], (true, false));
         assert!(matches!(parsed.conversation.items[4].kind, Kind::Attachment));
+    }
+
+    #[test]
+    fn the_nested_max_output_tokens_is_the_output_cap() {
+        let cap = |body: &str| ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap().max_tokens();
+        let contents = r#""contents":[{"role":"user","parts":[{"text":"hi"}]}]"#;
+        let nested = format!(r#"{{{contents},"generationConfig":{{"temperature":1,"maxOutputTokens":2048}}}}"#);
+        assert_eq!(cap(&nested), Some(2048));
+        let snake = format!(r#"{{{contents},"generation_config":{{"max_output_tokens":512}}}}"#);
+        assert_eq!(cap(&snake), Some(512));
+        assert_eq!(cap(&format!(r#"{{{contents},"generationConfig":{{"topK":64}}}}"#)), None);
+        // A top-level field is not Gemini's: no cap, and nothing the lower-max_tokens rung rewrites.
+        let top = format!(r#"{{{contents},"max_tokens":99}}"#);
+        assert_eq!(cap(&top), None);
+        let parsed = ParsedRequest::parse(Dialect::Gemini, nested.as_bytes()).unwrap();
+        assert_eq!(parsed.max_tokens_field(), None);
     }
 }

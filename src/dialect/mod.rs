@@ -378,8 +378,21 @@ impl<'a> ParsedRequest<'a> {
         self.messages.iter().take_while(|m| m.role == Role::System).count()
     }
 
-    /// The output budget the client asked for, and the field it used.
-    pub fn max_tokens(&self) -> Option<(&'static str, u64)> {
+    /// The output budget the client asked for: `max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`, or Gemini's `generationConfig.maxOutputTokens` (nested).
+    pub fn max_tokens(&self) -> Option<u64> {
+        match self.dialect {
+            Dialect::Gemini => gemini::max_output_tokens(self),
+            _ => self.max_tokens_field().map(|(_, n)| n),
+        }
+    }
+
+    /// The top-level field capping the output, and its value: what the lower-`max_tokens` rung
+    /// rewrites. None for Gemini, whose cap is nested and whose overflow counts the input alone.
+    pub fn max_tokens_field(&self) -> Option<(&'static str, u64)> {
+        if self.dialect == Dialect::Gemini {
+            return None;
+        }
         ["max_tokens", "max_completion_tokens", "max_output_tokens"]
             .into_iter()
             .find_map(|key| self.top.get(key).and_then(|v| v.parse::<u64>().ok()).map(|n| (key, n)))

@@ -111,6 +111,11 @@ impl Proxy {
         if let Some(error) = request_body::unsupported_transfer_coding(&parts.headers) {
             return fail(error, route, finish);
         }
+        // A family whose upstream is not configured (Vertex AI without `upstream.vertex`): said
+        // at once, before the body is read or any session touched.
+        if let Err(error) = self.upstreams.serves(route.family) {
+            return fail(error, route, finish);
+        }
         // A token-count request is read and rewritten like the request it counts, never changing
         // the session (see `Compactor::count`).
         let counted = Dialect::counted(route.endpoint);

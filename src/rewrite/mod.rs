@@ -30,6 +30,7 @@ pub struct RewriteSettings {
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
     pub gemini_cache: CachePricing,
+    pub vertex_cache: CachePricing,
     pub truncate_enabled: bool,
     pub tool_output_max_tokens: u32,
     pub repair_enabled: bool,
@@ -170,7 +171,7 @@ impl Rewriter {
         let mut report = RewriteReport {
             model,
             message_count: parsed.messages.len(),
-            max_tokens: parsed.max_tokens().map(|(_, n)| n),
+            max_tokens: parsed.max_tokens(),
             ..Default::default()
         };
         let message_count = parsed.messages.len();

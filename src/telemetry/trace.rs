@@ -152,6 +152,7 @@ pub fn provider(family: ApiFamily) -> &'static str {
         ApiFamily::OpenAi => "openai",
         ApiFamily::Anthropic => "anthropic",
         ApiFamily::Gemini => "gcp.gemini",
+        ApiFamily::Vertex => "gcp.vertex_ai",
     }
 }
 

@@ -49,10 +49,13 @@ impl RequestHead {
         Self { route, method: parts.method, uri: parts.uri, headers: parts.headers }
     }
 
-    /// The model a Gemini request's path names (`/v1beta/models/{model}:generateContent`).
+    /// The model a Gemini or Vertex AI request's path names
+    /// (`/v1beta/models/{model}:generateContent`, `…/publishers/google/models/{model}:…`).
     pub fn path_model(&self) -> Option<&str> {
-        (self.route.family == crate::route::ApiFamily::Gemini)
-            .then(|| crate::route::gemini_method(self.uri.path()).map(|(model, _)| model))
+        self.route
+            .family
+            .speaks_gemini()
+            .then(|| crate::route::model_method(self.uri.path()).map(|(model, _)| model))
             .flatten()
     }
 }
@@ -130,12 +133,14 @@ enum Transport {
     Legacy(Box<Client<HttpsConnector<HttpConnector>, UpstreamBody>>),
 }
 
-/// Both upstreams and the connections to them, for the process.
+/// The upstreams and the connections to them, for the process.
 pub struct Upstreams {
     transport: Transport,
     openai: Upstream,
     anthropic: Upstream,
     gemini: Upstream,
+    /// Vertex AI, when configured (`upstream.vertex`).
+    vertex: Option<Upstream>,
     first_byte_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -164,21 +169,33 @@ impl Upstreams {
             openai: Upstream::new(&upstream.openai)?,
             anthropic: Upstream::new(&upstream.anthropic)?,
             gemini: Upstream::new(&upstream.gemini)?,
+            vertex: upstream.vertex.as_ref().map(Upstream::new).transpose()?,
             first_byte_timeout: upstream.first_byte_timeout,
             idle_timeout: upstream.idle_timeout,
         })
     }
 
-    fn upstream(&self, family: ApiFamily) -> &Upstream {
+    /// The upstream of a family; an error for Vertex AI when `upstream.vertex` is not set.
+    fn upstream(&self, family: ApiFamily) -> Result<&Upstream, ProxyError> {
         match family {
-            ApiFamily::OpenAi => &self.openai,
-            ApiFamily::Anthropic => &self.anthropic,
-            ApiFamily::Gemini => &self.gemini,
+            ApiFamily::OpenAi => Ok(&self.openai),
+            ApiFamily::Anthropic => Ok(&self.anthropic),
+            ApiFamily::Gemini => Ok(&self.gemini),
+            ApiFamily::Vertex => {
+                self.vertex.as_ref().ok_or(ProxyError::NoUpstream { what: "Vertex AI", key: "upstream.vertex" })
+            }
         }
     }
 
-    pub fn base(&self, family: ApiFamily) -> &BaseUrl {
-        &self.upstream(family).base
+    /// Whether requests of `family` have somewhere to go: checked before a request is read, so
+    /// a request to an upstream that is not configured is answered at once.
+    pub fn serves(&self, family: ApiFamily) -> Result<(), ProxyError> {
+        self.upstream(family).map(|_| ())
+    }
+
+    /// The upstream's URL for messages, or the family's name when it has none.
+    fn name(&self, family: ApiFamily) -> String {
+        self.upstream(family).map_or_else(|_| family.label().to_string(), |upstream| upstream.base.to_string())
     }
 
     /// The upstream request for a client request: base URL joined with path and query, Host set
@@ -193,7 +210,7 @@ impl Upstreams {
     }
 
     fn build(&self, head: &RequestHead, body: UpstreamBody) -> Result<Request<UpstreamBody>, ProxyError> {
-        let upstream = self.upstream(head.route.family);
+        let upstream = self.upstream(head.route.family)?;
         // hyper's own HTTP/1.1 connection writes the URI as it is: origin form (`/path?query`).
         let uri = match self.transport {
             Transport::Pooled(_) => Uri::from(upstream.path_and_query(head.uri.path_and_query())?),
@@ -224,7 +241,7 @@ impl Upstreams {
 
     /// The error for an upstream that broke off a response compactor was reading.
     pub fn cut(&self, family: ApiFamily, error: hyper::Error) -> ProxyError {
-        ProxyError::UpstreamCut { upstream: self.base(family).to_string(), source: Box::new(error) }
+        ProxyError::UpstreamCut { upstream: self.name(family), source: Box::new(error) }
     }
 
     /// Sends a request and waits for the response head, bounded by the first-byte timeout.
@@ -233,11 +250,12 @@ impl Upstreams {
         family: ApiFamily,
         mut request: Request<UpstreamBody>,
     ) -> Result<Response<PooledBody>, ProxyError> {
-        let upstream = || self.base(family).to_string();
-        let span = trace::upstream_span(family, self.base(family).authority());
+        let target = self.upstream(family)?;
+        let upstream = || target.base.to_string();
+        let span = trace::upstream_span(family, target.base.authority());
         trace::inject(&span, request.headers_mut());
         let sent =
-            tokio::time::timeout(self.first_byte_timeout, self.dispatch(family, request)).instrument(span.clone());
+            tokio::time::timeout(self.first_byte_timeout, self.dispatch(target, request)).instrument(span.clone());
         let result = match sent.await {
             Err(_) => Err(ProxyError::UpstreamTimeout { upstream: upstream(), timeout: self.first_byte_timeout }),
             Ok(Err(source)) => Err(ProxyError::UpstreamUnreachable { upstream: upstream(), source }),
@@ -255,9 +273,9 @@ impl Upstreams {
     /// Sends a request on the transport; the future waits for the response head. Boxed, as
     /// hyper-util's client boxes its own, and made at once (holding the request): the future of
     /// every request holds this one inline, and every move of it would copy a larger one.
-    fn dispatch(&self, family: ApiFamily, request: Request<UpstreamBody>) -> Dispatched<'_> {
+    fn dispatch<'a>(&'a self, upstream: &'a Upstream, request: Request<UpstreamBody>) -> Dispatched<'a> {
         match &self.transport {
-            Transport::Pooled(connector) => Box::pin(send_pooled(connector, self.upstream(family), request)),
+            Transport::Pooled(connector) => Box::pin(send_pooled(connector, upstream, request)),
             Transport::Legacy(client) => {
                 let response = client.request(request);
                 Box::pin(async move {
@@ -286,7 +304,7 @@ impl Upstreams {
     pub async fn read_body(&self, family: ApiFamily, body: PooledBody, limit: usize) -> Result<Bytes, ProxyError> {
         match Limited::new(body, limit).collect().await {
             Ok(collected) => Ok(collected.to_bytes()),
-            Err(source) => Err(ProxyError::UpstreamUnreachable { upstream: self.base(family).to_string(), source }),
+            Err(source) => Err(ProxyError::UpstreamUnreachable { upstream: self.name(family), source }),
         }
     }
 }

@@ -2,18 +2,19 @@
 //! long scripted session (30 rounds of about 4,000 tokens by default) on a large window, straight
 //! at the provider and through compactor at its defaults, and every upstream request is priced
 //! under the provider's prefix caching: Anthropic prices for Claude Code (reads 0.1x, writes
-//! 1.25x), OpenAI prices for the others (reads 0.25x, no write surcharge), with the same model of
+//! 1.25x), Gemini's implicit caching for Gemini CLI and OpenAI prices for the others (reads 0.25x,
+//! no write surcharge), with the same model of
 //! the cache the sessions bench uses (`bill_by_prefix`, and `bill_by_breakpoints` for Claude Code),
 //! and the tokens a local server (llama.cpp, vLLM, SGLang) would prefill again after each change.
 //!
 //! Settings (environment): `COMPACTOR_BENCH_AGENTS` (comma-separated: claude, codex, opencode,
-//! qwen; default all), `COMPACTOR_BENCH_ROUNDS` (30), `COMPACTOR_BENCH_FILLER` (4000),
+//! qwen, gemini; default all), `COMPACTOR_BENCH_ROUNDS` (30), `COMPACTOR_BENCH_FILLER` (4000),
 //! `COMPACTOR_BENCH_WINDOWS` (200000,1000000).
 
 use std::time::Duration;
 
 use crate::clis::Cli;
-use crate::common::provider::{ANTHROPIC, Bill, OPENAI, Prices, Record, bill_by_breakpoints, bill_by_prefix};
+use crate::common::provider::{ANTHROPIC, Bill, GEMINI, OPENAI, Prices, Record, bill_by_breakpoints, bill_by_prefix};
 use crate::common::script::Script;
 use crate::scenario::{Played, Scenario, play};
 
@@ -31,6 +32,7 @@ fn agents() -> Vec<Cli> {
                 Cli::Codex => "codex",
                 Cli::OpenCode => "opencode",
                 Cli::QwenCode => "qwen",
+                Cli::Gemini => "gemini",
             };
             chosen.is_empty() || chosen.split(',').any(|c| c.trim() == key)
         })
@@ -39,7 +41,11 @@ fn agents() -> Vec<Cli> {
 
 /// The provider's prices for the agent's dialect.
 fn prices(cli: Cli) -> Prices {
-    if cli == Cli::ClaudeCode { ANTHROPIC } else { OPENAI }
+    match cli {
+        Cli::ClaudeCode => ANTHROPIC,
+        Cli::Gemini => GEMINI,
+        Cli::Codex | Cli::OpenCode | Cli::QwenCode => OPENAI,
+    }
 }
 
 /// The requests that belong to the agent's conversation and to compactor (helper calls such as
@@ -70,7 +76,7 @@ fn last_prompt(played: &Played) -> usize {
         .records
         .iter()
         .rev()
-        .find(|r| r.outcome.is_answered() && r.dialect.is_some() && !r.summary && !r.helper)
+        .find(|r| r.outcome.is_answered() && r.model_call && !r.summary && !r.helper)
         .map_or(0, |r| r.tokens)
 }
 

@@ -21,10 +21,11 @@ pub enum Cli {
     Codex,
     OpenCode,
     QwenCode,
+    Gemini,
 }
 
 impl Cli {
-    pub const ALL: [Cli; 4] = [Cli::ClaudeCode, Cli::Codex, Cli::OpenCode, Cli::QwenCode];
+    pub const ALL: [Cli; 5] = [Cli::ClaudeCode, Cli::Codex, Cli::OpenCode, Cli::QwenCode, Cli::Gemini];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -32,6 +33,7 @@ impl Cli {
             Cli::Codex => "Codex CLI",
             Cli::OpenCode => "OpenCode",
             Cli::QwenCode => "Qwen Code",
+            Cli::Gemini => "Gemini CLI",
         }
     }
 
@@ -41,6 +43,7 @@ impl Cli {
             Cli::Codex => "codex",
             Cli::OpenCode => "opencode",
             Cli::QwenCode => "qwen",
+            Cli::Gemini => "gemini",
         }
     }
 
@@ -70,6 +73,9 @@ impl Cli {
             Cli::ClaudeCode => "claude-sonnet-4-5",
             Cli::Codex => "gpt-5",
             Cli::OpenCode | Cli::QwenCode => "sim-model",
+            // A Gemini 3 model: the simulator then refuses a current turn whose calls lost their
+            // thought signatures, as the Gemini API does.
+            Cli::Gemini => "gemini-3.1-pro-preview",
         }
     }
 }
@@ -178,6 +184,27 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
                 .env("OPENAI_MODEL", cli.model())
                 .env("QWEN_CODE_SUPPRESS_YOLO_WARNING", "1");
         }
+        Cli::Gemini => {
+            // The API key auth type (with the base URL alone 0.61 refuses "Invalid auth method
+            // selected."), and nothing that reaches the network besides the base URL: no usage
+            // statistics, telemetry, update check or ripgrep. Its own compression starts at half
+            // its model's window (1,048,576 tokens for Gemini 3), which no run here reaches.
+            let settings = serde_json::json!({
+                "security": {"auth": {"selectedType": "gemini-api-key"}},
+                "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false},
+                "privacy": {"usageStatisticsEnabled": false},
+                "telemetry": {"enabled": false},
+                "tools": {"useRipgrep": false}
+            });
+            let gemini_home = home.join(".gemini");
+            std::fs::create_dir_all(&gemini_home).unwrap();
+            std::fs::write(gemini_home.join("settings.json"), settings.to_string()).unwrap();
+            command
+                .args(["-p", PROMPT, "--yolo", "-m", cli.model(), "-o", "json"])
+                .env("GOOGLE_GEMINI_BASE_URL", base)
+                .env("GEMINI_API_KEY", "AIzaSy-sim-test-key")
+                .env("GEMINI_CLI_TRUST_WORKSPACE", "true");
+        }
     }
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Its own process group, so a time-out ends the agent and every command it started.
@@ -222,6 +249,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
             .collect::<Vec<_>>()
             .join("\n"),
         Cli::QwenCode => stdout.clone(),
+        Cli::Gemini => last_json(&stdout).and_then(|v| v["response"].as_str().map(String::from)).unwrap_or_default(),
     };
     Outcome { code, timed_out, answer, stdout, stderr }
 }

@@ -73,7 +73,7 @@ impl Played {
         let trail: Vec<String> = self
             .records
             .iter()
-            .filter(|r| r.dialect.is_some())
+            .filter(|r| r.model_call)
             .map(|r| {
                 let kind = if r.summary {
                     "S"

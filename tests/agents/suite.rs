@@ -28,6 +28,9 @@ fn allowed_overflows(cli: Cli) -> usize {
         Cli::ClaudeCode => crate::common::provider::Dialect::Messages,
         Cli::Codex => crate::common::provider::Dialect::Responses,
         Cli::OpenCode | Cli::QwenCode => crate::common::provider::Dialect::Chat,
+        // The Gemini API's 400 names the window: "The input token count (N) exceeds the maximum
+        // number of tokens allowed (M)."
+        Cli::Gemini => return 1,
     };
     let style: ErrorStyle = Errors::Real.style(dialect);
     if style.names_window() { 1 } else { 2 }
@@ -89,6 +92,11 @@ async fn qwen_code_through_compactor() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn gemini_cli_through_compactor() {
+    through_compactor(Cli::Gemini).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn claude_code_direct_fails() {
     direct_fails(Cli::ClaudeCode).await;
 }
@@ -106,6 +114,11 @@ async fn opencode_direct_fails() {
 #[tokio::test(flavor = "multi_thread")]
 async fn qwen_code_direct_fails() {
     direct_fails(Cli::QwenCode).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gemini_cli_direct_fails() {
+    direct_fails(Cli::Gemini).await;
 }
 
 /// The scripted command keeps its fact token out of the call: only running it shows the token,

@@ -432,6 +432,9 @@ pub struct Record {
     /// Empty unless [`ProviderSpec::keep_bodies`].
     pub body: Bytes,
     pub dialect: Option<Dialect>,
+    /// A request for the model's answer in any dialect, Gemini's included (not a probe, a token
+    /// count or an unknown route).
+    pub model_call: bool,
     /// A compactor summary call (tool-less, with its summarizer prompt).
     pub summary: bool,
     /// One of the agent's own summary requests (its own compaction, in its own words).
@@ -469,6 +472,34 @@ struct State {
     summaries: AtomicUsize,
     /// Scripted with a room: the window, set by the first scripted turn.
     window: Mutex<Option<usize>>,
+}
+
+impl State {
+    /// The window for a request of `kind` with a prompt of `tokens`: a scripted room sets it at
+    /// the first scripted turn, else the spec's.
+    fn window_for(&self, kind: Option<Kind>, tokens: usize) -> usize {
+        match (&self.spec.script, kind) {
+            (Some(Script { room: Some(room), .. }), Some(Kind::Turn)) => {
+                *self.window.lock().unwrap().get_or_insert(tokens + room)
+            }
+            _ => self.window.lock().unwrap().unwrap_or(self.spec.window),
+        }
+    }
+
+    /// A summary's text: the facts (and, scripted, the progress) of what it was asked to read.
+    fn summary_text(&self, number: usize, source: &str) -> String {
+        let spec = &self.spec;
+        let padding = agents::text(
+            agents::Text::Prose,
+            number as u64,
+            (spec.summary_tokens as f64 * spec.chars_per_token) as usize,
+        );
+        if spec.script.is_some() {
+            script::summary(number, source, &padding)
+        } else {
+            format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", markers(source).join(" "))
+        }
+    }
 }
 
 /// A running provider simulator.
@@ -633,6 +664,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         headers: parts.headers.clone(),
         body: if spec.keep_bodies { body.clone() } else { Bytes::new() },
         dialect: None,
+        model_call: false,
         summary: false,
         agent_summary: false,
         helper: false,
@@ -679,6 +711,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         return json_reply(404, &json!({"error": {"message": format!("no route for {path}"), "type": "not_found"}}));
     };
     record.dialect = Some(dialect);
+    record.model_call = true;
     let Some(value) = value else {
         record.status = 400;
         push(record);
@@ -691,7 +724,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
     let text = String::from_utf8_lossy(&body).into_owned();
     let summary = prompt.tool_less && text.contains(SUMMARY_MARKER);
     record.summary = summary;
-    let kind = spec.script.as_ref().map(|_| script::kind(dialect, &value, &text)).filter(|_| !summary);
+    let kind = spec.script.as_ref().map(|_| script::kind(dialect.into(), &value, &text)).filter(|_| !summary);
     record.agent_summary = kind == Some(Kind::AgentSummary);
     record.helper = kind == Some(Kind::Helper);
     record.session = session_of(&parts.headers, &value, &prompt);
@@ -710,12 +743,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         push(record);
         return json_reply(400, &error);
     }
-    let window = match (&spec.script, kind) {
-        (Some(Script { room: Some(room), .. }), Some(Kind::Turn)) => {
-            *state.window.lock().unwrap().get_or_insert(prompt.tokens + room)
-        }
-        _ => state.window.lock().unwrap().unwrap_or(spec.window),
-    };
+    let window = state.window_for(kind, prompt.tokens);
     let over_prompt = prompt.tokens > window;
     let over_output = spec.count_max_tokens && prompt.tokens + prompt.max_tokens > window;
     if over_prompt || over_output {
@@ -732,18 +760,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
 
     // A summary carries only what it was asked to read: compactor's summarizer its transcript (its
     // previous summary first), an agent's own summary request the whole conversation.
-    let summary_text = |number: usize, source: &str| {
-        let padding = agents::text(
-            agents::Text::Prose,
-            number as u64,
-            (spec.summary_tokens as f64 * spec.chars_per_token) as usize,
-        );
-        if spec.script.is_some() {
-            script::summary(number, source, &padding)
-        } else {
-            format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", markers(source).join(" "))
-        }
-    };
+    let summary_text = |number: usize, source: &str| state.summary_text(number, source);
     let (reply, usage) = if summary {
         let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
         let reply = summary_text(number, transcript_of(&text));
@@ -772,7 +789,9 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
             }
         };
         let reply = match (&spec.script, kind) {
-            (Some(script), Some(Kind::Turn)) => script::next_move(script, dialect, &value, &text, spec.chars_per_token),
+            (Some(script), Some(Kind::Turn)) => {
+                script::next_move(script, dialect.into(), &value, &text, spec.chars_per_token)
+            }
             (Some(_), Some(Kind::AgentSummary)) => Move::Text(summary_text(1000 + record.tokens, &text)),
             (Some(_), _) => Move::Text("Scripted task".into()),
             (None, _) => {
@@ -1072,6 +1091,10 @@ pub const ANTHROPIC: Prices = Prices { name: "Anthropic", cache_read: 0.1, cache
 /// GPT-4.1: $2 input, $0.50 cached input, $8 output; no write surcharge.
 pub const OPENAI: Prices =
     Prices { name: "OpenAI gpt-4.1", cache_read: 0.25, cache_write: 1.0, output: 4.0, step: 128 };
+/// Gemini's implicit caching as compactor's `gemini` preset prices it (cached input 0.25x, no
+/// write surcharge); output at Gemini 2.5 Pro's 8x ($1.25 input, $10 output).
+pub const GEMINI: Prices =
+    Prices { name: "Gemini (cached 0.25x)", cache_read: 0.25, cache_write: 1.0, output: 8.0, step: 1 };
 
 impl Prices {
     /// The same prices as compactor's cache model takes them.
@@ -1123,7 +1146,7 @@ fn summary_costs(bill: &mut Bill, records: &[Record], prices: &Prices) {
 pub fn bill_by_prefix(records: &[Record], prices: &Prices) -> Bill {
     let mut bill = Bill::default();
     let mut previous: Option<&Record> = None;
-    for record in records.iter().filter(|r| !r.summary && r.outcome.is_answered() && r.dialect.is_some()) {
+    for record in records.iter().filter(|r| !r.summary && r.outcome.is_answered() && r.model_call) {
         let (shared, prefix) = previous.map_or((0, 0), |p| common_prefix(&p.units, &record.units));
         if previous.is_some_and(|p| shared < p.units.len()) {
             bill.breaks += 1;
@@ -1150,7 +1173,7 @@ pub fn bill_by_breakpoints(records: &[Record], prices: &Prices) -> Bill {
     let mut bill = Bill::default();
     let mut cached: HashSet<u64> = HashSet::new();
     let mut previous: Option<&Record> = None;
-    for record in records.iter().filter(|r| !r.summary && r.outcome.is_answered() && r.dialect.is_some()) {
+    for record in records.iter().filter(|r| !r.summary && r.outcome.is_answered() && r.model_call) {
         let (shared, prefix) = previous.map_or((0, 0), |p| common_prefix(&p.units, &record.units));
         if previous.is_some_and(|p| shared < p.units.len()) {
             bill.breaks += 1;

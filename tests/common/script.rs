@@ -76,23 +76,49 @@ pub fn is_agent_summary(body: &str) -> bool {
 /// The names agents give their shell tool.
 const SHELL_TOOLS: [&str; 5] = ["Bash", "exec_command", "bash", "run_shell_command", "shell"];
 
-/// The agent's shell tool: its name and its parameters' JSON schema.
-pub fn shell_tool(dialect: Dialect, body: &Value) -> Option<(String, Value)> {
-    let tools = body["tools"].as_array()?;
-    tools.iter().find_map(|tool| {
-        let (name, schema) = match dialect {
-            Dialect::Messages => (tool["name"].as_str()?, &tool["input_schema"]),
-            Dialect::Chat => (tool["function"]["name"].as_str()?, &tool["function"]["parameters"]),
-            Dialect::Responses => (tool["name"].as_str()?, &tool["parameters"]),
-        };
-        SHELL_TOOLS.contains(&name).then(|| (name.to_string(), schema.clone()))
-    })
+/// The wire format of a request, as far as the script cares: where it declares its tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// One of the simulator's three OpenAI and Anthropic dialects.
+    Dialect(Dialect),
+    /// Gemini's `generateContent`: `tools[].functionDeclarations[]`, schemas in
+    /// `parametersJsonSchema` (Gemini CLI) or `parameters`.
+    Gemini,
 }
 
-pub fn kind(dialect: Dialect, body: &Value, text: &str) -> Kind {
+impl From<Dialect> for Wire {
+    fn from(dialect: Dialect) -> Self {
+        Wire::Dialect(dialect)
+    }
+}
+
+/// The agent's shell tool: its name and its parameters' JSON schema.
+pub fn shell_tool(wire: Wire, body: &Value) -> Option<(String, Value)> {
+    let tools = body["tools"].as_array()?;
+    let shell = |name: &str, schema: &Value| SHELL_TOOLS.contains(&name).then(|| (name.to_string(), schema.clone()));
+    match wire {
+        Wire::Gemini => tools
+            .iter()
+            .flat_map(|tool| tool["functionDeclarations"].as_array().into_iter().flatten())
+            .find_map(|declaration| {
+                let schema = declaration.get("parametersJsonSchema").or_else(|| declaration.get("parameters"))?;
+                shell(declaration["name"].as_str()?, schema)
+            }),
+        Wire::Dialect(dialect) => tools.iter().find_map(|tool| {
+            let (name, schema) = match dialect {
+                Dialect::Messages => (tool["name"].as_str()?, &tool["input_schema"]),
+                Dialect::Chat => (tool["function"]["name"].as_str()?, &tool["function"]["parameters"]),
+                Dialect::Responses => (tool["name"].as_str()?, &tool["parameters"]),
+            };
+            shell(name, schema)
+        }),
+    }
+}
+
+pub fn kind(wire: Wire, body: &Value, text: &str) -> Kind {
     if is_agent_summary(text) {
         Kind::AgentSummary
-    } else if shell_tool(dialect, body).is_some() {
+    } else if shell_tool(wire, body).is_some() {
         Kind::Turn
     } else {
         Kind::Helper
@@ -140,9 +166,9 @@ pub fn command(round: usize, rounds: usize, filler_tokens: usize, chars_per_toke
 
 /// The next move for a turn request: round `k + 1` when the request shows round `k`, the final
 /// answer once it shows the last round.
-pub fn next_move(script: &Script, dialect: Dialect, body: &Value, text: &str, chars_per_token: f64) -> Move {
+pub fn next_move(script: &Script, wire: Wire, body: &Value, text: &str, chars_per_token: f64) -> Move {
     let (done, _) = progress(text);
-    let Some((name, schema)) = shell_tool(dialect, body) else {
+    let Some((name, schema)) = shell_tool(wire, body) else {
         return Move::Text("No shell tool was offered.".into());
     };
     if done >= script.rounds {
@@ -161,10 +187,14 @@ pub fn next_move(script: &Script, dialect: Dialect, body: &Value, text: &str, ch
     if properties.get("max_output_tokens").is_some() {
         arguments["max_output_tokens"] = json!(script.filler_tokens * 4);
     }
-    let id = match dialect {
-        Dialect::Messages => format!("toolu_01script{round:04}{:08x}", agents::mix(text.len() as u64) & 0xffff_ffff),
-        Dialect::Chat => format!("call_script{round:04}{:08x}", agents::mix(text.len() as u64) & 0xffff_ffff),
-        Dialect::Responses => format!("call_script{round:04}{:08x}", agents::mix(text.len() as u64) & 0xffff_ffff),
+    let id = match wire {
+        Wire::Dialect(Dialect::Messages) => {
+            format!("toolu_01script{round:04}{:08x}", agents::mix(text.len() as u64) & 0xffff_ffff)
+        }
+        // The Gemini API gives its calls no id (the agent makes one up); this one is not sent.
+        Wire::Dialect(Dialect::Chat | Dialect::Responses) | Wire::Gemini => {
+            format!("call_script{round:04}{:08x}", agents::mix(text.len() as u64) & 0xffff_ffff)
+        }
     };
     Move::Call(Call { id, name, arguments })
 }

@@ -274,3 +274,126 @@ async fn count_tokens_counts_the_conversation_as_its_next_request_is_sent() {
     post(&proxy, STREAM, corpus()).await;
     assert_eq!(sim.last().tokens, forwarded);
 }
+
+const VERTEX_MODEL_PATH: &str = "/v1/projects/my-project/locations/us-central1/publishers/google/models/gemini-2.5-pro";
+const BEARER: &str = "Bearer ya29.vertex-oauth-token-4242";
+
+/// compactor with Gemini's (and every other) upstream at `gemini`, Vertex AI's at `vertex`.
+fn vertex_config(gemini: &ProviderSim, vertex: Option<&ProviderSim>, extra: &str) -> String {
+    let vertex = vertex.map(|v| format!("vertex = \"{}\"\n", v.url())).unwrap_or_default();
+    format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\ngemini = \"{0}\"\n{vertex}{extra}", gemini.url())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vertex_paths_go_to_upstream_vertex_with_their_bearer_which_scopes_the_tenant_unlogged() {
+    let gemini = ProviderSim::start(ProviderSpec::default()).await;
+    // A window the corpus overflows by a third, with pruning off: recovered by a summary call,
+    // which must go to Vertex AI's path too.
+    let probe = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;
+    let probing = ProxyProcess::start_with(&vertex_config(&gemini, Some(&probe), ""), &[]);
+    let path = format!("{VERTEX_MODEL_PATH}:streamGenerateContent?alt=sse");
+    let headers = [("authorization", BEARER), ("content-type", "application/json")];
+    let answer = send(request("POST", &probing.url(&path), &headers, corpus())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(answer.text().starts_with("data: "), "an SSE stream came back");
+    assert_eq!(probe.last().path, path, "the path went to Vertex AI as sent");
+    assert_eq!(probe.last().headers.get("authorization").unwrap(), BEARER, "the bearer went along");
+    assert_eq!(probe.last().body.as_ref(), &corpus()[..], "nothing to rewrite: byte for byte");
+    let tokens = probe.last().tokens;
+
+    let vertex = ProviderSim::start(ProviderSpec { window: tokens * 2 / 3, ..ProviderSpec::default() }).await;
+    let config = "[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 300\n";
+    let proxy = ProxyProcess::start_with(&vertex_config(&gemini, Some(&vertex), config), &[]);
+    let answer = send(request("POST", &proxy.url(&path), &headers, corpus())).await;
+    assert_eq!(answer.status, 200, "recovered: {}", answer.text());
+    assert_eq!(answer.header("x-compactor-retries"), Some("1"));
+    let records = vertex.records();
+    assert_eq!(records[0].outcome, Outcome::Overflow, "Vertex AI's own overflow error came first");
+    assert!(String::from_utf8_lossy(&records[0].body).len() > 1000);
+    let summary = records.iter().find(|r| r.summary).expect("a summary call");
+    assert_eq!(summary.path, format!("{VERTEX_MODEL_PATH}:generateContent"), "the summary call stays on Vertex AI");
+    assert_eq!(summary.headers.get("authorization").unwrap(), BEARER);
+    let last = records.last().unwrap();
+    assert!(last.outcome.is_answered() && !last.summary && last.path == path, "the retry was answered");
+    assert_eq!(gemini.len(), 0, "nothing reached the Gemini API's upstream");
+
+    // The bearer scopes the tenant, and never shows in a log.
+    let small = json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}).to_string();
+    let session = |bearer: &'static str| {
+        let (proxy, path, small) = (&proxy, format!("{VERTEX_MODEL_PATH}:generateContent"), small.clone());
+        async move {
+            let answer = send(request("POST", &proxy.url(&path), &[("authorization", bearer)], small)).await;
+            answer.header("x-compactor-session").unwrap().to_string()
+        }
+    };
+    let (a, a_again, b) = (session(BEARER).await, session(BEARER).await, session("Bearer ya29.other-token").await);
+    let tenant = |s: &str| s.split('.').next().unwrap().to_string();
+    assert_eq!(a, a_again);
+    assert_ne!(tenant(&a), tenant(&b), "another bearer, another tenant");
+    assert_ne!(tenant(&a), "anonymous");
+    let logs = [probing.logs(), proxy.logs()].concat().join("\n");
+    assert!(!logs.contains("ya29"), "a bearer in the logs:\n{logs}");
+    assert!(!logs.contains("my-project"), "a path in the logs:\n{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vertex_paths_without_upstream_vertex_get_a_gemini_error_and_go_nowhere() {
+    let sim = ProviderSim::start(ProviderSpec::default()).await;
+    let proxy = ProxyProcess::start_with(&vertex_config(&sim, None, ""), &[]);
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}).to_string();
+    for method in ["streamGenerateContent?alt=sse", "generateContent", "countTokens", "predict"] {
+        let path = format!("{VERTEX_MODEL_PATH}:{method}");
+        let answer = send(request("POST", &proxy.url(&path), &[("authorization", BEARER)], body.clone())).await;
+        assert_eq!(answer.status, 404, "{method}: {}", answer.text());
+        assert_eq!(answer.header("x-compactor-error"), Some("no_upstream"));
+        let error = &answer.json()["error"];
+        assert_eq!((error["code"].as_u64(), error["status"].as_str()), (Some(404), Some("NOT_FOUND")), "{error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("Vertex AI") && message.contains("upstream.vertex"), "{message}");
+    }
+    assert_eq!(sim.len(), 0, "nothing was forwarded anywhere");
+    // The Gemini API's own paths are unaffected.
+    let answer = post(&proxy, "/v1beta/models/gemini-2.5-flash:generateContent", body).await;
+    assert_eq!(answer.status, 200);
+}
+
+/// `generationConfig.maxOutputTokens` is the request's output cap: the room compactor keeps for
+/// the answer. A prompt that fits the window less 100 tokens of answer goes as it is; the same
+/// prompt asking for more than the default reserve (4,096) is compacted ahead of time.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_nested_max_output_tokens_sets_the_room_kept_for_the_answer() {
+    let model =
+        "[models.gemini-window-test]\nmax_output_tokens = 65536\ntoken_factor = 1.0\nencoding = \"o200k_base\"\n";
+    let config = |window: u64| {
+        format!(
+            "{model}context_window = {window}\n[prune]\nenabled = false\n[truncate]\nenabled = false\n\
+             [compaction]\nkeep_recent_tokens = 300\n"
+        )
+    };
+    let capped = |cap: u64| {
+        let mut body: Value = serde_json::from_slice(&corpus()).unwrap();
+        body["generationConfig"]["maxOutputTokens"] = json!(cap);
+        serde_json::to_vec(&body).unwrap()
+    };
+    let path = "/v1beta/models/gemini-window-test:generateContent";
+    let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;
+    let probe = ProxyProcess::start_with(&sim.compactor_config(&config(1_000_000)), &[]);
+    let answer = post(&probe, path, capped(100)).await;
+    let prompt: f64 = answer.header("x-compactor-tokens-before").unwrap().parse().unwrap();
+    // Over (window - 4096) x 0.95 (would overflow with the default reserve), under
+    // (window - 100) x 0.8 (the threshold with 100 tokens kept).
+    let window = ((prompt / 0.8 + 100.0 + prompt / 0.95 + 4096.0) / 2.0) as u64;
+
+    for (cap, compacted) in [(100, false), (60_000, true)] {
+        let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;
+        let proxy = ProxyProcess::start_with(&sim.compactor_config(&config(window)), &[]);
+        let body = capped(cap);
+        let answer = post(&proxy, path, body.clone()).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(sim.summary_calls() > 0, compacted, "maxOutputTokens {cap} on a {window} window, prompt {prompt}");
+        assert_eq!(answer.header("x-compactor-compacted").is_some(), compacted);
+        if !compacted {
+            assert_eq!(sim.last().body.as_ref(), &body[..], "sent as it came");
+        }
+    }
+}

@@ -5,6 +5,10 @@
 //! in the next user turn; on Gemini 3 the current turn's calls must carry their thought
 //! signatures), answers compactor's summary calls, and calls the first tool, with a thought
 //! signature, when the last user text asks for it with [`CALL_TOOL`].
+//!
+//! With a [`Script`] it plays the scripted model for Gemini CLI: calls to the CLI's own shell tool
+//! (`run_shell_command`) as the Gemini API gives them (no id, a thought signature), the final
+//! answer, and answers to the CLI's own compression requests.
 
 use super::*;
 
@@ -14,11 +18,20 @@ pub const CALL_TOOL: &str = "[call-tool]";
 /// which must come back byte for byte.
 pub const SIGNATURE: &str = "CiQB0e2Kb+//vvvwP/9mb29iYXIh";
 
-/// The model and method of a Gemini path.
+/// The model and method of a Gemini path, or of a Vertex AI one
+/// (`/v1/projects/{p}/locations/{l}/publishers/google/models/{model}:{method}`).
 pub(super) fn method(path: &str) -> Option<(String, String)> {
-    let rest = path.strip_prefix("/v1beta/models/").or_else(|| path.strip_prefix("/v1/models/"))?;
+    let rest = path
+        .strip_prefix("/v1beta/models/")
+        .or_else(|| path.strip_prefix("/v1/models/"))
+        .or_else(|| path.split_once("/publishers/google/models/").map(|(_, rest)| rest))?;
     let (model, method) = rest.rsplit_once(':')?;
     Some((model.to_string(), method.to_string()))
+}
+
+/// Whether the path is Vertex AI's: its overflow error has its own words.
+fn is_vertex(path: &str) -> bool {
+    path.contains("/publishers/google/models/")
 }
 
 /// The prompt as the Gemini API counts it: tools, the system instruction, each content's parts.
@@ -93,6 +106,27 @@ fn usage_metadata(usage: &Usage, output: usize) -> Value {
         "candidatesTokenCount": output, "totalTokenCount": usage.prompt + output})
 }
 
+/// The JSON schema a request asks its answer to follow (`generationConfig.responseJsonSchema`).
+fn json_schema(body: &Value) -> Option<&Value> {
+    let config = &body["generationConfig"];
+    config.get("responseJsonSchema").or_else(|| config.get("responseSchema"))
+}
+
+/// A value of `schema`: every property with its type's plainest value.
+fn answer_for_schema(schema: &Value) -> Value {
+    let kind = schema["type"].as_str().unwrap_or("object").to_ascii_lowercase();
+    match kind.as_str() {
+        "object" => {
+            let properties = schema["properties"].as_object().into_iter().flatten();
+            Value::Object(properties.map(|(name, property)| (name.clone(), answer_for_schema(property))).collect())
+        }
+        "number" | "integer" => json!(0),
+        "boolean" => json!(false),
+        "array" => json!([]),
+        _ => json!("The scripted steps make progress."),
+    }
+}
+
 /// Whether the last content is a user text asking for a tool call.
 fn asks_for_call(body: &Value) -> Option<String> {
     let last = body["contents"].as_array()?.last()?;
@@ -137,8 +171,13 @@ pub(super) async fn handle(
         }
     };
     let sse = query.split('&').any(|pair| pair == "alt=sse");
-    let summary = prompt.tool_less && String::from_utf8_lossy(body).contains(SUMMARY_MARKER);
+    let text = String::from_utf8_lossy(body).into_owned();
+    let summary = prompt.tool_less && text.contains(SUMMARY_MARKER);
     record.summary = summary;
+    record.model_call = true;
+    let kind = spec.script.as_ref().map(|_| script::kind(script::Wire::Gemini, &value, &text)).filter(|_| !summary);
+    record.agent_summary = kind == Some(Kind::AgentSummary);
+    record.helper = kind == Some(Kind::Helper);
     record.session = session_of(headers, &value, &prompt);
     record.tokens = prompt.tokens;
     record.max_tokens = prompt.max_tokens;
@@ -148,12 +187,17 @@ pub(super) async fn handle(
         push(record);
         return google_error(400, &message, "INVALID_ARGUMENT");
     }
-    if prompt.tokens > spec.window {
+    let window = state.window_for(kind, prompt.tokens);
+    if prompt.tokens > window {
         let message = match spec.errors {
             Errors::Unnamed => "The input token count exceeds the maximum number of tokens allowed.".to_string(),
+            _ if is_vertex(&record.path) => format!(
+                "Unable to submit request because the input token count is {} but model only supports up to {}. Reduce the input token count and try again. You can also use the CountTokens API to calculate prompt token count and billable characters. Learn more: https://cloud.google.com/vertex-ai/generative-ai/docs/learn/models",
+                prompt.tokens, window
+            ),
             _ => format!(
                 "The input token count ({}) exceeds the maximum number of tokens allowed ({}).",
-                prompt.tokens, spec.window
+                prompt.tokens, window
             ),
         };
         record.outcome = Outcome::Overflow;
@@ -164,13 +208,9 @@ pub(super) async fn handle(
     }
     let (parts, usage) = if summary {
         let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        let found = markers(&String::from_utf8_lossy(body));
-        let padding = agents::text(
-            agents::Text::Prose,
-            number as u64,
-            (spec.summary_tokens as f64 * spec.chars_per_token) as usize,
-        );
-        let text = format!("Handoff summary {number}. Facts carried over: {}.\n\n{padding}", found.join(" "));
+        // Scripted, the summary reads only the transcript compactor sent, as for the other dialects.
+        let source = if spec.script.is_some() { transcript_of(&text) } else { &text };
+        let text = state.summary_text(number, source);
         let output = spec.tokens(text.chars().count());
         (vec![json!({"text": text})], Usage { prompt: prompt.tokens, read: 0, write: 0, cached: 0, output })
     } else {
@@ -179,11 +219,36 @@ pub(super) async fn handle(
         record.prefix_tokens = prefix;
         let cached = if prefix >= MIN_CACHEABLE { prefix } else { 0 };
         let usage = Usage { prompt: prompt.tokens, read: cached, write: 0, cached, output: spec.reply_tokens };
-        let parts = match asks_for_call(&value) {
-            Some(tool) => {
+        let scripted = match (&spec.script, kind) {
+            (Some(script), Some(Kind::Turn)) => {
+                Some(script::next_move(script, script::Wire::Gemini, &value, &text, spec.chars_per_token))
+            }
+            (Some(_), Some(Kind::AgentSummary)) => Some(Move::Text(state.summary_text(1000 + record.tokens, &text))),
+            // A helper asking for JSON (Gemini CLI's loop detection) gets an object of its schema:
+            // zero, false and a short text say nothing is wrong.
+            (Some(_), _) => Some(Move::Text(match json_schema(&value) {
+                Some(schema) => answer_for_schema(schema).to_string(),
+                None => "Scripted task".into(),
+            })),
+            (None, _) => None,
+        };
+        match &scripted {
+            Some(Move::Call(_)) => record.round = script::progress(&text).0 + 1,
+            Some(Move::Text(_)) => record.final_answer = kind == Some(Kind::Turn),
+            None => {}
+        }
+        let parts = match (scripted, asks_for_call(&value)) {
+            // As the Gemini API answers: no id (the agent makes one up), a thought signature.
+            (Some(Move::Call(call)), _) => {
+                vec![
+                    json!({"functionCall": {"name": call.name, "args": call.arguments}, "thoughtSignature": SIGNATURE}),
+                ]
+            }
+            (Some(Move::Text(text)), _) => vec![json!({"text": text})],
+            (None, Some(tool)) => {
                 vec![json!({"functionCall": {"name": tool, "args": {"city": "Paris"}}, "thoughtSignature": SIGNATURE})]
             }
-            None => {
+            (None, None) => {
                 let seed = record.tokens as u64;
                 let text =
                     agents::text(agents::Text::Prose, seed, (spec.reply_tokens as f64 * spec.chars_per_token) as usize);
