@@ -603,6 +603,38 @@ mod tests {
         );
     }
 
+    #[test]
+    fn admin_writes_racing_requests_that_reweigh_the_session_are_each_applied_once() {
+        // Four admin writers and one request thread start together; the requests grow the session,
+        // so it is weighed and inserted again under them: every write lands on the entry held.
+        let store = MemoryStore::new(1 << 20, 1 << 30, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &request(1));
+        let start = Arc::new(std::sync::Barrier::new(5));
+        let saved_one = SessionUpdate { tokens_saved: 1, ..SessionUpdate::default() };
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, start, update) = (store.clone(), start.clone(), saved_one.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    (0..500).filter(|_| store.update_existing_session("t.s", &update)).count()
+                })
+            })
+            .collect();
+        let requests = {
+            let (store, start) = (store.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for i in 0..500 {
+                    store.update("t.s", "a", &pruning(&[&format!("call_{i}")]));
+                }
+            })
+        };
+        let applied: usize = writers.into_iter().map(|writer| writer.join().unwrap()).sum();
+        requests.join().unwrap();
+        assert_eq!(applied, 2_000, "the session existed throughout");
+        assert_eq!(store.view("t.s").session.counters.tokens_saved, 2_000, "no write was lost");
+    }
+
     /// A store holding `t.s` (conversation `a` pruned `call_1`), whose lock a panic poisoned.
     #[allow(clippy::panic)] // the panic is what the tests are about
     fn poisoned_store() -> MemoryStore {
