@@ -104,6 +104,11 @@ fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteRepo
     (body, report)
 }
 
+/// The (upstream family, model) a request talks to, what the session learns of.
+fn model_key(head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
+    ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))
+}
+
 /// A Responses request whose history is stored upstream.
 fn is_stateful(parsed: &ParsedRequest) -> bool {
     ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v != "null"))
@@ -180,47 +185,30 @@ impl Compactor {
             budget.left_to_do(body.len() - parsed.memo.reused_bytes().min(body.len()));
         }
         trace::describe_request(parsed.model.as_deref());
-        let session = self.identifier.identify_in(&head.headers, head.uri.query(), Some(&parsed));
-        if is_stateful(&parsed) {
-            // The history lives at the provider (previous_response_id, conversation): compactor
-            // cannot see it, so it changes nothing.
-            metric::rewrite_skipped(route, "stateful");
-            return Prepared::untouched(body.clone());
+        match self.left_alone(&parsed) {
+            Some(reason @ "stateful") => {
+                metric::rewrite_skipped(route, reason);
+                return Prepared::untouched(body.clone());
+            }
+            Some(reason) => {
+                metric::rewrite_skipped(route, reason);
+                let session = self.identifier.identify_in(&head.headers, head.uri.query(), Some(&parsed));
+                return Prepared { session: Some(session), ..Prepared::untouched(body.clone()) };
+            }
+            None => {}
         }
-        if agent::is_agent_compaction(&parsed, &self.agent_markers) || asks_for_compaction_item(&parsed) {
-            // The agent is summarizing its own history: stay out of its way.
-            metric::rewrite_skipped(route, "agent_compaction");
-            return Prepared { session: Some(session), ..Prepared::untouched(body.clone()) };
-        }
-        let conversation = ConversationId::of(&parsed);
-        let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
-        ctx.use_model(ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))).await;
-        let lead = parsed.lead();
+        let mut ctx = self.load(head, &parsed).await;
+        ctx.use_model(model_key(head, &parsed)).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
-        let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
-        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
-        ladder.lead = lead;
-        ladder.cache = self.cache_pricing(head.route.family);
-        ladder.path_model = head.path_model().map(str::to_string);
-        // The parse is handed on to the rewrite rather than repeated.
-        let derived = self
-            .derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false)
-            .instrument(rewrite.clone())
-            .await;
+        let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
+        let derived = self.first_derivation(&ladder, &ctx, parsed).instrument(rewrite.clone()).await;
         let Some((mut sent, mut report)) = derived else {
             if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
                 return over_budget(route, stopped, body.clone());
             }
             return Prepared::untouched(body.clone());
         };
-        if self.presses(&ctx, &ladder, &report)
-            && let Some(pressed) =
-                self.derive(&ladder, &ctx, &self.rewriter.settings, true).instrument(rewrite.clone()).await
-        {
-            // The window needs the room: the held-back batch goes now, whatever the cache.
-            (sent, report) = pressed;
-        }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
         if self.settings.auto
             && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
@@ -292,33 +280,19 @@ impl Compactor {
             return Prepared::untouched(body);
         };
         let parsed = parsed.with_model(head.path_model());
-        if is_stateful(&parsed)
-            || agent::is_agent_compaction(&parsed, &self.agent_markers)
-            || asks_for_compaction_item(&parsed)
-        {
+        if self.left_alone(&parsed).is_some() {
             return Prepared::untouched(body.clone());
         }
-        let session = self.identifier.identify_in(&head.headers, head.uri.query(), Some(&parsed));
-        let conversation = ConversationId::of(&parsed);
-        let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
+        let mut ctx = self.load(head, &parsed).await;
         if ctx.conversation().is_empty() {
             return Prepared::untouched(body.clone());
         }
         // What the session learned of its model decides the window pressure, as for the next request.
-        ctx.use_model(ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))).await;
-        let lead = parsed.lead();
-        let record = plan::matching_record(&parsed, &ctx.conversation().compactions).cloned();
-        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
-        ladder.lead = lead;
-        ladder.cache = self.cache_pricing(head.route.family);
-        ladder.path_model = head.path_model().map(str::to_string);
-        let derived = self.derive_from(&ladder, &ctx, &self.rewriter.settings, Some(parsed), false).await;
-        let Some((mut sent, report)) = derived else { return Prepared::untouched(body.clone()) };
-        if self.presses(&ctx, &ladder, &report)
-            && let Some((pressed, _)) = self.derive(&ladder, &ctx, &self.rewriter.settings, true).await
-        {
-            sent = pressed;
-        }
+        ctx.use_model(model_key(head, &parsed)).await;
+        let ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
+        let Some((sent, _)) = self.first_derivation(&ladder, &ctx, parsed).await else {
+            return Prepared::untouched(body.clone());
+        };
         // `ctx` is dropped here, never committed.
         Prepared {
             body: sent,
@@ -329,6 +303,59 @@ impl Compactor {
             ctx: None,
             ladder: None,
         }
+    }
+
+    /// Why a parsed request goes as it came, whatever its session holds (a metric's label):
+    /// its history lives at the provider (`previous_response_id`, `conversation`), where
+    /// compactor cannot see it; or the agent is summarizing its own history: stay out of its way.
+    fn left_alone(&self, parsed: &ParsedRequest) -> Option<&'static str> {
+        if is_stateful(parsed) {
+            return Some("stateful");
+        }
+        let summarizing = agent::is_agent_compaction(parsed, &self.agent_markers) || asks_for_compaction_item(parsed);
+        summarizing.then_some("agent_compaction")
+    }
+
+    /// The request's session and conversation, with their stored state.
+    async fn load(&self, head: &RequestHead, parsed: &ParsedRequest<'_>) -> SessionCtx {
+        let (session, conversation) = self.identifier.identify_conversation(&head.headers, head.uri.query(), parsed);
+        SessionCtx::load(self.store.clone(), session, conversation).await
+    }
+
+    /// The ladder the request climbs: its body, the compaction stored for its conversation (when
+    /// one matches), the cache's pricing and the model its path names.
+    fn ladder(
+        &self,
+        head: &RequestHead,
+        dialect: Dialect,
+        body: &Bytes,
+        parsed: &ParsedRequest,
+        ctx: &SessionCtx,
+    ) -> Ladder {
+        let record = plan::matching_record(parsed, &ctx.conversation().compactions).cloned();
+        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
+        ladder.lead = parsed.lead();
+        ladder.cache = self.cache_pricing(head.route.family);
+        ladder.path_model = head.path_model().map(str::to_string);
+        ladder
+    }
+
+    /// The body the client's request goes as before any compaction: the rewrite with the
+    /// session's history (the client's parse handed on rather than repeated), and when the window
+    /// needs the room, the batch that rewrite held back goes too, whatever the cache.
+    async fn first_derivation<'c>(
+        &self,
+        ladder: &'c Ladder,
+        ctx: &SessionCtx,
+        parsed: ParsedRequest<'c>,
+    ) -> Option<(Bytes, RewriteReport)> {
+        let derived = self.derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
+        if self.presses(ctx, ladder, &derived.1)
+            && let Some(pressed) = self.derive(ladder, ctx, &self.rewriter.settings, true).await
+        {
+            return Some(pressed);
+        }
+        Some(derived)
     }
 
     /// Whether a prune batch the rewrite held back must go now: the window needs the room,

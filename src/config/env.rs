@@ -15,7 +15,8 @@ use crate::tokens::ModelTable;
 pub const PREFIX: &str = "COMPACTOR_";
 
 /// Variables that are not configuration keys but are read by compactor itself.
-const OWN_VARIABLES: &[&str] = &["config"];
+/// (`COMPACTOR_TEST_TOKENIZER_GATE`: see [`crate::tokens::LOAD_GATE_VARIABLE`].)
+const OWN_VARIABLES: &[&str] = &["config", "test_tokenizer_gate"];
 
 /// The key paths a variable may name, taken from what the configuration renders.
 #[derive(Debug, Clone)]

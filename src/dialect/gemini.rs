@@ -183,12 +183,7 @@ fn response_text<'a>(body: &RawObject<'a>) -> Option<Cow<'a, str>> {
 pub(super) fn render_contents(parsed: &ParsedRequest, out: &mut json::ArrayWriter) {
     let conversation = &parsed.conversation;
     // Synthetic responses, by the model turn whose calls they answer.
-    let mut owed: Vec<Vec<&InsertResult>> = vec![Vec::new(); parsed.messages.len()];
-    for insert in &conversation.inserts {
-        if let Some(slot) = owed.get_mut(conversation.items[insert.call_item].message) {
-            slot.push(insert);
-        }
-    }
+    let owed = conversation.inserts_by(parsed.messages.len(), |model_turn| model_turn);
     let none: &[&InsertResult] = &[];
     let answers = |index: usize| matches!(parsed.messages.get(index).map(|m| m.role), Some(Role::User | Role::Tool));
     let mut renders = parsed.memo.renders(&parsed.unapplied);

@@ -396,23 +396,36 @@ impl SessionCtx {
         self.write(&update, "publish").await
     }
 
+    /// What a commit writes: what the session learned of its model, under the model's key (for
+    /// the model's next sessions too), and this request's changes, under the session's; each
+    /// `None` when there is nothing to write or another schema version owns the place.
+    fn commit_writes(&self) -> (Option<(&str, SessionUpdate)>, Option<&Update>) {
+        if self.pending.is_empty() {
+            return (None, None);
+        }
+        let learned = match (&self.pending.session.learned, &self.model) {
+            (Some(learned), Some(model)) if !self.foreign_model => {
+                let update = SessionUpdate { learned: Some(learned.clone()), ..SessionUpdate::default() };
+                Some((model.store_key.as_str(), update))
+            }
+            _ => None,
+        };
+        (learned, (!self.foreign_session).then_some(&self.pending))
+    }
+
     /// Writes what this request added, once its response is done. False when the write failed
     /// (reported).
     pub async fn commit(self) -> bool {
-        if self.pending.is_empty() {
-            return true;
+        let (learned, changes) = self.commit_writes();
+        if let Some((model_key, update)) = learned
+            && let Err(error) = self.store.update_session(model_key, &update).await
+        {
+            self.report(&error, "commit");
         }
-        if let (Some(learned), Some(model), false) = (&self.pending.session.learned, &self.model, self.foreign_model) {
-            // What the session learned of its model is for the model's next sessions too.
-            let update = SessionUpdate { learned: Some(learned.clone()), ..SessionUpdate::default() };
-            if let Err(error) = self.store.update_session(&model.store_key, &update).await {
-                self.report(&error, "commit");
-            }
+        match changes {
+            Some(update) => self.write(update, "commit").await,
+            None => true,
         }
-        if self.foreign_session {
-            return true;
-        }
-        self.write(&self.pending, "commit").await
     }
 
     /// Whether [`SessionCtx::commit_in_place`] will do: the store is the in-process one.
@@ -424,18 +437,15 @@ impl SessionCtx {
     /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
     /// written, for any other store.
     pub fn commit_in_place(self) -> bool {
-        if let (Some(learned), Some(model)) = (&self.pending.session.learned, &self.model) {
-            // What the session learned of its model is for the model's next sessions too.
-            let update = SessionUpdate { learned: Some(learned.clone()), ..SessionUpdate::default() };
-            self.store.update_session_in_place(&model.store_key, &update);
+        let (learned, changes) = self.commit_writes();
+        if let Some((model_key, update)) = learned {
+            self.store.update_session_in_place(model_key, &update);
         }
-        if self.pending.is_empty() {
-            return true;
-        }
+        let Some(update) = changes else { return true };
         let span = trace::stage("compactor.store.write", self.key.as_str());
         span.record("compactor.operation", "commit");
         let _entered = span.enter();
-        self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), &self.pending)
+        self.store.update_in_place(self.key.as_str(), self.conversation_id.as_str(), update)
     }
 
     async fn write(&self, update: &Update, operation: &'static str) -> bool {

@@ -97,7 +97,31 @@ impl Identifier {
 
     /// The session of a request whose query may carry its credential (Gemini's `?key=`).
     pub fn identify_in(&self, headers: &HeaderMap, query: Option<&str>, parsed: Option<&ParsedRequest>) -> SessionKey {
-        let (source, id) = self.session_id(headers, parsed);
+        self.key_of(headers, query, self.session_id(headers, parsed, fingerprint))
+    }
+
+    /// The session of a parsed request and its conversation inside it: the conversation's opening
+    /// ([`opening`]) is hashed once, for the conversation id and, when the request names no
+    /// session, for the fingerprint that stands for one.
+    pub fn identify_conversation(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        parsed: &ParsedRequest,
+    ) -> (SessionKey, ConversationId) {
+        let opening = opening(parsed);
+        let conversation = ConversationId::from_opening(&opening);
+        let session = self.key_of(headers, query, self.session_id(headers, Some(parsed), |_| fingerprint_of(&opening)));
+        (session, conversation)
+    }
+
+    /// The key of the session `(source, id)` in the tenant of the request's credential.
+    fn key_of(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        (source, id): (SessionSource, Cow<'_, str>),
+    ) -> SessionKey {
         let session = session_digest(source, &id);
         let mut key = String::with_capacity(TENANT_LEN + 1 + 32);
         match self.credential(headers).or_else(|| query_key(query)) {
@@ -165,10 +189,13 @@ impl Identifier {
         crate::tokens::CacheSize { bytes: (cache.capacity() * slot) as u64, entries: cache.len() as u64 }
     }
 
+    /// Where the session id comes from and the id; `fingerprint` makes the id of a request that
+    /// names no session.
     fn session_id<'p>(
         &self,
         headers: &'p HeaderMap,
         parsed: Option<&'p ParsedRequest>,
+        fingerprint: impl FnOnce(&ParsedRequest) -> String,
     ) -> (SessionSource, Cow<'p, str>) {
         let header = self
             .session_headers()
@@ -252,7 +279,11 @@ pub fn session_from_user_id(user_id: &str) -> Option<String> {
 
 /// A fingerprint of the conversation's opening, the session id of requests that carry none.
 pub fn fingerprint(parsed: &ParsedRequest) -> String {
-    crate::hex::u128(opening(parsed).digest128())
+    fingerprint_of(&opening(parsed))
+}
+
+fn fingerprint_of(opening: &Xxh3) -> String {
+    crate::hex::u128(opening.digest128())
 }
 
 /// The line Claude Code adds to its system prompt, different on every request.
@@ -305,7 +336,11 @@ pub struct ConversationId(String);
 
 impl ConversationId {
     pub fn of(parsed: &ParsedRequest) -> Self {
-        Self(crate::hex::u64(opening(parsed).digest()))
+        Self::from_opening(&opening(parsed))
+    }
+
+    fn from_opening(opening: &Xxh3) -> Self {
+        Self(crate::hex::u64(opening.digest()))
     }
 
     /// An id as the admin API or the store gives it back; `None` when it is not one.
@@ -498,6 +533,19 @@ mod tests {
         let other = headers(&[("x-session-id", "abc"), ("authorization", "Bearer sk-2")]);
         assert_ne!(id.identify(&other, None).key, expected, "another credential, another tenant");
         assert!(id.identify(&headers(&[("x-session-id", "abc")]), None).key.starts_with("anonymous."));
+    }
+
+    #[test]
+    fn the_session_and_conversation_from_one_hash_of_the_opening_are_those_of_two() {
+        let id = Identifier::new("x-session-id", "");
+        let body =
+            r#"{"model":"gpt-4o","messages":[{"role":"system","content":"be terse"},{"role":"user","content":"hi"}]}"#;
+        let parsed = ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).unwrap();
+        for sent in [headers(&[("authorization", "Bearer k")]), headers(&[("x-session-id", "s1")])] {
+            let (session, conversation) = id.identify_conversation(&sent, None, &parsed);
+            assert_eq!(session, id.identify(&sent, Some(&parsed)));
+            assert_eq!(conversation, ConversationId::of(&parsed));
+        }
     }
 
     #[test]

@@ -157,20 +157,36 @@ impl MemoryStore {
         });
     }
 
-    /// Runs `change` on the session under `key` (created when absent) with its lock held, on
-    /// the entry the cache holds at that moment: an entry evicted between the lookup and the lock
-    /// is looked up again (a change made to it would be lost with it), and one whose lock a panic
-    /// poisoned is dropped (its state may be half changed) and the change made to a fresh one.
+    /// Runs `change` on the session under `key` (created when absent) with its lock held; see
+    /// [`Self::under_lock`].
     fn with_session(
         &self,
         key: &str,
         operation: &'static str,
-        mut change: impl FnMut(&Arc<Held>, &mut MemorySession, bool),
+        change: impl FnMut(&Arc<Held>, &mut MemorySession, bool),
     ) {
-        for _ in 0..ATTEMPTS {
+        let create = || {
             let found = self.sessions.entry_by_ref(key).or_insert_with(|| Arc::new(Held::new(key)));
             let fresh = found.is_fresh();
-            let entry = found.into_value();
+            Some((found.into_value(), fresh))
+        };
+        self.under_lock(key, operation, create, change);
+    }
+
+    /// Runs `change` with the lock held of the entry the cache holds under `key` at that moment
+    /// (`find` looks it up, and says whether it was just created): an entry evicted between the
+    /// lookup and the lock is looked up again (a change made to it would be lost with it), and
+    /// one whose lock a panic poisoned is dropped (its state may be half changed) and looked up
+    /// again. `None` when `find` finds nothing, or when every attempt met an evicted entry.
+    fn under_lock<T>(
+        &self,
+        key: &str,
+        operation: &'static str,
+        mut find: impl FnMut() -> Option<(Arc<Held>, bool)>,
+        mut change: impl FnMut(&Arc<Held>, &mut MemorySession, bool) -> T,
+    ) -> Option<T> {
+        for _ in 0..ATTEMPTS {
+            let (entry, fresh) = find()?;
             let Ok(mut session) = entry.session.lock() else {
                 self.drop_poisoned(key, &entry);
                 continue;
@@ -178,12 +194,12 @@ impl MemoryStore {
             if !self.holds(key, &entry) {
                 continue;
             }
-            change(&entry, &mut session, fresh);
-            return;
+            return Some(change(&entry, &mut session, fresh));
         }
         // Only a store far too small for one session evicts it on every attempt.
         crate::telemetry::metric::store_error(operation);
         tracing::warn!(session = %key, operation, "in-process session store evicted the session on every attempt; change dropped");
+        None
     }
 
     /// Whether the cache still holds this very entry under `key`.
@@ -273,15 +289,11 @@ impl MemoryStore {
     }
 
     /// Applies `update` to a session the store holds; false (and nothing created) for any other.
+    /// Made like every other change ([`Self::under_lock`]): to an entry evicted before its lock was
+    /// taken, it would be a change to a copy nobody reads again, reported as made.
     pub fn update_existing_session(&self, key: &str, update: &SessionUpdate) -> bool {
-        let Some(entry) = self.sessions.get(key) else { return false };
-        match entry.session.lock() {
-            Ok(mut session) => {
-                session.state.apply(update);
-                true
-            }
-            Err(_) => false,
-        }
+        let existing = || self.sessions.get(key).map(|entry| (entry, false));
+        self.under_lock(key, "update", existing, |_, session, _| session.state.apply(update)).is_some()
     }
 
     /// The session with every conversation it keeps, most recently used first.
@@ -542,9 +554,90 @@ mod tests {
         assert!(store.load("t.s", "a").1.pruned.contains("call_2"), "the update reached the session the store holds");
     }
 
+    fn compact_requested() -> SessionUpdate {
+        SessionUpdate { compact_requested: Some(true), ..SessionUpdate::default() }
+    }
+
+    /// Runs `mark` (the admin API's "compact next") on another thread while this one holds the
+    /// lock of the entry under `t.s`; once the marker has looked the entry up and waits for its
+    /// lock, `meanwhile` changes the store; then the lock is let go. What `mark` returned.
+    fn mark_racing(store: &MemoryStore, meanwhile: impl FnOnce(&MemoryStore)) -> bool {
+        let entry = store.sessions.get("t.s").unwrap();
+        let locked = entry.session.lock().unwrap();
+        let marker = {
+            let store = store.clone();
+            std::thread::spawn(move || store.update_existing_session("t.s", &compact_requested()))
+        };
+        // The cache, this test and the marker hold the entry: the marker looked it up.
+        while Arc::strong_count(&entry) < 3 {
+            std::thread::yield_now();
+        }
+        meanwhile(store);
+        drop(locked);
+        marker.join().unwrap()
+    }
+
     #[test]
-    #[allow(clippy::panic)] // the panic is what the test is about
-    fn a_panic_under_a_sessions_lock_drops_its_state_loudly_and_the_next_update_still_lands() {
+    fn an_admin_mark_on_a_session_evicted_between_its_lookup_and_its_lock_is_not_reported_as_made() {
+        let store = MemoryStore::new(10, 1 << 20, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &request(1));
+        let marked = mark_racing(&store, |store| store.sessions.invalidate("t.s"));
+        assert!(!marked, "the session is gone: the mark landed nowhere and must not say it did");
+        assert!(store.sessions.get("t.s").is_none(), "and the session is not made again");
+    }
+
+    #[test]
+    fn an_admin_mark_on_a_session_replaced_between_its_lookup_and_its_lock_lands_on_the_new_one() {
+        let store = MemoryStore::new(10, 1 << 20, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &request(1));
+        let marked = mark_racing(&store, |store| {
+            store.sessions.invalidate("t.s");
+            // The session's next request starts it afresh while the mark waits.
+            store.update("t.s", "a", &request(2));
+        });
+        assert!(marked);
+        assert_eq!(
+            store.view("t.s").session.counters.compact_requested,
+            1,
+            "the mark is on the session the store holds"
+        );
+    }
+
+    #[test]
+    fn admin_writes_racing_requests_that_reweigh_the_session_are_each_applied_once() {
+        // Four admin writers and one request thread start together; the requests grow the session,
+        // so it is weighed and inserted again under them: every write lands on the entry held.
+        let store = MemoryStore::new(1 << 20, 1 << 30, 4, Duration::from_secs(60));
+        store.update("t.s", "a", &request(1));
+        let start = Arc::new(std::sync::Barrier::new(5));
+        let saved_one = SessionUpdate { tokens_saved: 1, ..SessionUpdate::default() };
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, start, update) = (store.clone(), start.clone(), saved_one.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    (0..500).filter(|_| store.update_existing_session("t.s", &update)).count()
+                })
+            })
+            .collect();
+        let requests = {
+            let (store, start) = (store.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for i in 0..500 {
+                    store.update("t.s", "a", &pruning(&[&format!("call_{i}")]));
+                }
+            })
+        };
+        let applied: usize = writers.into_iter().map(|writer| writer.join().unwrap()).sum();
+        requests.join().unwrap();
+        assert_eq!(applied, 2_000, "the session existed throughout");
+        assert_eq!(store.view("t.s").session.counters.tokens_saved, 2_000, "no write was lost");
+    }
+
+    /// A store holding `t.s` (conversation `a` pruned `call_1`), whose lock a panic poisoned.
+    #[allow(clippy::panic)] // the panic is what the tests are about
+    fn poisoned_store() -> MemoryStore {
         let store = MemoryStore::new(10, 1 << 20, 4, Duration::from_secs(60));
         store.update("t.s", "a", &pruning(&["call_1"]));
         let entry = store.sessions.get("t.s").unwrap();
@@ -553,6 +646,25 @@ mod tests {
             panic!("a panic while the session is locked");
         });
         assert!(poisoner.join().is_err());
+        store
+    }
+
+    #[test]
+    fn an_admin_mark_on_a_session_whose_lock_a_panic_poisoned_drops_it_loudly() {
+        let store = poisoned_store();
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let marked =
+            metrics::with_local_recorder(&recorder, || store.update_existing_session("t.s", &compact_requested()));
+        assert!(!marked, "the session in doubt is gone: no mark was made");
+        assert!(store.sessions.get("t.s").is_none(), "dropped at once, not left for a later request to find");
+        let rendered = handle.render();
+        assert!(rendered.contains("compactor_session_store_corrupt_total 1"), "counted: {rendered}");
+    }
+
+    #[test]
+    fn a_panic_under_a_sessions_lock_drops_its_state_loudly_and_the_next_update_still_lands() {
+        let store = poisoned_store();
         store.update("t.s", "a", &pruning(&["call_2"]));
         let (_, kept) = store.load("t.s", "a");
         assert!(kept.pruned.contains("call_2"), "{kept:?}");

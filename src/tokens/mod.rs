@@ -115,6 +115,7 @@ pub fn load_blocking(encoding: Encoding) {
 /// called at start, so no request pays for the load and readiness ([`is_loaded`]) can wait for it.
 pub fn preload() {
     let spawned = std::thread::Builder::new().name("tokenizer-load".into()).spawn(|| {
+        wait_for_load_gate();
         let started = Instant::now();
         load_blocking(DEFAULT_ENCODING);
         tracing::info!(ms = started.elapsed().as_millis() as u64, "tokenizer tables loaded");
@@ -122,6 +123,19 @@ pub fn preload() {
     if let Err(error) = spawned {
         // The first request that counts loads them instead (off the async workers, see `loaded`).
         tracing::warn!(%error, "cannot start the tokenizer loading thread");
+    }
+}
+
+/// The variable naming a file the load at start waits for (tests of readiness only): opened for
+/// reading before the tables load, so a named pipe holds the load until the test opens its other
+/// end, and a test can ask `/readyz` while it is certain the tables are not in memory. Unset, or
+/// naming a file that cannot be opened, it holds nothing.
+pub const LOAD_GATE_VARIABLE: &str = "COMPACTOR_TEST_TOKENIZER_GATE";
+
+fn wait_for_load_gate() {
+    if let Some(gate) = std::env::var_os(LOAD_GATE_VARIABLE) {
+        tracing::info!(gate = %std::path::Path::new(&gate).display(), "tokenizer tables wait for their gate");
+        drop(std::fs::File::open(gate));
     }
 }
 

@@ -194,50 +194,80 @@ mod tests {
     use super::*;
     use hyper_util::rt::TokioIo;
     use tokio::io::DuplexStream;
+    use tokio::task::JoinHandle;
 
-    /// A ready connection over an in-memory pipe, and the upstream's end of that pipe.
-    async fn connection() -> (Sender, DuplexStream) {
+    /// A ready connection over an in-memory pipe, the upstream's end of that pipe, and the
+    /// connection's task: it ends once it has seen the upstream close the pipe, and the sender
+    /// reports itself closed from then on. Awaiting it is what a test waits for, never a delay.
+    async fn connection() -> (Sender, DuplexStream, JoinHandle<()>) {
         let (client, upstream) = tokio::io::duplex(1024);
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(client)).await.unwrap();
-        tokio::spawn(connection);
+        // An upstream that closes the pipe ends the connection (with an error: no response came).
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
         sender.ready().await.unwrap();
-        (sender, upstream)
+        (sender, upstream, task)
+    }
+
+    /// Closes a connection from the upstream's side and waits until its task has seen it.
+    async fn close(upstream: DuplexStream, task: JoinHandle<()>) {
+        drop(upstream);
+        task.await.unwrap();
     }
 
     #[tokio::test]
     async fn a_checkout_takes_the_most_recently_used_connection_and_drops_closed_ones() {
         let pool = Pool::default();
-        let (older, _older_upstream) = connection().await;
-        let (recent, recent_upstream) = connection().await;
-        let (newest, newest_upstream) = connection().await;
+        let (older, _older_upstream, _older_task) = connection().await;
+        let (recent, recent_upstream, recent_task) = connection().await;
+        let (newest, newest_upstream, newest_task) = connection().await;
         pool.put(older);
         pool.put(recent);
         pool.put(newest);
-        drop(newest_upstream);
-        // The newest connection's task sees the upstream close it.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        close(newest_upstream, newest_task).await;
 
         let taken = pool.checkout().unwrap();
         assert_eq!(pool.idle(), 1, "the closed connection was dropped, the older one kept");
-        drop(recent_upstream);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!taken.is_closed());
+        close(recent_upstream, recent_task).await;
         assert!(taken.is_closed(), "the one taken was the most recently used open one");
     }
 
     #[tokio::test]
     async fn the_idle_list_is_bounded_and_a_full_pool_drops_its_oldest() {
         let pool = Pool::default();
-        let mut upstreams = Vec::new();
+        let mut connections = Vec::new();
         for _ in 0..=MAX_IDLE {
-            let (sender, upstream) = connection().await;
+            let (sender, upstream, task) = connection().await;
             pool.put(sender);
-            upstreams.push(upstream);
+            connections.push((upstream, task));
         }
         assert_eq!(pool.idle(), MAX_IDLE);
-        drop(upstreams.remove(0));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (first_upstream, first_task) = connections.remove(0);
+        close(first_upstream, first_task).await;
         let mut idle = pool.idle.lock().unwrap();
         idle.retain(|entry| !entry.sender.is_closed());
         assert_eq!(idle.len(), MAX_IDLE, "the first connection, the oldest, was the one dropped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reaper_closes_connections_idle_past_the_timeout_and_stops_with_its_pool() {
+        let pool = Arc::new(Pool::default());
+        let reaper = tokio::spawn(reap(Arc::downgrade(&pool)));
+        let (stale, _stale_upstream, _stale_task) = connection().await;
+        pool.put(stale);
+        // `since` is std's clock, which a paused runtime does not move: set the entry's age.
+        pool.idle.lock().unwrap()[0].since = Instant::now() - IDLE_TIMEOUT;
+        let (fresh, _fresh_upstream, _fresh_task) = connection().await;
+        pool.put(fresh);
+        assert_eq!(pool.idle(), 1, "a put drops the expired one at once");
+        pool.idle.lock().unwrap()[0].since = Instant::now() - IDLE_TIMEOUT;
+        // The reaper's next tick, on tokio's paused clock.
+        tokio::time::sleep(REAP_INTERVAL + Duration::from_millis(1)).await;
+        assert_eq!(pool.idle(), 0, "the reaper closed the connection idle past the timeout");
+        drop(pool);
+        tokio::time::sleep(REAP_INTERVAL + Duration::from_millis(1)).await;
+        assert!(reaper.is_finished(), "the reaper stops once its pool is gone");
     }
 }

@@ -64,30 +64,75 @@ fn the_shipped_config_file_is_valid_and_matches_the_defaults() {
     assert_eq!(from_file, defaults, "config/compactor.toml must document the built-in defaults");
 }
 
+/// A named pipe in a temporary directory: compactor's tokenizer load at start opens it for reading
+/// (`COMPACTOR_TEST_TOKENIZER_GATE`) and waits there until the test opens it for writing.
+#[cfg(unix)]
+struct TokenizerGate {
+    _dir: tempfile::TempDir,
+    path: String,
+}
+
+#[cfg(unix)]
+impl TokenizerGate {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer-gate").to_str().unwrap().to_string();
+        let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+        assert!(made.success(), "mkfifo {path}");
+        Self { _dir: dir, path }
+    }
+
+    /// compactor in front of a fake upstream, with its tokenizer load held at a new gate.
+    async fn proxy() -> (Self, FakeUpstream, ProxyProcess) {
+        let (gate, fake) = (Self::new(), FakeUpstream::start().await);
+        let toml = format!("[upstream]\nopenai = \"{}\"\n", fake.url());
+        let proxy = ProxyProcess::start_listening(&toml, &[("COMPACTOR_TEST_TOKENIZER_GATE", &gate.path)]);
+        assert!(!proxy.logs().iter().any(|line| line.contains("tokenizer tables loaded")));
+        (gate, fake, proxy)
+    }
+
+    /// Lets the load go: opening the pipe's writing end releases its reader.
+    async fn open(&self) {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || std::fs::OpenOptions::new().write(true).open(path).unwrap()).await.unwrap();
+    }
+}
+
+#[cfg(unix)]
 #[tokio::test]
-async fn the_first_request_after_start_is_answered_and_readiness_waits_for_the_tokenizer() {
-    let fake = FakeUpstream::start().await;
-    let proxy = ProxyProcess::start_listening(&format!("[upstream]\nopenai = \"{}\"\n", fake.url()), &[]);
-    // Asked the moment compactor listens: starting (tables still loading) or already ready.
-    let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
-    let status = early.json()["status"].as_str().unwrap_or_default().to_string();
-    assert!(
-        (early.status == 503 && status == "starting") || (early.status == 200 && status == "ready"),
-        "{} {status}",
-        early.status
-    );
-    assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200, "alive while starting");
-    // A request that arrives now waits for the tables (off the async workers) and is counted.
+async fn readiness_says_starting_until_the_tokenizer_tables_are_loaded_and_ready_after() {
+    let (gate, _fake, proxy) = TokenizerGate::proxy().await;
+    proxy.wait_for_log("tokenizer tables wait for their gate").await;
+    // Listening and alive, and certainly without the tables: not ready, however often asked.
+    for _ in 0..3 {
+        let early = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+        assert_eq!(early.status, 503, "before the tables");
+        assert_eq!(early.json()["status"], "starting");
+        assert_eq!(send(request("GET", &proxy.url("/healthz"), &[], "")).await.status, 200, "alive while starting");
+    }
+    gate.open().await;
+    proxy.wait_for_log("tokenizer tables loaded").await;
+    let ready = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
+    assert_eq!(ready.status, 200, "once they are loaded");
+    assert_eq!(ready.json()["status"], "ready");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_first_request_while_the_tables_load_is_answered_and_counted() {
+    let (_gate, _fake, proxy) = TokenizerGate::proxy().await;
+    assert_eq!(send(request("GET", &proxy.url("/readyz"), &[], "")).await.status, 503);
+    // The load at start is held; a request that arrives now loads the tables itself (off the
+    // async workers) rather than wait for it, and is counted.
     let answer =
         send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], chat_body(false)))
             .await;
     assert_eq!(answer.status, 200);
     assert!(answer.header("x-compactor-tokens-before").is_some_and(|t| t.parse::<u32>().unwrap() > 0));
-    // Counting needed the tables, so they are loaded now and readiness says so.
+    // Readiness follows the tables, not the thread that was to load them.
     let ready = send(request("GET", &proxy.url("/readyz"), &[], "")).await;
     assert_eq!(ready.status, 200);
     assert_eq!(ready.json()["status"], "ready");
-    proxy.wait_for_log("tokenizer tables loaded").await;
 }
 
 /// Transparent huge pages are off for the process (each fault of freed-then-reused memory would

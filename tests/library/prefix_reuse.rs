@@ -5,11 +5,12 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use compactor::dialect::prefix::{self, Earlier, PrefixCache, PrefixKey, Reuse, Skeleton};
 use compactor::dialect::{Dialect, ParsedRequest};
-use compactor::rewrite::{History, Rewriter};
+use compactor::rewrite::{CachePricing, History, Rewriter};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -184,8 +185,21 @@ fn check(dialect: Dialect, old: &[u8], new: &[u8], expect_reused: Option<usize>)
         .protected_tools(&[])
         .tool_output_max_tokens(400)
         .rewriter(32 << 20);
+    // A provider's cache warm over half the history (pruning held back unless it pays), and the
+    // same under window pressure (the held-back batch goes).
+    let warm = History {
+        seen_messages: message_count(dialect, new) / 2,
+        pricing: CachePricing::ANTHROPIC,
+        later_turns: 12,
+        idle: Some(Duration::from_secs(5)),
+        ..eager.clone()
+    };
+    let pressed = History { pressure: true, ..warm.clone() };
     let earlier_turns = [
         ("counted", EarlierTurn::Counted, eager.clone()),
+        ("rewritten alike, a warm cache", EarlierTurn::Rewritten(&rewriter, warm.clone()), warm.clone()),
+        ("rewritten alike, under pressure", EarlierTurn::Rewritten(&rewriter, pressed.clone()), pressed.clone()),
+        ("counted, under pressure", EarlierTurn::Counted, pressed),
         ("rewritten alike", EarlierTurn::Rewritten(&rewriter, eager.clone()), eager.clone()),
         ("rewritten alike, with markers", EarlierTurn::Rewritten(&rewriter, seen(eager.clone())), seen(eager.clone())),
         ("rewritten otherwise", EarlierTurn::Rewritten(&other, seen(History::eager(&old_calls))), seen(eager.clone())),

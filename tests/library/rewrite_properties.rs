@@ -26,18 +26,46 @@ pub(crate) enum Turn {
     Server(usize),
 }
 
+/// User and assistant text: ASCII, accented, CJK, emoji (four bytes, a surrogate pair when
+/// escaped) and characters JSON escapes.
+const TEXT: &str = "[a-z é日😀\"\\\\\n]{1,40}";
+
 pub(crate) fn turn() -> impl Strategy<Value = Turn> {
     prop_oneof![
-        3 => "[a-z ]{1,40}".prop_map(Turn::User),
-        2 => "[a-z ]{1,40}".prop_map(Turn::Assistant),
+        3 => TEXT.prop_map(Turn::User),
+        2 => TEXT.prop_map(Turn::Assistant),
         6 => prop::collection::vec(prop::option::weighted(0.9, 0usize..1500), 1..4).prop_map(Turn::Tools),
         1 => (0usize..200).prop_map(Turn::Orphan),
         2 => (0usize..1500).prop_map(Turn::Server),
     ]
 }
 
+/// A tool output of about `size` bytes: lines of ASCII, or (by `seed`) of characters of two,
+/// three and four bytes, so a truncation's cut falls inside multi-byte characters too.
 fn text_of(size: usize, seed: usize) -> String {
-    (0..size / 5).map(|i| format!("r{seed} w{i}\n")).collect()
+    match seed % 3 {
+        0 => (0..size / 5).map(|i| format!("r{seed} w{i}\n")).collect(),
+        1 => (0..size / 8).map(|i| format!("é{seed} ü{i}\n")).collect(),
+        _ => (0..size / 12).map(|i| format!("日{seed}😀{i}\n")).collect(),
+    }
+}
+
+/// The body's bytes, with its keys written with escapes when `escaped` (`"r\u006fle"` for
+/// `"role"`): the same JSON to any reader, which compactor must read as such.
+pub(crate) fn body_bytes(body: &Value, escaped: bool) -> Vec<u8> {
+    let text = serde_json::to_string(body).unwrap();
+    if !escaped {
+        return text.into_bytes();
+    }
+    let mut out = text;
+    for key in
+        ["role", "content", "tool_call_id", "tool_use_id", "call_id", "type", "text", "parts", "functionResponse"]
+    {
+        let (first, rest) = key.split_at(1);
+        let escaped_key = format!("\"\\u{:04x}{rest}\":", u32::from(first.chars().next().unwrap()));
+        out = out.replace(&format!("\"{key}\":"), &escaped_key);
+    }
+    out.into_bytes()
 }
 
 /// The next `count` call ids, `{prefix}_{n}`, numbered on from `*call`.
@@ -444,23 +472,24 @@ fn histories(pruned: &BTreeSet<String>, messages: usize) -> Vec<History<'_>> {
     ]
 }
 
-fn check(dialect: Dialect, body: Value) {
+fn check(dialect: Dialect, body: Value, escaped: bool) {
     let none = BTreeSet::new();
     let messages = body.get("input").or(body.get("messages")).and_then(Value::as_array).map_or(0, Vec::len);
     for (at, history) in histories(&none, messages).into_iter().enumerate() {
-        check_with(dialect, &body, &history, |pruned| histories(pruned, messages).swap_remove(at));
+        check_with(dialect, &body, escaped, &history, |pruned| histories(pruned, messages).swap_remove(at));
     }
 }
 
 fn check_with(
     dialect: Dialect,
     body: &Value,
+    escaped: bool,
     history: &History,
     again: impl for<'a> Fn(&'a BTreeSet<String>) -> History<'a>,
 ) {
     let body = body.clone();
     let rewriter = rewriter();
-    let bytes = serde_json::to_vec(&body).unwrap();
+    let bytes = body_bytes(&body, escaped);
     if dialect == Dialect::Responses {
         // Every generated Responses conversation opens with developer text: the property sees it.
         assert!(!texts(&body).is_empty(), "the property must see the conversation's text");
@@ -489,22 +518,22 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn chat_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
-        check(Dialect::ChatCompletions, chat_body(&turns));
+    fn chat_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25), escaped in any::<bool>()) {
+        check(Dialect::ChatCompletions, chat_body(&turns), escaped);
     }
 
     #[test]
-    fn responses_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
-        check(Dialect::Responses, responses_body(&turns));
+    fn responses_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25), escaped in any::<bool>()) {
+        check(Dialect::Responses, responses_body(&turns), escaped);
     }
 
     #[test]
-    fn gemini_rewrites_keep_pairs_text_signatures_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
-        check(Dialect::Gemini, gemini_body(&turns));
+    fn gemini_rewrites_keep_pairs_text_signatures_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25), escaped in any::<bool>()) {
+        check(Dialect::Gemini, gemini_body(&turns), escaped);
     }
 
     #[test]
-    fn anthropic_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25)) {
-        check(Dialect::AnthropicMessages, anthropic_body(&turns));
+    fn anthropic_rewrites_keep_pairs_text_and_are_idempotent(turns in prop::collection::vec(turn(), 1..25), escaped in any::<bool>()) {
+        check(Dialect::AnthropicMessages, anthropic_body(&turns), escaped);
     }
 }

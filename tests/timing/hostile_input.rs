@@ -125,10 +125,10 @@ fn long_json_string(start: &str, n: usize) -> String {
     serde_json::Value::from(format!("{start}{}", "x".repeat(n))).to_string()
 }
 
-/// Requests whose scalars (the model, a call id) are 320 KB each: nothing compactor counts (a
-/// tool name is text the model reads, counted like any other, on a blocking thread when large).
+const LONG: usize = 320 * 1024;
+
+/// Requests whose scalars (the model, a call id) are 320 KB each: nothing compactor counts.
 fn oversized_scalars() -> Vec<(&'static str, &'static str, String)> {
-    const LONG: usize = 320 * 1024;
     let model = long_json_string("gpt-4o-", LONG);
     let id = long_json_string("call_", LONG);
     vec![
@@ -188,4 +188,33 @@ async fn a_64_kb_session_header_and_credential_are_answered_in_milliseconds() {
         assert_eq!(fake.last().headers.get(name).map(|v| v.len()), Some(value.len()), "{name} went upstream");
         assert!(took < Duration::from_millis(300), "{name}: answered in {took:?}");
     }
+}
+
+/// A request whose tool name is 320 KB of two-byte characters (any cut of it can fall inside
+/// one). A tool name is text the model reads: counted like any other, on a blocking thread.
+fn oversized_tool_name() -> Vec<(&'static str, &'static str, String)> {
+    let tool = serde_json::Value::from(format!("run_{}", "é".repeat(LONG / 2))).to_string();
+    vec![(
+        "chat, a 320 KB tool name",
+        "/v1/chat/completions",
+        format!(
+            r#"{{"model":"gpt-4o","messages":[{{"role":"user","content":"go"}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_1","type":"function","function":{{"name":{tool},"arguments":"{{}}"}}}}]}},{{"role":"tool","tool_call_id":"call_1","content":"ok"}}]}}"#
+        ),
+    )]
+}
+
+#[tokio::test]
+async fn a_320_kb_tool_name_is_counted_off_the_async_workers_and_healthz_stays_fast() {
+    let _machine = crate::one_at_a_time();
+    let (fake, proxy) = proxy_with_fixed_answers().await;
+    let bodies = oversized_tool_name();
+    // Counting 320 KB is the tokenizer's work (about 0.1 s in a debug build on an idle machine,
+    // 0.4 s on a loaded one); what matters is that it is bounded and holds no async worker.
+    each_alone_is_forwarded_within(&proxy, &fake, &bodies, Duration::from_secs(3)).await;
+    let slowest_health =
+        slowest_health_while(&proxy, bodies.iter().chain(bodies.iter()), Duration::from_millis(5)).await;
+    assert!(
+        slowest_health < Duration::from_millis(300),
+        "/healthz took {slowest_health:?} while tool names were counted"
+    );
 }
