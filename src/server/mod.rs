@@ -43,7 +43,8 @@ impl AppState {
     pub fn new(config: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, std::io::Error> {
         // Off the async workers, while the listener starts: readiness waits for it.
         crate::tokens::preload();
-        let store = Store::from_config(&config.session);
+        let store =
+            Store::from_config(&config.session).recording(config.inspector.requests_per_conversation as usize);
         let proxy = Proxy::new(config.clone(), store.clone())?;
         Ok(Self { config, proxy, store, metrics, ready: AtomicBool::new(true) })
     }
@@ -74,6 +75,10 @@ async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response
                 *request.uri_mut() = uri;
             }
         }
+    }
+    if crate::inspector::owns(request.uri().path()) {
+        // Boxed: the pages' futures are large, and this one is held by every request otherwise.
+        return Box::pin(crate::inspector::answer(&state.config, &state.store, request)).await;
     }
     if let Some(response) = ops::answer(&state, &request).await {
         return response;

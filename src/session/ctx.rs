@@ -141,6 +141,23 @@ impl SessionCtx {
         self.message_count = message_count as u64;
     }
 
+    /// Whether the store keeps the inspector's request summaries.
+    pub fn records_requests(&self) -> bool {
+        self.store.records_requests()
+    }
+
+    /// Adds the request's summary for the inspector to the commit, and what the session list
+    /// filters on to the session's counters.
+    pub fn inspect(&mut self, record: &crate::inspector::RequestRecord) {
+        match serde_json::to_string(record) {
+            Ok(json) => {
+                self.pending.conversation.record = Some(json);
+                self.pending.session.marks = record.marks();
+            }
+            Err(error) => tracing::debug!(%error, "request record not serializable"),
+        }
+    }
+
     /// Says which (upstream, model) the request talks to. When the session learned nothing of
     /// that model yet (a new session, or one that switched models), it starts with what earlier
     /// sessions learned of it.

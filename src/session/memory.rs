@@ -2,7 +2,7 @@
 //! sessions, and in conversations per session, the least recently used dropped first; with
 //! time-to-idle expiry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +38,8 @@ pub struct MemoryStore {
     least_charge: u32,
     /// Orders uses: two uses in the same millisecond still have an order.
     uses: Arc<AtomicU64>,
+    /// Request summaries kept per conversation for the inspector (0: none).
+    request_log: usize,
 }
 
 /// A session in the cache, and the size it was last weighed at: moka weighs an entry when it is
@@ -72,6 +74,11 @@ struct Kept {
     bytes: usize,
     /// The pruned ids' share of `bytes`, grown by the ids each update adds.
     pruned_bytes: usize,
+    /// The inspector's request summaries (JSON), oldest first, at most the store's bound: kept
+    /// beside the state, not in it, so a request's load never copies them.
+    log: VecDeque<Box<str>>,
+    /// The summaries' share of `bytes`.
+    log_bytes: usize,
 }
 
 impl MemoryStore {
@@ -111,7 +118,14 @@ impl MemoryStore {
             memory_bytes,
             least_charge,
             uses: Arc::default(),
+            request_log: 0,
         }
+    }
+
+    /// Keeps up to `requests` request summaries per conversation for the inspector.
+    pub fn with_request_log(mut self, requests: usize) -> Self {
+        self.request_log = requests;
+        self
     }
 
     /// The session's state and its conversation's; empty when unknown.
@@ -225,6 +239,8 @@ impl MemoryStore {
             state: Arc::default(),
             bytes: 0,
             pruned_bytes: 0,
+            log: VecDeque::new(),
+            log_bytes: 0,
         });
         kept.use_order = use_order;
         kept.last_used_unix_ms = super::unix_ms();
@@ -237,7 +253,16 @@ impl MemoryStore {
             .sum();
         Arc::make_mut(&mut kept.state).apply(&update.conversation);
         kept.pruned_bytes += added;
-        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes);
+        if let Some(record) = update.conversation.record.as_deref().filter(|_| self.request_log > 0) {
+            kept.log_bytes += logged_bytes(record);
+            kept.log.push_back(record.into());
+            while kept.log.len() > self.request_log {
+                if let Some(gone) = kept.log.pop_front() {
+                    kept.log_bytes -= logged_bytes(&gone);
+                }
+            }
+        }
+        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes) + kept.log_bytes;
         while session.conversations.len() > self.max_conversations {
             let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
             let Some(oldest) = oldest else { break };
@@ -297,6 +322,30 @@ impl MemoryStore {
             })
             .collect();
         SessionView::new(session.state.clone(), conversations)
+    }
+
+    /// The request summaries kept for a conversation, oldest first.
+    pub fn requests(&self, key: &str, conversation: &str) -> Vec<String> {
+        let Some(entry) = self.sessions.get(key) else { return Vec::new() };
+        let Ok(session) = entry.session.lock() else { return Vec::new() };
+        session.conversations.get(conversation).map(|kept| kept.log.iter().map(|r| r.to_string()).collect()).unwrap_or_default()
+    }
+
+    /// The sessions with conversations, most recently used first, at most `limit`, with when
+    /// each was last used (Unix ms). Walks the store: an operator's page, not a request's path.
+    pub fn recent(&self, limit: usize) -> Vec<(String, u64)> {
+        let mut sessions: Vec<(String, u64)> = self
+            .sessions
+            .iter()
+            .filter_map(|(key, held)| {
+                let session = held.session.lock().ok()?;
+                let last = session.conversations.values().map(|kept| kept.last_used_unix_ms).max()?;
+                Some((key.to_string(), last))
+            })
+            .collect();
+        sessions.sort_by_key(|(key, last)| (std::cmp::Reverse(*last), key.clone()));
+        sessions.truncate(limit);
+        sessions
     }
 
     /// The store's estimated size, once pending evictions are applied.
@@ -382,6 +431,11 @@ impl MemorySession {
         let total = ENTRY_OVERHEAD + string(key) + index + held + table + conversations;
         u32::try_from(total).unwrap_or(u32::MAX)
     }
+}
+
+/// One request summary in a conversation's log.
+fn logged_bytes(record: &str) -> usize {
+    record.len() + ALLOCATION + 2 * size_of::<usize>()
 }
 
 /// One pruned id in a conversation's set.
