@@ -252,7 +252,7 @@ pub fn rows(key: &str, id: &str, records: &[RequestRecord], costs: &[Costs], fro
             ridu = url(&record.id),
             k = esc(key),
             c = esc(id),
-            n = n + 1,
+            n = if record.n > 0 { record.n } else { n as u64 + 1 },
             at = time(record.at),
             route = esc(&record.route),
             model = esc(&record.model),

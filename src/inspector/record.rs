@@ -20,6 +20,9 @@ const NAMED_IDS: usize = 8;
 pub struct RequestRecord {
     /// When the request arrived (Unix ms).
     pub at: u64,
+    /// The request's number in its conversation (parallel requests may share one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub n: u64,
     pub id: String,
     pub route: String,
     /// The upstream's API family, whose cache prices the costs use.

@@ -70,7 +70,8 @@ impl Finish {
         self.record_span();
         if let Some((ctx, _)) = self.state.as_mut().filter(|(ctx, _)| ctx.records_requests()) {
             let started = crate::session::unix_ms().saturating_sub(self.log.started.elapsed().as_millis() as u64);
-            let record = RequestRecord::of(&self.log, self.rewrite.as_ref(), self.usage.as_ref(), started);
+            let mut record = RequestRecord::of(&self.log, self.rewrite.as_ref(), self.usage.as_ref(), started);
+            record.n = ctx.conversation().requests + 1;
             ctx.inspect(&record);
         }
         let _entered = self.span.enter();

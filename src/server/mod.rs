@@ -43,8 +43,9 @@ impl AppState {
     pub fn new(config: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, std::io::Error> {
         // Off the async workers, while the listener starts: readiness waits for it.
         crate::tokens::preload();
-        let store =
-            Store::from_config(&config.session).recording(config.inspector.requests_per_conversation as usize);
+        // Nothing is recorded while the inspector's pages are off (no admin token): no one could read it.
+        let recorded = if config.admin.token.is_empty() { 0 } else { config.inspector.requests_per_conversation };
+        let store = Store::from_config(&config.session).recording(recorded as usize);
         let proxy = Proxy::new(config.clone(), store.clone())?;
         Ok(Self { config, proxy, store, metrics, ready: AtomicBool::new(true) })
     }

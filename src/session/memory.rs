@@ -262,7 +262,9 @@ impl MemoryStore {
                 }
             }
         }
-        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes) + kept.log_bytes;
+        // The log is charged in steps of LOG_STEP: a session is weighed again (a cache insert) when
+        // its charge changes, and a request's summary alone should not make every commit do that.
+        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes) + kept.log_bytes.next_multiple_of(LOG_STEP);
         while session.conversations.len() > self.max_conversations {
             let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
             let Some(oldest) = oldest else { break };
@@ -432,6 +434,9 @@ impl MemorySession {
         u32::try_from(total).unwrap_or(u32::MAX)
     }
 }
+
+/// The step in which a conversation's request log is charged.
+const LOG_STEP: usize = 8 * 1024;
 
 /// One request summary in a conversation's log.
 fn logged_bytes(record: &str) -> usize {
@@ -611,6 +616,32 @@ mod tests {
         let (_, kept) = store.load("t.s", "a");
         assert!(kept.pruned.contains("call_2"), "{kept:?}");
         assert!(!kept.pruned.contains("call_1"), "the state in doubt is not served");
+    }
+
+    #[test]
+    fn a_conversations_request_log_keeps_the_newest_up_to_its_bound_and_weighs_in() {
+        let logged = |n: usize| {
+            let mut update = request(1);
+            update.conversation.record = Some(format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(3_000)));
+            update
+        };
+        let store = MemoryStore::new(1 << 20, 1 << 24, 4, Duration::from_secs(60)).with_request_log(3);
+        store.update("t.s", "a", &request(1));
+        let empty = store.size().bytes;
+        for n in 0..5 {
+            store.update("t.s", "a", &logged(n));
+        }
+        let kept: Vec<u64> = store
+            .requests("t.s", "a")
+            .iter()
+            .map(|json| serde_json::from_str::<serde_json::Value>(json).unwrap()["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(kept, [2, 3, 4], "the newest three, oldest first");
+        assert!(store.size().bytes >= empty + 9_000, "the log counts in the session's weight");
+        assert_eq!(store.recent(10).into_iter().map(|(key, _)| key).collect::<Vec<_>>(), ["t.s"]);
+        let off = MemoryStore::new(1 << 20, 1 << 24, 4, Duration::from_secs(60));
+        off.update("t.s", "a", &logged(0));
+        assert!(off.requests("t.s", "a").is_empty(), "no bound, no log");
     }
 
     #[test]
