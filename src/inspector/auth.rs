@@ -147,21 +147,21 @@ mod tests {
 
     #[test]
     fn a_login_cookie_is_valid_until_it_expires_and_only_under_the_token_that_made_it() {
-        let keys = Keys::new(&Secret::new("admin-token".into()));
+        let keys = Keys::new(&Secret::new("admin-token"));
         let login = keys.login(1_000);
         assert!(!login.contains("admin-token"));
         assert!(matches!(keys.access(&with_cookie(&login), 1_000), Access::Cookie { .. }));
         assert_eq!(keys.access(&with_cookie(&login), 1_000 + LOGIN_SECS), Access::Denied);
         let forged = format!("{}.{}", 1_000 + 10 * LOGIN_SECS, login.split_once('.').unwrap().1);
         assert_eq!(keys.access(&with_cookie(&forged), 1_000), Access::Denied);
-        let other = Keys::new(&Secret::new("rotated".into()));
+        let other = Keys::new(&Secret::new("rotated"));
         assert_eq!(other.access(&with_cookie(&login), 1_000), Access::Denied);
         assert_eq!(Keys::new(&Secret::default()).access(&with_cookie(&login), 1_000), Access::Off);
     }
 
     #[test]
     fn a_cookie_caller_changes_state_only_with_its_own_csrf_token() {
-        let keys = Keys::new(&Secret::new("admin-token".into()));
+        let keys = Keys::new(&Secret::new("admin-token"));
         let access = keys.access(&with_cookie(&keys.login(0)), 1);
         let csrf = access.csrf().to_string();
         assert!(access.allows_change(&csrf));

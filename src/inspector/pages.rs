@@ -9,7 +9,7 @@ use http::StatusCode;
 use super::cost::{self, Costs};
 use super::html::{esc, num, page, respond, time, url};
 use super::plot::{Series, chart};
-use super::record::RequestRecord;
+use super::record::{Change, RequestRecord};
 use crate::config::Config;
 use crate::proxy::ResponseBody;
 use crate::rewrite::CachePricing;
@@ -274,18 +274,18 @@ fn costs_text(cost: &Costs) -> String {
     }
 }
 
+/// One change with its size: `16 pruned −4,992`, `summarized (generation 2) −5,646`.
+fn change_text(change: &Change) -> String {
+    let saved = if change.tokens > 0 { format!(" −{}", num(u64::from(change.tokens))) } else { String::new() };
+    match change.kind.as_str() {
+        "summarized" => format!("summarized (generation {}){saved}", change.items),
+        kind => format!("{} {kind}{saved}", num(u64::from(change.items))),
+    }
+}
+
 /// What changed in a request, in a line: each change with its size, the reason, the overflow.
 fn describe(record: &RequestRecord) -> String {
-    let mut parts: Vec<String> = record
-        .changes
-        .iter()
-        .map(|change| match (change.kind.as_str(), change.tokens) {
-            ("summarized", tokens) => format!("summarized (generation {}) −{}", change.items, num(u64::from(tokens))),
-            (kind, 0) => format!("{} {kind}", change.items),
-            (kind, tokens) => format!("{} {kind} −{}", change.items, num(u64::from(tokens))),
-        })
-        .map(|text| esc(&text))
-        .collect();
+    let mut parts: Vec<String> = record.changes.iter().map(|change| esc(&change_text(change))).collect();
     if let Some(reason) = &record.reason {
         parts.push(format!("<span class=\"reason\">because: {}</span>", esc(reason)));
     }
@@ -342,7 +342,7 @@ fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs]) {
     ];
     let whole = |v: f64| num(v.round() as u64);
     out.push_str("<section class=\"plots\">");
-    out.push_str(&chart("plot-tokens", "Tokens per request: sent and forwarded", &tokens, whole));
+    out.push_str(&chart("plot-tokens", "Tokens per request: sent and forwarded", &tokens, 0.0, whole));
     let mut running = (0.0, 0.0);
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for cost in costs {
@@ -355,13 +355,13 @@ fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs]) {
         Series { label: "with compactor", colour: "#2471a3", dashed: false, values: with },
         Series { label: "unchanged (estimate)", colour: "#c0392b", dashed: false, values: without },
     ];
-    out.push_str(&chart("plot-cost", "Cumulative cost (base-price input tokens)", &cumulative, whole));
+    out.push_str(&chart("plot-cost", "Cumulative cost (base-price input tokens)", &cumulative, 0.0, whole));
     let ratio: Vec<f64> = records
         .iter()
         .map(|r| if r.prompt > 0 { r.cache_read as f64 / r.prompt as f64 * 100.0 } else { 0.0 })
         .collect();
     let hits = [Series { label: "cache hit ratio", colour: "#1e8449", dashed: false, values: ratio }];
-    out.push_str(&chart("plot-cache", "Cache hit ratio per request (%)", &hits, |v| format!("{v:.0}")));
+    out.push_str(&chart("plot-cache", "Cache hit ratio per request (%)", &hits, 100.0, |v| format!("{v:.0}")));
     out.push_str("</section>");
 }
 
@@ -430,7 +430,7 @@ pub async fn request(
     let changes: String = record
         .changes
         .iter()
-        .map(|c| format!("<li>{} {} saving {} tokens</li>", num(u64::from(c.items)), esc(&c.kind), num(u64::from(c.tokens))))
+        .map(|c| format!("<li>{} tokens</li>", esc(&change_text(c))))
         .collect();
     row("what changed", if changes.is_empty() { "nothing".into() } else { format!("<ul>{changes}</ul>") });
     row("reason", record.reason.as_deref().map(esc).unwrap_or_else(|| "–".into()));

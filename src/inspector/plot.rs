@@ -21,12 +21,17 @@ const RIGHT: f64 = 12.0;
 const TOP: f64 = 12.0;
 const BOTTOM: f64 = 40.0;
 
-/// A chart of `series` against the request number, titled `title`, y values shown by `label_of`.
-/// `id` names the SVG element (tests and links find it by it).
-pub fn chart(id: &str, title: &str, series: &[Series], label_of: impl Fn(f64) -> String) -> String {
+/// A chart of `series` against the request number, titled `title`, y values shown by `label_of`,
+/// the y axis up to `fixed_top` (100 for a percentage; 0: a little above the largest value). `id`
+/// names the SVG element (tests and links find it by it).
+pub fn chart(id: &str, title: &str, series: &[Series], fixed_top: f64, label_of: impl Fn(f64) -> String) -> String {
     let points = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
     let top = series.iter().flat_map(|s| s.values.iter().copied()).filter(|v| v.is_finite()).fold(0.0, f64::max);
-    let top = if top > 0.0 { top * 1.05 } else { 1.0 };
+    let top = match (fixed_top > 0.0, top > 0.0) {
+        (true, _) => fixed_top,
+        (false, true) => top * 1.05,
+        (false, false) => 1.0,
+    };
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
     let x = |i: usize| LEFT + if points > 1 { plot_w * i as f64 / (points - 1) as f64 } else { plot_w / 2.0 };
@@ -105,7 +110,7 @@ mod tests {
             Series { label: "sent", colour: "#c33", dashed: false, values: vec![10.0, 20.0, 30.0] },
             Series { label: "<window>", colour: "#333", dashed: true, values: vec![40.0, 40.0, 40.0] },
         ];
-        let svg = chart("tokens", "Tokens", &series, |v| format!("{v:.0}"));
+        let svg = chart("tokens", "Tokens", &series, 0.0, |v| format!("{v:.0}"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains("&lt;window&gt;") && !svg.contains("<window>"));

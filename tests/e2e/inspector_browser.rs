@@ -24,7 +24,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// The W3C name of an element reference in WebDriver answers.
-const ELEMENT: &str = "element-6066-11e4-a52f-4f735a8a6cd1";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// Whether the browser tests must run (CI sets `COMPACTOR_REQUIRE_BROWSER_TESTS=1`).
 fn required() -> bool {
