@@ -64,10 +64,8 @@ impl Keys {
         if self.token.is_empty() {
             return Access::Off;
         }
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let bearer =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         if bearer.is_some_and(|presented| self.is_token(presented)) {
             return Access::Bearer;
         }

@@ -34,15 +34,15 @@ pub fn of(records: &[RequestRecord], pricing: impl Fn(&str) -> CachePricing) -> 
                 return Costs { with: None, without: None };
             }
             let uncached = record.prompt.saturating_sub(record.cache_read).saturating_sub(record.cache_write);
-            let with = prices.read * record.cache_read as f64
-                + prices.write * record.cache_write as f64
-                + uncached as f64;
+            let with =
+                prices.read * record.cache_read as f64 + prices.write * record.cache_write as f64 + uncached as f64;
             let (without, unchanged) = if record.sent <= record.forwarded {
                 (with, record.prompt as f64)
             } else {
                 let scale = record.prompt as f64 / f64::from(record.forwarded.max(1));
                 let unchanged = f64::from(record.sent) * scale;
-                let warm = previous.filter(|(at, _)| record.at.saturating_sub(*at) < prices.lifetime.as_millis() as u64);
+                let warm =
+                    previous.filter(|(at, _)| record.at.saturating_sub(*at) < prices.lifetime.as_millis() as u64);
                 let cached = warm.map_or(0.0, |(_, tokens)| tokens.min(unchanged));
                 (cache_cost::request(&prices, unchanged as u64, cached as u64), unchanged)
             };
@@ -57,7 +57,16 @@ mod tests {
     use super::*;
 
     fn record(at: u64, sent: u32, forwarded: u32, prompt: u64, read: u64, write: u64) -> RequestRecord {
-        RequestRecord { at, sent, forwarded, prompt, cache_read: read, cache_write: write, family: "anthropic".into(), ..RequestRecord::default() }
+        RequestRecord {
+            at,
+            sent,
+            forwarded,
+            prompt,
+            cache_read: read,
+            cache_write: write,
+            family: "anthropic".into(),
+            ..RequestRecord::default()
+        }
     }
 
     #[test]

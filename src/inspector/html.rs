@@ -156,13 +156,19 @@ mod tests {
 
     #[test]
     fn markup_and_quotes_are_escaped() {
-        assert_eq!(esc(r#"<script>alert("x")</script> & 'y'"#), "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;");
+        assert_eq!(
+            esc(r#"<script>alert("x")</script> & 'y'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
         assert_eq!(url("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
     }
 
     #[test]
     fn numbers_and_times_read_as_people_write_them() {
-        assert_eq!((num(0), num(999), num(1_000), num(181_000_000)), ("0".into(), "999".into(), "1,000".into(), "181,000,000".into()));
+        assert_eq!(
+            (num(0), num(999), num(1_000), num(181_000_000)),
+            ("0".into(), "999".into(), "1,000".into(), "181,000,000".into())
+        );
         assert_eq!(time(0), "1970-01-01 00:00:00");
         assert_eq!(time(1_764_194_299_000), "2025-11-26 21:58:19");
     }

@@ -51,7 +51,12 @@ where
     let access = keys.access(request.headers(), now);
     let method = request.method().clone();
     if access == Access::Off {
-        return html::message(StatusCode::NOT_FOUND, None, "Not found", "The inspector is off: no admin token is configured.");
+        return html::message(
+            StatusCode::NOT_FOUND,
+            None,
+            "Not found",
+            "The inspector is off: no admin token is configured.",
+        );
     }
     if path == "/ui/login" {
         return match method {
@@ -73,16 +78,33 @@ where
     if method == Method::POST {
         let form = match read_form(request).await {
             Some(form) => form,
-            None => return html::message(StatusCode::BAD_REQUEST, Some(&csrf), "Bad request", "The form could not be read."),
+            None => {
+                return html::message(
+                    StatusCode::BAD_REQUEST,
+                    Some(&csrf),
+                    "Bad request",
+                    "The form could not be read.",
+                );
+            }
         };
         let presented = query_value(&form, "csrf").unwrap_or_default();
         if !access.allows_change(&presented) {
-            return html::message(StatusCode::FORBIDDEN, Some(&csrf), "Forbidden", "The form's CSRF token is missing or wrong; reload the page and try again.");
+            return html::message(
+                StatusCode::FORBIDDEN,
+                Some(&csrf),
+                "Forbidden",
+                "The form's CSRF token is missing or wrong; reload the page and try again.",
+            );
         }
         return change(store, &path).await;
     }
     if method != Method::GET && method != Method::HEAD {
-        return html::message(StatusCode::METHOD_NOT_ALLOWED, Some(&csrf), "Method not allowed", "GET, or POST for a change.");
+        return html::message(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Some(&csrf),
+            "Method not allowed",
+            "GET, or POST for a change.",
+        );
     }
     let query = request.uri().query().unwrap_or("").to_string();
     let value = |name: &str| query_value(&query, name).unwrap_or_default();
@@ -113,7 +135,9 @@ where
                     }
                     response
                 }
-                Err(error) => html::message(StatusCode::SERVICE_UNAVAILABLE, Some(&csrf), "Session store unavailable", &error),
+                Err(error) => {
+                    html::message(StatusCode::SERVICE_UNAVAILABLE, Some(&csrf), "Session store unavailable", &error)
+                }
             }
         }
         [key, "c", id, "r", request_id] if valid_key(key) && valid_id(id) && valid_request(request_id) => {
@@ -132,12 +156,16 @@ async fn change(store: &Store, path: &str) -> Response<ResponseBody> {
     match rest.split_once('/') {
         Some((key, "forget")) if valid_key(key) => match store.forget(key).await {
             Ok(_) => html::redirect("/ui/sessions", None),
-            Err(error) => html::message(StatusCode::SERVICE_UNAVAILABLE, None, "Session store unavailable", &error.to_string()),
+            Err(error) => {
+                html::message(StatusCode::SERVICE_UNAVAILABLE, None, "Session store unavailable", &error.to_string())
+            }
         },
         Some((key, "compact")) if valid_key(key) => match store.request_compaction(key).await {
             Ok(true) => html::redirect(&format!("/ui/sessions/{key}"), None),
             Ok(false) => not_found(""),
-            Err(error) => html::message(StatusCode::SERVICE_UNAVAILABLE, None, "Session store unavailable", &error.to_string()),
+            Err(error) => {
+                html::message(StatusCode::SERVICE_UNAVAILABLE, None, "Session store unavailable", &error.to_string())
+            }
         },
         _ => not_found(""),
     }
@@ -151,7 +179,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let secure = request.headers().get("x-forwarded-proto").is_some_and(|v| v.as_bytes() == b"https");
-    let Some(form) = read_form(request).await else { return login_page(StatusCode::BAD_REQUEST, "", "The form could not be read.") };
+    let Some(form) = read_form(request).await else {
+        return login_page(StatusCode::BAD_REQUEST, "", "The form could not be read.");
+    };
     let next = query_value(&form, "next").unwrap_or_default();
     let token = query_value(&form, "token").unwrap_or_default();
     if !keys.is_token(&token) {
@@ -163,7 +193,11 @@ where
 
 /// Only an address of the inspector's own: no scheme, no other host, no `//`.
 fn safe_next(next: &str) -> bool {
-    (next == "/ui" || next.starts_with("/ui/")) && !next.contains("//") && !next.contains('\\') && next.is_ascii() && !next.chars().any(|c| c.is_ascii_control())
+    (next == "/ui" || next.starts_with("/ui/"))
+        && !next.contains("//")
+        && !next.contains('\\')
+        && next.is_ascii()
+        && !next.chars().any(|c| c.is_ascii_control())
 }
 
 fn login_page(status: StatusCode, next: &str, error: &str) -> Response<ResponseBody> {

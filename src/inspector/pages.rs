@@ -13,8 +13,8 @@ use super::record::{Change, RequestRecord};
 use crate::config::Config;
 use crate::proxy::ResponseBody;
 use crate::rewrite::CachePricing;
-use crate::session::{CompactionRecord, ConversationView, SessionState, SessionView, Store};
 use crate::session::identify::agent_session_hashes;
+use crate::session::{CompactionRecord, ConversationView, SessionState, SessionView, Store};
 
 /// Recent sessions the list looks through, and shows at most.
 const LOOKED_AT: usize = 500;
@@ -119,7 +119,8 @@ pub async fn sessions(store: &Store, filter: &Filter, csrf: &str) -> http::Respo
         }
     }
     if filter.id.trim().is_empty() {
-        let _ = write!(body, "<p class=\"note\">Most recently used first, of the {LOOKED_AT} most recent sessions.</p>");
+        let _ =
+            write!(body, "<p class=\"note\">Most recently used first, of the {LOOKED_AT} most recent sessions.</p>");
     }
     respond(StatusCode::OK, page("Sessions", Some(csrf), &body))
 }
@@ -160,7 +161,10 @@ fn session_figures(view: &SessionView) -> String {
     figure("requests that pruned", num(c.pruned_requests));
     figure("on a compaction", num(c.compacted_requests));
     figure("overflows recovered", num(c.overflow_requests));
-    figure("cache hit ratio", view.cache_hit_ratio.map(|r| format!("{:.1} %", r * 100.0)).unwrap_or_else(|| "–".into()));
+    figure(
+        "cache hit ratio",
+        view.cache_hit_ratio.map(|r| format!("{:.1} %", r * 100.0)).unwrap_or_else(|| "–".into()),
+    );
     figure("learned window", if c.learned.window > 0 { num(c.learned.window) } else { "–".into() });
     figure("compaction requested", if c.compact_requested > 0 { "yes".into() } else { "no".into() });
     out.push_str("</dl>");
@@ -222,7 +226,9 @@ pub async fn conversation(
     );
     conversation_figures(&mut body, conversation, &records, &costs);
     if records.is_empty() {
-        body.push_str("<p class=\"empty\">No requests recorded for this conversation (recording is off, or they expired).</p>");
+        body.push_str(
+            "<p class=\"empty\">No requests recorded for this conversation (recording is off, or they expired).</p>",
+        );
     } else {
         plots(&mut body, &records, &costs);
     }
@@ -325,14 +331,24 @@ fn conversation_figures(out: &mut String, conversation: &ConversationView, recor
 
 fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs]) {
     let tokens = [
-        Series { label: "sent", colour: "#c0392b", dashed: false, values: records.iter().map(|r| f64::from(r.sent)).collect() },
+        Series {
+            label: "sent",
+            colour: "#c0392b",
+            dashed: false,
+            values: records.iter().map(|r| f64::from(r.sent)).collect(),
+        },
         Series {
             label: "forwarded",
             colour: "#2471a3",
             dashed: false,
             values: records.iter().map(|r| f64::from(r.forwarded)).collect(),
         },
-        Series { label: "window", colour: "#333333", dashed: true, values: records.iter().map(|r| r.window as f64).collect() },
+        Series {
+            label: "window",
+            colour: "#333333",
+            dashed: true,
+            values: records.iter().map(|r| r.window as f64).collect(),
+        },
         Series {
             label: "compaction threshold",
             colour: "#b9770e",
@@ -423,15 +439,27 @@ pub async fn request(
     };
     row("time (UTC)", time(record.at));
     row("route · model", format!("{} · {} ({})", esc(&record.route), esc(&record.model), esc(&record.family)));
-    row("status", format!("{} ({}){}", record.status, esc(&record.outcome), record.error.as_deref().map(|e| format!(", compactor: {}", esc(e))).unwrap_or_default()));
+    row(
+        "status",
+        format!(
+            "{} ({}){}",
+            record.status,
+            esc(&record.outcome),
+            record.error.as_deref().map(|e| format!(", compactor: {}", esc(e))).unwrap_or_default()
+        ),
+    );
     row("upstream time", format!("{} ms", num(record.upstream_ms)));
-    row("tokens sent → forwarded", format!("{} → {} (−{})", num(u64::from(record.sent)), num(u64::from(record.forwarded)), num(u64::from(record.saved()))));
+    row(
+        "tokens sent → forwarded",
+        format!(
+            "{} → {} (−{})",
+            num(u64::from(record.sent)),
+            num(u64::from(record.forwarded)),
+            num(u64::from(record.saved()))
+        ),
+    );
     row("window · compaction threshold", format!("{} · {}", num(record.window), num(record.threshold)));
-    let changes: String = record
-        .changes
-        .iter()
-        .map(|c| format!("<li>{} tokens</li>", esc(&change_text(c))))
-        .collect();
+    let changes: String = record.changes.iter().map(|c| format!("<li>{} tokens</li>", esc(&change_text(c)))).collect();
     row("what changed", if changes.is_empty() { "nothing".into() } else { format!("<ul>{changes}</ul>") });
     row("reason", record.reason.as_deref().map(esc).unwrap_or_else(|| "–".into()));
     let ids: Vec<String> = record.pruned_ids.iter().map(|id| format!("<code>{}</code>", esc(id))).collect();
@@ -452,7 +480,13 @@ pub async fn request(
 
 /// The rows recorded after `seen` (a request id), newest first: the live update's poll. Empty
 /// when nothing is new.
-pub async fn new_rows(config: &Config, store: &Store, key: &str, id: &str, seen: &str) -> Result<(String, String), String> {
+pub async fn new_rows(
+    config: &Config,
+    store: &Store,
+    key: &str,
+    id: &str,
+    seen: &str,
+) -> Result<(String, String), String> {
     let records = store.requests(key, id).await.map_err(|e| e.to_string())?;
     let records = parse(&records);
     let costs = cost::of(&records, pricing(config));

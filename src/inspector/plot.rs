@@ -80,7 +80,13 @@ pub fn chart(id: &str, title: &str, series: &[Series], fixed_top: f64, label_of:
             esc(line.colour)
         );
         if line.values.len() == 1 {
-            let _ = write!(svg, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{}\"/>", x(0), y(line.values[0]), esc(line.colour));
+            let _ = write!(
+                svg,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{}\"/>",
+                x(0),
+                y(line.values[0]),
+                esc(line.colour)
+            );
         }
         // The legend, along the bottom.
         let lx = LEFT + n as f64 * 170.0;

@@ -237,7 +237,13 @@ mod tests {
             ..RewriteReport::default()
         };
         let rewrite = Rewrite::of(&report, "claude-sonnet-4-5-20250929", Some(2), 190_000, 150_000);
-        let usage = Usage { prompt_tokens: 95_000, cached_tokens: 80_000, cache_write_tokens: 15_000, output_tokens: 900, message_count: 0 };
+        let usage = Usage {
+            prompt_tokens: 95_000,
+            cached_tokens: 80_000,
+            cache_write_tokens: 15_000,
+            output_tokens: 900,
+            message_count: 0,
+        };
         let record = RequestRecord::of(&log, Some(&rewrite), Some(&usage), 1_764_000_000_000);
         let json = serde_json::to_string(&record).unwrap();
         assert!(json.len() < 800, "{} bytes: {json}", json.len());

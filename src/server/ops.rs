@@ -8,8 +8,8 @@ use super::AppState;
 use crate::error::{Chain, ProxyError};
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
-use crate::session::Store;
 use crate::route::query_value;
+use crate::session::Store;
 use crate::session::identify::agent_session_hashes;
 
 /// Answers compactor's own paths; `None` for every request meant for the upstream.

@@ -264,7 +264,8 @@ impl MemoryStore {
         }
         // The log is charged in steps of LOG_STEP: a session is weighed again (a cache insert) when
         // its charge changes, and a request's summary alone should not make every commit do that.
-        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes) + kept.log_bytes.next_multiple_of(LOG_STEP);
+        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes)
+            + kept.log_bytes.next_multiple_of(LOG_STEP);
         while session.conversations.len() > self.max_conversations {
             let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
             let Some(oldest) = oldest else { break };
@@ -330,7 +331,11 @@ impl MemoryStore {
     pub fn requests(&self, key: &str, conversation: &str) -> Vec<String> {
         let Some(entry) = self.sessions.get(key) else { return Vec::new() };
         let Ok(session) = entry.session.lock() else { return Vec::new() };
-        session.conversations.get(conversation).map(|kept| kept.log.iter().map(|r| r.to_string()).collect()).unwrap_or_default()
+        session
+            .conversations
+            .get(conversation)
+            .map(|kept| kept.log.iter().map(|r| r.to_string()).collect())
+            .unwrap_or_default()
     }
 
     /// The sessions with conversations, most recently used first, at most `limit`, with when
@@ -436,7 +441,7 @@ impl MemorySession {
 }
 
 /// The step in which a conversation's request log is charged.
-const LOG_STEP: usize = 8 * 1024;
+const LOG_STEP: usize = 1024;
 
 /// One request summary in a conversation's log.
 fn logged_bytes(record: &str) -> usize {

@@ -23,7 +23,10 @@ pub fn config(requests: u32) -> String {
 /// having no prompt cache, so a prune always pays back.
 pub fn start(fake: &FakeUpstream, extra: &str, no_cache: bool) -> ProxyProcess {
     let cache = if no_cache { "openai_cache = \"none\"\n" } else { "" };
-    ProxyProcess::start_with(&format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{cache}{extra}", fake.url()), &[])
+    ProxyProcess::start_with(
+        &format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{cache}{extra}", fake.url()),
+        &[],
+    )
 }
 
 /// An agent's session: its conversation grows turn by turn until it overflows the window, is
@@ -44,7 +47,13 @@ pub async fn agent_session(proxy: &ProxyProcess, agent_id: &str) -> String {
 }
 
 pub async fn chat(proxy: &ProxyProcess, agent_id: &str, body: &Value) -> Answer {
-    proxy.post(Api::Chat.path(), &[("authorization", "Bearer sk-client-credential-9z"), ("x-session-id", agent_id)], body).await
+    proxy
+        .post(
+            Api::Chat.path(),
+            &[("authorization", "Bearer sk-client-credential-9z"), ("x-session-id", agent_id)],
+            body,
+        )
+        .await
 }
 
 /// A page, with these headers.
@@ -64,13 +73,9 @@ async fn as_admin(proxy: &ProxyProcess, path: &str) -> Answer {
 /// Logs in through the form; the cookie to send back.
 async fn log_in(proxy: &ProxyProcess) -> String {
     let form = format!("token={ADMIN_TOKEN}&next=%2Fui%2Fsessions");
-    let answer = send(request(
-        "POST",
-        &proxy.url("/ui/login"),
-        &[("content-type", "application/x-www-form-urlencoded")],
-        form,
-    ))
-    .await;
+    let answer =
+        send(request("POST", &proxy.url("/ui/login"), &[("content-type", "application/x-www-form-urlencoded")], form))
+            .await;
     assert_eq!(answer.status, 303, "{}", answer.text());
     assert_eq!(answer.header("location"), Some("/ui/sessions"));
     let cookie = answer.header("set-cookie").unwrap().to_string();
@@ -89,7 +94,8 @@ fn csrf_of(html: &str) -> String {
 
 /// The link to the first conversation on a session page.
 fn first_conversation(html: &str) -> String {
-    let at = html.find("class=\"conversation\" href=\"").expect("a conversation") + "class=\"conversation\" href=\"".len();
+    let at =
+        html.find("class=\"conversation\" href=\"").expect("a conversation") + "class=\"conversation\" href=\"".len();
     html[at..].split('"').next().unwrap().to_string()
 }
 
@@ -185,7 +191,10 @@ async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
         let html = async || as_admin(&proxy, &conversation).await.text();
         assert!(eventually(async || rows(&html().await) == 3).await, "{store}: {}", html().await);
         let page = html().await;
-        assert!(page.contains(">5</a>") && page.contains(">3</a>") && !page.contains(">2</a>"), "{store}: the newest three");
+        assert!(
+            page.contains(">5</a>") && page.contains(">3</a>") && !page.contains(">2</a>"),
+            "{store}: the newest three"
+        );
         if let Some(redis) = &redis {
             let mut connection = redis.connection();
             let keys: Vec<String> = redis.keys().into_iter().filter(|k| k.ends_with(":requests")).collect();
@@ -202,7 +211,11 @@ async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
 async fn recording_off_keeps_nothing_and_the_pages_say_so() {
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
     let proxy = start(&fake, &config(0), false);
-    let key = chat(&proxy, "unrecorded", &conversation(Api::Chat, 2, false)).await.header("x-compactor-session").unwrap().to_string();
+    let key = chat(&proxy, "unrecorded", &conversation(Api::Chat, 2, false))
+        .await
+        .header("x-compactor-session")
+        .unwrap()
+        .to_string();
     let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
     let html = as_admin(&proxy, &first_conversation(&session)).await.text();
     assert_eq!(rows(&html), 0);
@@ -217,7 +230,11 @@ async fn the_pages_want_the_admin_token_and_are_off_without_one() {
 
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
     let proxy = start(&fake, &config(10), false);
-    let key = chat(&proxy, "guarded", &conversation(Api::Chat, 2, false)).await.header("x-compactor-session").unwrap().to_string();
+    let key = chat(&proxy, "guarded", &conversation(Api::Chat, 2, false))
+        .await
+        .header("x-compactor-session")
+        .unwrap()
+        .to_string();
     for path in ["/ui/sessions", &format!("/ui/sessions/{key}")] {
         let anonymous = page(&proxy, path, &[]).await;
         assert_eq!(anonymous.status, 401, "{path}");
@@ -225,7 +242,8 @@ async fn the_pages_want_the_admin_token_and_are_off_without_one() {
         assert!(!anonymous.text().contains(&key) || path != "/ui/sessions", "nothing of the sessions shows");
         let wrong = page(&proxy, path, &[("authorization", "Bearer not-the-token")]).await;
         assert_eq!(wrong.status, 401);
-        let forged = page(&proxy, path, &[("cookie", "compactor_inspector=9999999999.00000000000000000000000000000000")]).await;
+        let forged =
+            page(&proxy, path, &[("cookie", "compactor_inspector=9999999999.00000000000000000000000000000000")]).await;
         assert_eq!(forged.status, 401);
     }
     assert_eq!(as_admin(&proxy, "/ui/sessions").await.status, 200);
@@ -261,7 +279,11 @@ async fn the_pages_want_the_admin_token_and_are_off_without_one() {
 async fn a_change_needs_the_pages_csrf_token() {
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
     let proxy = start(&fake, &config(10), false);
-    let key = chat(&proxy, "to-forget", &conversation(Api::Chat, 2, false)).await.header("x-compactor-session").unwrap().to_string();
+    let key = chat(&proxy, "to-forget", &conversation(Api::Chat, 2, false))
+        .await
+        .header("x-compactor-session")
+        .unwrap()
+        .to_string();
     let cookie = log_in(&proxy).await;
     let session = page(&proxy, &format!("/ui/sessions/{key}"), &[("cookie", &cookie)]).await.text();
     let csrf = csrf_of(&session);
@@ -272,7 +294,11 @@ async fn a_change_needs_the_pages_csrf_token() {
     };
     let admin_view = async || proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await.status;
     assert_eq!(forget("", &[("cookie", &cookie)]).await.status, 403, "no token");
-    assert_eq!(forget("csrf=0123456789abcdef0123456789abcdef", &[("cookie", &cookie)]).await.status, 403, "a wrong one");
+    assert_eq!(
+        forget("csrf=0123456789abcdef0123456789abcdef", &[("cookie", &cookie)]).await.status,
+        403,
+        "a wrong one"
+    );
     assert_eq!(forget(&format!("csrf={csrf}"), &[]).await.status, 403, "the token without the login");
     assert_eq!(admin_view().await, 200, "still there");
     // A GET changes nothing.
@@ -307,7 +333,8 @@ async fn what_a_client_sent_is_escaped_on_every_page() {
     let answer = chat(&proxy, &format!("id {markup}"), &body).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     let key = answer.header("x-compactor-session").unwrap().to_string();
-    let lookup = as_admin(&proxy, &format!("/ui/sessions?id=id%20{}", "%3Cscript%3Ealert('x')%3C%2Fscript%3E")).await.text();
+    let lookup =
+        as_admin(&proxy, &format!("/ui/sessions?id=id%20{}", "%3Cscript%3Ealert('x')%3C%2Fscript%3E")).await.text();
     let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
     let conversation = first_conversation(&session);
     let html = as_admin(&proxy, &conversation).await.text();
@@ -316,7 +343,10 @@ async fn what_a_client_sent_is_escaped_on_every_page() {
     let request = as_admin(&proxy, &link).await.text();
     assert!(request.contains("call_&lt;b&gt;x&lt;/b&gt;"), "the pruned ids are shown, escaped: {request}");
     for shown in [&lookup, &html, &request] {
-        assert!(!shown.contains("<script>alert") && !shown.contains("<img src=x") && !shown.contains("<b>x</b>"), "{shown}");
+        assert!(
+            !shown.contains("<script>alert") && !shown.contains("<img src=x") && !shown.contains("<b>x</b>"),
+            "{shown}"
+        );
     }
     assert!(html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"), "{html}");
     assert!(lookup.contains("value=\"id &lt;script&gt;"), "the search box echoes it escaped: {lookup}");

@@ -163,7 +163,13 @@ impl Browser<'_> {
     async fn screenshot(&self, name: &str) {
         let Ok(dir) = std::env::var("COMPACTOR_SCREENSHOTS") else { return };
         // As tall as the page, so the picture shows all of it.
-        let height = self.call("POST", "/execute/sync", Some(json!({"script": "return document.documentElement.scrollHeight", "args": []}))).await;
+        let height = self
+            .call(
+                "POST",
+                "/execute/sync",
+                Some(json!({"script": "return document.documentElement.scrollHeight", "args": []})),
+            )
+            .await;
         let height = height.as_u64().unwrap_or(1000).clamp(600, 4000);
         self.call("POST", "/window/rect", Some(json!({"width": 1400, "height": height + 120}))).await;
         let png = self.call("GET", "/screenshot", None).await;
