@@ -269,7 +269,7 @@ impl Proxy {
                 let pressure = self.compactor.pressure(ctx, report);
                 let window = pressure.uncalibrated(pressure.window);
                 let threshold = pressure.uncalibrated(pressure.budget());
-                Rewrite::of(report, &report.model_name, compacted, window, threshold)
+                Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
             });
             if rewrite.is_some() {
                 finish.rewrite = rewrite;

@@ -65,8 +65,6 @@ pub struct RewriteReport {
     pub max_tokens: Option<u64>,
     /// Raw tokens of each message as forwarded, for the hybrid estimate.
     pub message_tokens: Vec<u32>,
-    /// The model the request names (the inspector shows it).
-    pub model_name: String,
 }
 
 /// The outcome: a new body when something changed.
@@ -173,7 +171,6 @@ impl Rewriter {
             model,
             message_count: parsed.messages.len(),
             max_tokens: parsed.max_tokens().map(|(_, n)| n),
-            model_name: parsed.model.as_deref().unwrap_or_default().to_string(),
             ..Default::default()
         };
         let message_count = parsed.messages.len();

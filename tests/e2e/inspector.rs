@@ -43,6 +43,12 @@ pub async fn agent_session(proxy: &ProxyProcess, agent_id: &str) -> String {
     messages.push(json!({"role": "assistant", "content": "Done."}));
     messages.push(json!({"role": "user", "content": "Next."}));
     assert_eq!(chat(proxy, agent_id, &body).await.status, 200);
+    // Each request's state (its summary with it) is committed once its response is done.
+    let committed = async || {
+        let view = proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await;
+        view.status == 200 && view.json()["state"]["counters"]["requests"] == 5
+    };
+    assert!(eventually(committed).await, "the five requests are committed");
     key
 }
 
@@ -189,7 +195,12 @@ async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
         let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
         let conversation = first_conversation(&session);
         let html = async || as_admin(&proxy, &conversation).await.text();
-        assert!(eventually(async || rows(&html().await) == 3).await, "{store}: {}", html().await);
+        // The last request's summary is written once its response is done: wait for it.
+        let settled = async || {
+            let page = html().await;
+            rows(&page) == 3 && page.contains(">5</a>")
+        };
+        assert!(eventually(settled).await, "{store}: {}", html().await);
         let page = html().await;
         assert!(
             page.contains(">5</a>") && page.contains(">3</a>") && !page.contains(">2</a>"),
