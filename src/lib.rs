@@ -11,6 +11,7 @@ pub mod dialect;
 pub mod error;
 pub mod healthcheck;
 pub mod hex;
+pub mod inspector;
 pub mod json;
 pub mod overflow;
 pub mod proxy;

@@ -194,6 +194,13 @@ impl Config {
                 breaker_backoff: r.parse("session.breaker_backoff_ms", d.session.breaker_backoff, positive_ms),
             },
             admin: AdminConfig { token: r.secret("admin.token", d.admin.token, |s| Ok(Secret::new(s))) },
+            inspector: InspectorConfig {
+                requests_per_conversation: r.parse(
+                    "inspector.requests_per_conversation",
+                    d.inspector.requests_per_conversation,
+                    |n: u32| if n > 100_000 { Err("at most 100000".to_string()) } else { Ok(n) },
+                ),
+            },
             compaction: compaction_settings(&mut r, d.compaction),
             models: model_entries(&mut r, figment),
         };

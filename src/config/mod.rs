@@ -51,6 +51,7 @@ pub struct Config {
     pub repair: RepairConfig,
     pub session: SessionConfig,
     pub admin: AdminConfig,
+    pub inspector: InspectorConfig,
     pub compaction: CompactionSettings,
     /// `[models.NAME]` entries over the built-in table.
     pub models: BTreeMap<String, ModelInfo>,
@@ -143,6 +144,14 @@ pub struct SessionConfig {
 #[derive(Debug, Clone, Serialize)]
 pub struct AdminConfig {
     pub token: Secret,
+}
+
+/// The session inspector (`/ui/`, on when `admin.token` is set).
+#[derive(Debug, Clone, Serialize)]
+pub struct InspectorConfig {
+    /// Request summaries kept per conversation (numbers and what changed, never content), written
+    /// with each request's commit; 0: none are kept.
+    pub requests_per_conversation: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -414,6 +423,7 @@ impl Default for Config {
                 breaker_backoff: Duration::from_millis(1_000),
             },
             admin: AdminConfig { token: Secret::default() },
+            inspector: InspectorConfig { requests_per_conversation: 500 },
             compaction: CompactionSettings::default(),
             models: BTreeMap::new(),
         }

@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
+use crate::inspector::{RequestRecord, Rewrite};
 use crate::session::{SessionCtx, Usage};
 use crate::telemetry::request::RequestLog;
 
@@ -31,13 +32,15 @@ pub struct Finish {
     sent: bool,
     /// The request's trace span, ended with the request (after the finisher's write, if any).
     pub span: Span,
+    /// What the rewrite did, for the inspector's record (set only when the store keeps records).
+    pub rewrite: Option<Rewrite>,
 }
 
 impl Finish {
     /// Boxed: the request's future and its response carry it, and a box moves as one pointer
     /// where the whole (the log line's fields, the session's state) would be copied on each move.
     pub fn new(log: RequestLog, span: Span) -> Box<Self> {
-        Box::new(Self { log, usage: None, state: None, sent: false, span })
+        Box::new(Self { log, usage: None, state: None, sent: false, span, rewrite: None })
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
@@ -65,6 +68,12 @@ impl Finish {
         self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
         self.log.emit();
         self.record_span();
+        if let Some((ctx, _)) = self.state.as_mut().filter(|(ctx, _)| ctx.records_requests()) {
+            let started = crate::session::unix_ms().saturating_sub(self.log.started.elapsed().as_millis() as u64);
+            let mut record = RequestRecord::of(&self.log, self.rewrite.as_ref(), self.usage.as_ref(), started);
+            record.n = ctx.conversation().requests + 1;
+            ctx.inspect(&record);
+        }
         let _entered = self.span.enter();
         match self.state.take() {
             Some((ctx, Some(sender))) => {

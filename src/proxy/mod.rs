@@ -25,6 +25,7 @@ use crate::compaction::{Compactor, Prepared};
 use crate::config::Config;
 use crate::dialect::Dialect;
 use crate::error::{Chain, ProxyError};
+use crate::inspector::Rewrite;
 use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::{ConversationId, Store};
@@ -93,7 +94,8 @@ impl Proxy {
     /// Handles one proxied request end to end; never fails, errors become dialect-shaped responses.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let route = Route::of(request.method(), request.uri().path(), request.headers());
-        let log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
+        let mut log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
+        log.family = route.family.label();
         // The request's span lives as long as its Finish: until the response body has ended.
         let span = trace::request_span(request.method(), &route, &log.request_id);
         trace::continue_trace(&span, request.headers());
@@ -266,6 +268,17 @@ impl Proxy {
             headers.insert(RETRIES, HeaderValue::from(forwarded.retries));
             finish.span.record("compactor.retries", forwarded.retries);
             finish.log.tokens = Some((report.tokens_before, after, pruned));
+            let compacted = forwarded.compacted.or(answer.compacted);
+            let rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
+                // The window and threshold in the units of the estimates beside them.
+                let pressure = self.compactor.pressure(ctx, report);
+                let window = pressure.uncalibrated(pressure.window);
+                let threshold = pressure.uncalibrated(pressure.budget());
+                Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
+            });
+            if rewrite.is_some() {
+                finish.rewrite = rewrite;
+            }
         }
         finish.log.retries = forwarded.retries;
         finish.log.recovery = forwarded.recovery;

@@ -43,7 +43,9 @@ impl AppState {
     pub fn new(config: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, std::io::Error> {
         // Off the async workers, while the listener starts: readiness waits for it.
         crate::tokens::preload();
-        let store = Store::from_config(&config.session);
+        // Nothing is recorded while the inspector's pages are off (no admin token): no one could read it.
+        let recorded = if config.admin.token.is_empty() { 0 } else { config.inspector.requests_per_conversation };
+        let store = Store::from_config(&config.session).recording(recorded as usize);
         let proxy = Proxy::new(config.clone(), store.clone())?;
         Ok(Self { config, proxy, store, metrics, ready: AtomicBool::new(true) })
     }
@@ -74,6 +76,10 @@ async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response
                 *request.uri_mut() = uri;
             }
         }
+    }
+    if crate::inspector::owns(request.uri().path()) {
+        // Boxed: the pages' futures are large, and this one is held by every request otherwise.
+        return Box::pin(crate::inspector::answer(&state.config, &state.store, request)).await;
     }
     if let Some(response) = ops::answer(&state, &request).await {
         return response;

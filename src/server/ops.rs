@@ -8,6 +8,7 @@ use super::AppState;
 use crate::error::{Chain, ProxyError};
 use crate::proxy::ResponseBody;
 use crate::route::ApiFamily;
+use crate::route::query_value;
 use crate::session::Store;
 use crate::session::identify::agent_session_hashes;
 
@@ -150,33 +151,6 @@ async fn sessions_by_agent_id(store: &Store, id: &str) -> Response<ResponseBody>
         }
     }
     json(StatusCode::OK, serde_json::json!({"id": id, "store": store.kind(), "sessions": sessions}))
-}
-
-/// The percent-decoded value of `name` in a query string (`+` is a space).
-fn query_value(query: &str, name: &str) -> Option<String> {
-    let raw = query.split('&').find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))?;
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(byte) => {
-                        out.push(byte);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            byte => out.push(byte),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
 }
 
 fn valid_key(key: &str) -> bool {

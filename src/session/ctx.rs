@@ -35,6 +35,8 @@ pub use super::state::CALIBRATION_MILLI;
 pub struct ModelKey {
     pub tag: u64,
     store_key: String,
+    /// The model's name, as the request gave it (the inspector shows it).
+    name: String,
 }
 
 impl ModelKey {
@@ -46,7 +48,7 @@ impl ModelKey {
         hasher.update(model.as_bytes());
         // Never 0, which means "nothing learned yet".
         let tag = hasher.digest().max(1);
-        Self { tag, store_key: "model.".to_owned() + &crate::hex::u64(tag) }
+        Self { tag, store_key: "model.".to_owned() + &crate::hex::u64(tag), name: model.to_string() }
     }
 }
 
@@ -139,6 +141,28 @@ impl SessionCtx {
         change.request_messages = Some(message_count as u64);
         change.request_at_unix_ms = Some(super::unix_ms());
         self.message_count = message_count as u64;
+    }
+
+    /// The model the request names, once known.
+    pub fn model_name(&self) -> &str {
+        self.model.as_ref().map_or("", |model| model.name.as_str())
+    }
+
+    /// Whether the store keeps the inspector's request summaries.
+    pub fn records_requests(&self) -> bool {
+        self.store.records_requests()
+    }
+
+    /// Adds the request's summary for the inspector to the commit, and what the session list
+    /// filters on to the session's counters.
+    pub fn inspect(&mut self, record: &crate::inspector::RequestRecord) {
+        match serde_json::to_string(record) {
+            Ok(json) => {
+                self.pending.conversation.record = Some(json);
+                self.pending.session.marks = record.marks();
+            }
+            Err(error) => tracing::debug!(%error, "request record not serializable"),
+        }
     }
 
     /// Says which (upstream, model) the request talks to. When the session learned nothing of

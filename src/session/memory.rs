@@ -2,7 +2,7 @@
 //! sessions, and in conversations per session, the least recently used dropped first; with
 //! time-to-idle expiry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +38,8 @@ pub struct MemoryStore {
     least_charge: u32,
     /// Orders uses: two uses in the same millisecond still have an order.
     uses: Arc<AtomicU64>,
+    /// Request summaries kept per conversation for the inspector (0: none).
+    request_log: usize,
 }
 
 /// A session in the cache, and the size it was last weighed at: moka weighs an entry when it is
@@ -72,6 +74,11 @@ struct Kept {
     bytes: usize,
     /// The pruned ids' share of `bytes`, grown by the ids each update adds.
     pruned_bytes: usize,
+    /// The inspector's request summaries (JSON), oldest first, at most the store's bound: kept
+    /// beside the state, not in it, so a request's load never copies them.
+    log: VecDeque<Box<str>>,
+    /// The summaries' share of `bytes`.
+    log_bytes: usize,
 }
 
 impl MemoryStore {
@@ -111,7 +118,14 @@ impl MemoryStore {
             memory_bytes,
             least_charge,
             uses: Arc::default(),
+            request_log: 0,
         }
+    }
+
+    /// Keeps up to `requests` request summaries per conversation for the inspector.
+    pub fn with_request_log(mut self, requests: usize) -> Self {
+        self.request_log = requests;
+        self
     }
 
     /// The session's state and its conversation's; empty when unknown.
@@ -241,6 +255,8 @@ impl MemoryStore {
             state: Arc::default(),
             bytes: 0,
             pruned_bytes: 0,
+            log: VecDeque::new(),
+            log_bytes: 0,
         });
         kept.use_order = use_order;
         kept.last_used_unix_ms = super::unix_ms();
@@ -253,7 +269,19 @@ impl MemoryStore {
             .sum();
         Arc::make_mut(&mut kept.state).apply(&update.conversation);
         kept.pruned_bytes += added;
-        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes);
+        if let Some(record) = update.conversation.record.as_deref().filter(|_| self.request_log > 0) {
+            kept.log_bytes += logged_bytes(record);
+            kept.log.push_back(record.into());
+            while kept.log.len() > self.request_log {
+                if let Some(gone) = kept.log.pop_front() {
+                    kept.log_bytes -= logged_bytes(&gone);
+                }
+            }
+        }
+        // The log is charged in steps of LOG_STEP: a session is weighed again (a cache insert) when
+        // its charge changes, and a request's summary alone should not make every commit do that.
+        kept.bytes = conversation_bytes(conversation, &kept.state, kept.pruned_bytes)
+            + kept.log_bytes.next_multiple_of(LOG_STEP);
         while session.conversations.len() > self.max_conversations {
             let oldest = session.conversations.iter().min_by_key(|(_, kept)| kept.use_order).map(|(id, _)| id.clone());
             let Some(oldest) = oldest else { break };
@@ -309,6 +337,34 @@ impl MemoryStore {
             })
             .collect();
         SessionView::new(session.state.clone(), conversations)
+    }
+
+    /// The request summaries kept for a conversation, oldest first.
+    pub fn requests(&self, key: &str, conversation: &str) -> Vec<String> {
+        let Some(entry) = self.sessions.get(key) else { return Vec::new() };
+        let Ok(session) = entry.session.lock() else { return Vec::new() };
+        session
+            .conversations
+            .get(conversation)
+            .map(|kept| kept.log.iter().map(|r| r.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The sessions with conversations, most recently used first, at most `limit`, with when
+    /// each was last used (Unix ms). Walks the store: an operator's page, not a request's path.
+    pub fn recent(&self, limit: usize) -> Vec<(String, u64)> {
+        let mut sessions: Vec<(String, u64)> = self
+            .sessions
+            .iter()
+            .filter_map(|(key, held)| {
+                let session = held.session.lock().ok()?;
+                let last = session.conversations.values().map(|kept| kept.last_used_unix_ms).max()?;
+                Some((key.to_string(), last))
+            })
+            .collect();
+        sessions.sort_by_key(|(key, last)| (std::cmp::Reverse(*last), key.clone()));
+        sessions.truncate(limit);
+        sessions
     }
 
     /// The store's estimated size, once pending evictions are applied.
@@ -394,6 +450,14 @@ impl MemorySession {
         let total = ENTRY_OVERHEAD + string(key) + index + held + table + conversations;
         u32::try_from(total).unwrap_or(u32::MAX)
     }
+}
+
+/// The step in which a conversation's request log is charged.
+const LOG_STEP: usize = 1024;
+
+/// One request summary in a conversation's log.
+fn logged_bytes(record: &str) -> usize {
+    record.len() + ALLOCATION + 2 * size_of::<usize>()
 }
 
 /// One pruned id in a conversation's set.
@@ -669,6 +733,32 @@ mod tests {
         let (_, kept) = store.load("t.s", "a");
         assert!(kept.pruned.contains("call_2"), "{kept:?}");
         assert!(!kept.pruned.contains("call_1"), "the state in doubt is not served");
+    }
+
+    #[test]
+    fn a_conversations_request_log_keeps_the_newest_up_to_its_bound_and_weighs_in() {
+        let logged = |n: usize| {
+            let mut update = request(1);
+            update.conversation.record = Some(format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(3_000)));
+            update
+        };
+        let store = MemoryStore::new(1 << 20, 1 << 24, 4, Duration::from_secs(60)).with_request_log(3);
+        store.update("t.s", "a", &request(1));
+        let empty = store.size().bytes;
+        for n in 0..5 {
+            store.update("t.s", "a", &logged(n));
+        }
+        let kept: Vec<u64> = store
+            .requests("t.s", "a")
+            .iter()
+            .map(|json| serde_json::from_str::<serde_json::Value>(json).unwrap()["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(kept, [2, 3, 4], "the newest three, oldest first");
+        assert!(store.size().bytes >= empty + 9_000, "the log counts in the session's weight");
+        assert_eq!(store.recent(10).into_iter().map(|(key, _)| key).collect::<Vec<_>>(), ["t.s"]);
+        let off = MemoryStore::new(1 << 20, 1 << 24, 4, Duration::from_secs(60));
+        off.update("t.s", "a", &logged(0));
+        assert!(off.requests("t.s", "a").is_empty(), "no bound, no log");
     }
 
     #[test]

@@ -16,8 +16,8 @@ pub use ctx::{ModelKey, SessionCtx};
 pub use error::StoreError;
 pub use identify::{ConversationId, Identifier, SessionKey, SessionSource};
 pub use state::{
-    Breaker, ConversationState, ConversationUpdate, ConversationView, Learned, LearnedChange, SessionState,
-    SessionUpdate, SessionView, Update, Usage,
+    Breaker, CompactionRecord, ConversationState, ConversationUpdate, ConversationView, Learned, LearnedChange, Marks,
+    SessionState, SessionUpdate, SessionView, Update, Usage,
 };
 pub use store::Store;
 

@@ -9,7 +9,12 @@
 //!   microseconds), at most `max_conversations` long;
 //! - `c:<id>`: hash of one conversation (`requests`, `messages`, `usage` as versioned JSON,
 //!   `breaker_failures`, `breaker_at`); `c:<id>:pruned`: set of pruned call ids;
-//!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock.
+//!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock;
+//!   `c:<id>:requests`: list of the inspector's request summaries (JSON), the newest
+//!   `inspector.requests_per_conversation`.
+//!
+//! Beside them, `<prefix>:recent`: sorted set of session keys by last request (ms), the newest
+//! [`RECENT_SESSIONS`], for the inspector's list of sessions.
 //!
 //! Beside them, `<prefix>:by-session:<session hash>`: the set of session keys (one per tenant)
 //! sharing a session part, for the admin API's lookup by agent session id; written with the
@@ -68,9 +73,14 @@ pub struct RedisStore {
     ttl_secs: i64,
     max_conversations: usize,
     timeout: Duration,
+    /// Request summaries kept per conversation for the inspector (0: none).
+    request_log: usize,
     /// Models' histograms of run lengths, with when they were read.
     runs: Arc<std::sync::Mutex<HashMap<String, (std::time::Instant, RunLengths)>>>,
 }
+
+/// Sessions the inspector's list of recent sessions keeps (each commit trims the rest).
+pub const RECENT_SESSIONS: usize = 10_000;
 
 /// How long a model's histogram of run lengths read from Redis is used before it is read again.
 const RUNS_REFRESH: Duration = Duration::from_secs(30);
@@ -116,7 +126,7 @@ if excess > 0 then
   for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, excess - 1)) do
     if id ~= ARGV[1] then
       local base = ARGV[4] .. id
-      redis.call("DEL", base, base .. ":pruned", base .. ":compactions")
+      redis.call("DEL", base, base .. ":pruned", base .. ":compactions", base .. ":requests")
       redis.call("ZREM", KEYS[1], id)
     end
   end
@@ -174,7 +184,7 @@ const FORGET_SESSION: &str = r#"
 local deleted = 0
 for _, id in ipairs(redis.call("ZRANGE", KEYS[1], 0, -1)) do
   local base = ARGV[1] .. id
-  deleted = deleted + redis.call("DEL", base, base .. ":pruned", base .. ":compactions", base .. ":lock")
+  deleted = deleted + redis.call("DEL", base, base .. ":pruned", base .. ":compactions", base .. ":lock", base .. ":requests")
 end
 return deleted + redis.call("DEL", unpack(KEYS))
 "#;
@@ -218,6 +228,9 @@ fn session_state(hash: &Hash) -> SessionState {
             prompt_tokens: number(hash, "prompt_tokens"),
             cache_read_tokens: number(hash, "cache_read_tokens"),
             cache_write_tokens: number(hash, "cache_write_tokens"),
+            pruned_requests: number(hash, "pruned_requests"),
+            compacted_requests: number(hash, "compacted_requests"),
+            overflow_requests: number(hash, "overflow_requests"),
         },
         runs: run_lengths(hash),
     }
@@ -266,6 +279,7 @@ impl RedisStore {
             ttl_secs: i64::try_from(config.ttl.as_secs()).unwrap_or(i64::MAX),
             max_conversations: config.max_conversations.max(1) as usize,
             timeout: config.redis_timeout,
+            request_log: 0,
             runs: Arc::default(),
         };
         let cell = store.connection.clone();
@@ -289,6 +303,12 @@ impl RedisStore {
             }
         });
         store
+    }
+
+    /// Keeps up to `requests` request summaries per conversation for the inspector.
+    pub fn with_request_log(mut self, requests: usize) -> Self {
+        self.request_log = requests;
+        self
     }
 
     /// `{prefix}:{<session key>}:<part>`: the braces are the Redis Cluster hash tag.
@@ -318,6 +338,69 @@ impl RedisStore {
             let index = self.index_key(hash);
             pipeline.sadd(&index, session).ignore().expire(&index, self.ttl_secs).ignore();
         }
+    }
+
+    /// Marks the session as just used in the list of recent sessions, when the inspector records.
+    fn write_recent(&self, pipeline: &mut Pipeline, session: &str) {
+        if self.request_log > 0 {
+            let recent = self.recent_key();
+            pipeline.zadd(&recent, session, super::unix_ms()).ignore();
+            pipeline.zremrangebyrank(&recent, 0, -(RECENT_SESSIONS as isize) - 1).ignore();
+            pipeline.expire(&recent, self.ttl_secs).ignore();
+        }
+    }
+
+    /// The sorted set of recent sessions: `{prefix}:recent`.
+    fn recent_key(&self) -> String {
+        format!("{}:recent", self.prefix)
+    }
+
+    /// The sessions used most recently, newest first, with when (Unix ms); some may have
+    /// expired or been forgotten since (the caller checks).
+    pub async fn recent(&self, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        let connection = self.connection()?;
+        let mut command = redis::cmd("ZREVRANGE");
+        command.arg(self.recent_key()).arg(0).arg(limit.max(1) as isize - 1).arg("WITHSCORES");
+        let listed: Vec<(String, f64)> = self.bounded(connection.command(&command)).await?;
+        Ok(listed.into_iter().map(|(key, at)| (key, at as u64)).collect())
+    }
+
+    /// The sessions' own hashes, read in one pipeline.
+    pub async fn sessions(&self, keys: &[String]) -> Result<Vec<SessionState>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let connection = self.connection()?;
+        if matches!(connection, Connection::Cluster(_)) {
+            // Each session on its own slot: a pipeline across them would be refused.
+            let mut states = Vec::with_capacity(keys.len());
+            for key in keys {
+                let mut command = redis::cmd("HGETALL");
+                command.arg(self.key(key, "session"));
+                let hash: Hash = self.bounded(connection.command(&command)).await?;
+                states.push(session_state(&hash));
+            }
+            return Ok(states);
+        }
+        let mut pipeline = redis::pipe();
+        for key in keys {
+            pipeline.hgetall(self.key(key, "session"));
+        }
+        let hashes: Vec<Hash> = self.bounded(connection.query(&pipeline)).await?;
+        Ok(hashes.iter().map(session_state).collect())
+    }
+
+    /// The request summaries kept for a conversation, oldest first.
+    pub async fn requests(&self, session: &str, conversation: &str) -> Result<Vec<String>, StoreError> {
+        let connection = self.connection()?;
+        let mut command = redis::cmd("LRANGE");
+        command.arg(self.requests_key(session, conversation)).arg(0).arg(-1);
+        self.bounded(connection.command(&command)).await
+    }
+
+    /// A conversation's list of request summaries: `…:c:<id>:requests`.
+    fn requests_key(&self, session: &str, conversation: &str) -> String {
+        format!("{}{conversation}:requests", self.conversations_prefix(session))
     }
 
     /// The keys indexed under a session part; some may have expired since (the caller checks).
@@ -392,6 +475,7 @@ impl RedisStore {
         let cluster = matches!(connection, Connection::Cluster(_));
         if !cluster {
             self.write_index(&mut pipeline, session);
+            self.write_recent(&mut pipeline, session);
         }
         let change = &update.conversation;
         let [pruned, compactions, hash] = self.conversation_keys(session, conversation);
@@ -433,6 +517,13 @@ impl RedisStore {
         for key in [&hash, &pruned, &compactions] {
             pipeline.expire(key, self.ttl_secs).ignore();
         }
+        if let Some(record) = change.record.as_deref().filter(|_| self.request_log > 0) {
+            // The inspector's summary rides the same pipeline: no round trip of its own.
+            let requests = self.requests_key(session, conversation);
+            pipeline.rpush(&requests, record).ignore();
+            pipeline.ltrim(&requests, -(self.request_log as isize), -1).ignore();
+            pipeline.expire(&requests, self.ttl_secs).ignore();
+        }
         pipeline
             .cmd("EVAL")
             .arg(TOUCH_CONVERSATION)
@@ -456,6 +547,11 @@ impl RedisStore {
             let mut index = redis::pipe();
             self.write_index(&mut index, session);
             self.bounded(connection.query::<()>(&index)).await?;
+            if self.request_log > 0 {
+                let mut recent = redis::pipe();
+                self.write_recent(&mut recent, session);
+                self.bounded(connection.query::<()>(&recent)).await?;
+            }
             if update.model_run.is_some() {
                 self.bounded(connection.query::<()>(&model)).await?;
             }
@@ -525,6 +621,14 @@ impl RedisStore {
                 .arg(high)
                 .arg(&change.measured)
                 .ignore();
+        }
+        let marks = [
+            ("pruned_requests", update.marks.pruned),
+            ("compacted_requests", update.marks.compacted),
+            ("overflow_requests", update.marks.overflow),
+        ];
+        for (field, _) in marks.into_iter().filter(|(_, marked)| *marked) {
+            pipeline.hincr(&key, field, 1).ignore();
         }
         if let Some(usage) = update.usage {
             let counters = [
@@ -597,6 +701,11 @@ impl RedisStore {
             let mut unindex = redis::cmd("SREM");
             unindex.arg(self.index_key(hash)).arg(session);
             self.bounded(connection.command::<u64>(&unindex)).await?;
+        }
+        if self.request_log > 0 {
+            let mut unlist = redis::cmd("ZREM");
+            unlist.arg(self.recent_key()).arg(session);
+            self.bounded(connection.command::<u64>(&unlist)).await?;
         }
         Ok(deleted > 0)
     }
@@ -698,7 +807,7 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 17] = [
+const NUMBER_FIELDS: [&str; 20] = [
     "schema",
     "requests",
     "tokens_saved",
@@ -716,6 +825,9 @@ const NUMBER_FIELDS: [&str; 17] = [
     "prompt_tokens",
     "cache_read_tokens",
     "cache_write_tokens",
+    "pruned_requests",
+    "compacted_requests",
+    "overflow_requests",
 ];
 
 /// Whether every value read is one this version of compactor wrote: a session whose hash or

@@ -74,6 +74,14 @@ pub struct Counters {
     pub cache_read_tokens: u64,
     #[serde(default)]
     pub cache_write_tokens: u64,
+    /// Requests that pruned something, that ran on a compaction, that recovered from an
+    /// overflow: what the inspector's session list filters on.
+    #[serde(default)]
+    pub pruned_requests: u64,
+    #[serde(default)]
+    pub compacted_requests: u64,
+    #[serde(default)]
+    pub overflow_requests: u64,
 }
 
 /// What compactor learned of one (upstream, model) from its answers: bounds on the real window
@@ -229,6 +237,16 @@ pub struct SessionUpdate {
     pub learned: Option<LearnedChange>,
     /// The upstream's usage for one request, added to the session's cache counters.
     pub usage: Option<Usage>,
+    /// What the request did, for the inspector's filters (counted, never stored per request here).
+    pub marks: Marks,
+}
+
+/// What one request did that the inspector's session list filters on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    pub pruned: bool,
+    pub compacted: bool,
+    pub overflow: bool,
 }
 
 /// What one request changes of its conversation.
@@ -247,6 +265,9 @@ pub struct ConversationUpdate {
     pub request_at_unix_ms: Option<u64>,
     /// The request's turn in the conversation's current run.
     pub run: Option<u64>,
+    /// The request's summary for the inspector (JSON of [`crate::inspector::RequestRecord`]),
+    /// appended to the conversation's bounded request log.
+    pub record: Option<String>,
 }
 
 /// A run of a conversation reached a bucket of its model's histogram ([`super::runs`]).
@@ -290,6 +311,10 @@ impl SessionState {
             counters.cache_read_tokens = counters.cache_read_tokens.saturating_add(usage.cached_tokens);
             counters.cache_write_tokens = counters.cache_write_tokens.saturating_add(usage.cache_write_tokens);
         }
+        let marks = update.marks;
+        counters.pruned_requests = counters.pruned_requests.saturating_add(u64::from(marks.pruned));
+        counters.compacted_requests = counters.compacted_requests.saturating_add(u64::from(marks.compacted));
+        counters.overflow_requests = counters.overflow_requests.saturating_add(u64::from(marks.overflow));
     }
 }
 

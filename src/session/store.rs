@@ -20,6 +20,8 @@ pub struct Store {
     backend: Backend,
     /// The breaker of a shared store (none for the in-process one, which cannot be down).
     breaker: Option<Arc<Breaker>>,
+    /// Request summaries kept per conversation for the inspector (0: none).
+    request_log: usize,
 }
 
 #[derive(Clone)]
@@ -40,11 +42,53 @@ impl Store {
                     config.ttl,
                 )),
                 breaker: None,
+                request_log: 0,
             },
             StoreKind::Redis => Self {
                 backend: Backend::Redis(RedisStore::new(config)),
                 breaker: Some(Arc::new(Breaker::new(config.breaker_failures, config.breaker_backoff))),
+                request_log: 0,
             },
+        }
+    }
+
+    /// Keeps up to `requests` request summaries per conversation for the inspector (0: none),
+    /// written with each request's commit.
+    pub fn recording(mut self, requests: usize) -> Self {
+        self.backend = match self.backend {
+            Backend::Memory(store) => Backend::Memory(store.with_request_log(requests)),
+            Backend::Redis(store) => Backend::Redis(store.with_request_log(requests)),
+        };
+        self.request_log = requests;
+        self
+    }
+
+    /// Whether requests leave a summary for the inspector.
+    pub fn records_requests(&self) -> bool {
+        self.request_log > 0
+    }
+
+    /// The sessions used most recently, newest first, with when (Unix ms): the inspector's list.
+    pub async fn recent(&self, limit: usize) -> Result<Vec<(String, u64)>, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.recent(limit)),
+            Backend::Redis(store) => self.guarded(store.recent(limit)).await,
+        }
+    }
+
+    /// The sessions' own states (counters, what was learned), in one read: the inspector's list.
+    pub async fn sessions(&self, keys: &[String]) -> Result<Vec<SessionState>, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(keys.iter().map(|key| store.view(key).session).collect()),
+            Backend::Redis(store) => self.guarded(store.sessions(keys)).await,
+        }
+    }
+
+    /// A conversation's request summaries (JSON), oldest first: the inspector's timeline.
+    pub async fn requests(&self, key: &str, conversation: &str) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.requests(key, conversation)),
+            Backend::Redis(store) => self.guarded(store.requests(key, conversation)).await,
         }
     }
 

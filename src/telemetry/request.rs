@@ -23,7 +23,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Complete => "complete",
             Self::ClientGone => "client_gone",
@@ -39,6 +39,8 @@ pub struct RequestLog {
     pub request_id: String,
     pub method: http::Method,
     pub route: &'static str,
+    /// The upstream's API family (`openai`, `anthropic`, `gemini`): whose cache prices apply.
+    pub family: &'static str,
     pub status: u16,
     pub started: Instant,
     pub bytes_in: u64,
@@ -75,6 +77,7 @@ impl RequestLog {
             request_id,
             method,
             route,
+            family: "openai",
             status: 0,
             started: Instant::now(),
             bytes_in: 0,

@@ -16,6 +16,8 @@ mod docs;
 mod faults;
 mod fidelity;
 mod gemini;
+mod inspector;
+mod inspector_browser;
 mod operations;
 mod prompt_cache;
 mod provider_sim;

@@ -13,6 +13,9 @@ fn pruned(content: &Value) -> bool {
 }
 const WINDOWS: &str = "[prune]\nprotect_tokens = 300\nminimum_tokens = 100\n[admin]\ntoken = \"admin-secret\"\n";
 
+/// The inspector records nothing.
+const UNRECORDED: &str = "[inspector]\nrequests_per_conversation = 0\n";
+
 fn history(calls: usize) -> Value {
     let mut messages = vec![json!({"role": "user", "content": "Fix the build."})];
     for i in 0..calls {
@@ -167,8 +170,9 @@ async fn every_key_has_a_ttl_and_one_session_shares_one_hash_tag() {
     for key in redis.keys() {
         let ttl: i64 = redis::cmd("TTL").arg(&key).query(&mut connection).unwrap();
         assert!(ttl > 0 && ttl <= 3600, "{key} has TTL {ttl}");
-        // The index by agent session id is shared by a session's tenants: its own slot.
-        if key.contains(":by-session:") {
+        // The index by agent session id is shared by a session's tenants, the inspector's list of
+        // recent sessions by all: their own slots.
+        if key.contains(":by-session:") || key.ends_with(":recent") {
             continue;
         }
         assert!(key.contains(&format!("{{{session}}}")), "{key} lacks the session's hash tag");
@@ -258,7 +262,7 @@ async fn a_redis_cluster_keeps_each_session_on_one_shard_and_shares_state() {
     // Every key of one session sits on the same node; sessions spread over nodes.
     let keys = cluster.keys();
     let mut by_session: std::collections::HashMap<String, std::collections::HashSet<usize>> = Default::default();
-    for (node, key) in keys.iter().filter(|(_, key)| !key.contains(":by-session:")) {
+    for (node, key) in keys.iter().filter(|(_, key)| !key.contains(":by-session:") && !key.ends_with(":recent")) {
         let tag = key.split('{').nth(1).and_then(|k| k.split('}').next()).unwrap().to_string();
         by_session.entry(tag).or_default().insert(*node);
     }
@@ -450,7 +454,9 @@ async fn a_small_memory_store_drops_the_least_recently_used_sessions_for_a_big_o
     // What a small session and the big one weigh, on a store with room for all (and whose count
     // bound charges next to nothing: 10 bytes a session). The store also keeps what was learned of
     // the model, under a key of its own (one entry more).
-    let (_probe_fake, probe) = ProxyProcess::with_fake(&format!("{WINDOWS}[session]\nmemory_bytes = 1000000\n")).await;
+    // Without the inspector's request log, whose summaries would weigh in as well.
+    let (_probe_fake, probe) =
+        ProxyProcess::with_fake(&format!("{WINDOWS}{UNRECORDED}[session]\nmemory_bytes = 1000000\n")).await;
     post(&probe, "key", "small", &history(3)).await;
     let first = stored_bytes(&probe, 2).await;
     let answer = post(&probe, "key", "big", &history_with_long_ids(30, 300)).await;
@@ -463,7 +469,7 @@ async fn a_small_memory_store_drops_the_least_recently_used_sessions_for_a_big_o
 
     // Room for the model's entry, the big session and two small ones, not three.
     let bound = model + big + 2 * small + small / 2;
-    let config = format!("{WINDOWS}[session]\nmemory_bytes = {bound}\n");
+    let config = format!("{WINDOWS}{UNRECORDED}[session]\nmemory_bytes = {bound}\n");
     let (fake, proxy) = ProxyProcess::with_fake(&config).await;
     for (id, sessions) in [("a", 1), ("b", 2), ("c", 3)] {
         post(&proxy, "key", id, &history(3)).await;

@@ -1,0 +1,260 @@
+//! The session inspector: server-rendered pages under `/ui/`, on the proxy's own listener, that
+//! show what compactor did to each conversation (what it changed, why, what it kept, what it cost
+//! or saved), from the bounded log of request summaries each request's commit appends
+//! ([`record`]). Off unless `admin.token` is set; every page wants that token (as a bearer, or
+//! through the login form's cookie), and every change is a POST with a CSRF token.
+
+pub mod auth;
+pub mod cost;
+pub mod html;
+pub mod pages;
+pub mod plot;
+pub mod record;
+
+use std::fmt::Write;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+
+pub use record::{RequestRecord, Rewrite};
+
+use self::auth::{Access, Keys};
+use self::html::{esc, page, respond};
+use crate::config::Config;
+use crate::proxy::ResponseBody;
+use crate::route::query_value;
+use crate::session::Store;
+
+/// The largest form body read (a token, a CSRF token, an address).
+const FORM_BYTES: usize = 8 * 1024;
+
+/// Whether `path` is the inspector's.
+pub fn owns(path: &str) -> bool {
+    path == "/ui" || path.starts_with("/ui/")
+}
+
+/// Answers a request under `/ui/`.
+pub async fn answer<B>(config: &Config, store: &Store, request: Request<B>) -> Response<ResponseBody>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let path = request.uri().path().to_string();
+    match path.as_str() {
+        "/ui/assets/style.css" => return html::asset("text/css; charset=utf-8", html::STYLE),
+        "/ui/assets/live.js" => return html::asset("text/javascript; charset=utf-8", html::LIVE),
+        _ => {}
+    }
+    let keys = Keys::new(&config.admin.token);
+    let now = crate::session::unix_ms() / 1000;
+    let access = keys.access(request.headers(), now);
+    let method = request.method().clone();
+    if access == Access::Off {
+        return html::message(
+            StatusCode::NOT_FOUND,
+            None,
+            "Not found",
+            "The inspector is off: no admin token is configured.",
+        );
+    }
+    if path == "/ui/login" {
+        return match method {
+            Method::POST => login(&keys, request, now).await,
+            _ => {
+                let next = request.uri().query().and_then(|q| query_value(q, "next")).unwrap_or_default();
+                login_page(StatusCode::OK, &next, "")
+            }
+        };
+    }
+    if access == Access::Denied {
+        if method != Method::GET && method != Method::HEAD {
+            return html::message(StatusCode::FORBIDDEN, None, "Forbidden", "Log in first.");
+        }
+        let here = request.uri().path_and_query().map_or(path.clone(), |p| p.to_string());
+        return login_page(StatusCode::UNAUTHORIZED, &here, "");
+    }
+    let csrf = access.csrf().to_string();
+    if method == Method::POST {
+        let form = match read_form(request).await {
+            Some(form) => form,
+            None => {
+                return html::message(
+                    StatusCode::BAD_REQUEST,
+                    Some(&csrf),
+                    "Bad request",
+                    "The form could not be read.",
+                );
+            }
+        };
+        let presented = query_value(&form, "csrf").unwrap_or_default();
+        if !access.allows_change(&presented) {
+            return html::message(
+                StatusCode::FORBIDDEN,
+                Some(&csrf),
+                "Forbidden",
+                "The form's CSRF token is missing or wrong; reload the page and try again.",
+            );
+        }
+        return change(store, &path).await;
+    }
+    if method != Method::GET && method != Method::HEAD {
+        return html::message(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Some(&csrf),
+            "Method not allowed",
+            "GET, or POST for a change.",
+        );
+    }
+    let query = request.uri().query().unwrap_or("").to_string();
+    let value = |name: &str| query_value(&query, name).unwrap_or_default();
+    if path == "/ui" || path == "/ui/" {
+        return html::redirect("/ui/sessions", None);
+    }
+    if path == "/ui/sessions" {
+        let filter = pages::Filter {
+            id: value("id"),
+            tenant: value("tenant"),
+            compacted: !value("compacted").is_empty(),
+            overflow: !value("overflow").is_empty(),
+            pruned: !value("pruned").is_empty(),
+        };
+        return pages::sessions(store, &filter, &csrf).await;
+    }
+    let Some(rest) = path.strip_prefix("/ui/sessions/") else { return not_found(&csrf) };
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        [key] if valid_key(key) => pages::session(store, key, &csrf).await,
+        [key, "c", id] if valid_key(key) && valid_id(id) => pages::conversation(config, store, key, id, &csrf).await,
+        [key, "c", id, "rows"] if valid_key(key) && valid_id(id) => {
+            match pages::new_rows(config, store, key, id, &value("seen")).await {
+                Ok((rows, newest)) => {
+                    let mut response = respond(StatusCode::OK, rows);
+                    if let Ok(newest) = http::HeaderValue::from_str(&newest) {
+                        response.headers_mut().insert("x-newest", newest);
+                    }
+                    response
+                }
+                Err(error) => {
+                    html::message(StatusCode::SERVICE_UNAVAILABLE, Some(&csrf), "Session store unavailable", &error)
+                }
+            }
+        }
+        [key, "c", id, "r", request_id] if valid_key(key) && valid_id(id) && valid_request(request_id) => {
+            pages::request(config, store, key, id, request_id, &csrf).await
+        }
+        _ => not_found(&csrf),
+    }
+}
+
+/// A POST that changes state (its CSRF token already checked).
+async fn change(store: &Store, path: &str) -> Response<ResponseBody> {
+    if path == "/ui/logout" {
+        return html::redirect("/ui/login", Some(auth::clear_cookie()));
+    }
+    let Some(rest) = path.strip_prefix("/ui/sessions/") else { return not_found("") };
+    match rest.split_once('/') {
+        Some((key, "forget")) if valid_key(key) => match store.forget(key).await {
+            Ok(_) => html::redirect("/ui/sessions", None),
+            Err(error) => {
+                html::message(StatusCode::SERVICE_UNAVAILABLE, None, "Session store unavailable", &error.to_string())
+            }
+        },
+        Some((key, "compact")) if valid_key(key) => match store.request_compaction(key).await {
+            Ok(true) => html::redirect(&format!("/ui/sessions/{key}"), None),
+            Ok(false) => not_found(""),
+            Err(error) => {
+                html::message(StatusCode::SERVICE_UNAVAILABLE, None, "Session store unavailable", &error.to_string())
+            }
+        },
+        _ => not_found(""),
+    }
+}
+
+/// The login form's POST: the admin token in exchange for a cookie, then back where the caller
+/// was going (an address under `/ui/` only, never another site).
+async fn login<B>(keys: &Keys, request: Request<B>, now: u64) -> Response<ResponseBody>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let secure = request.headers().get("x-forwarded-proto").is_some_and(|v| v.as_bytes() == b"https");
+    let Some(form) = read_form(request).await else {
+        return login_page(StatusCode::BAD_REQUEST, "", "The form could not be read.");
+    };
+    let next = query_value(&form, "next").unwrap_or_default();
+    let token = query_value(&form, "token").unwrap_or_default();
+    if !keys.is_token(&token) {
+        return login_page(StatusCode::UNAUTHORIZED, &next, "That is not the admin token.");
+    }
+    let next = if safe_next(&next) { next } else { "/ui/sessions".to_string() };
+    html::redirect(&next, Some(auth::set_cookie(&keys.login(now), secure)))
+}
+
+/// Only an address of the inspector's own: no scheme, no other host, no `//`.
+fn safe_next(next: &str) -> bool {
+    (next == "/ui" || next.starts_with("/ui/"))
+        && !next.contains("//")
+        && !next.contains('\\')
+        && next.is_ascii()
+        && !next.chars().any(|c| c.is_ascii_control())
+}
+
+fn login_page(status: StatusCode, next: &str, error: &str) -> Response<ResponseBody> {
+    let mut body = String::from("<h1>Log in</h1>");
+    if !error.is_empty() {
+        let _ = write!(body, "<p class=\"error\">{}</p>", esc(error));
+    }
+    let _ = write!(
+        body,
+        "<form class=\"login\" method=\"post\" action=\"/ui/login\"><input type=\"hidden\" name=\"next\" value=\"{}\"><label>Admin token <input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"current-password\" required autofocus></label> <button id=\"login\">Log in</button></form><p class=\"note\">The inspector wants compactor's <code>admin.token</code>. It sets a cookie for this site only (HttpOnly, SameSite=Strict) that lasts {} hours.</p>",
+        esc(next),
+        auth::LOGIN_SECS / 3600
+    );
+    respond(status, page("Log in", None, &body))
+}
+
+fn not_found(csrf: &str) -> Response<ResponseBody> {
+    html::message(StatusCode::NOT_FOUND, Some(csrf), "Not found", "No such page.")
+}
+
+/// An `application/x-www-form-urlencoded` body, bounded.
+async fn read_form<B>(request: Request<B>) -> Option<String>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let limited = http_body_util::Limited::new(request.into_body(), FORM_BYTES);
+    let bytes = limited.collect().await.ok()?.to_bytes();
+    String::from_utf8(bytes.to_vec()).ok()
+}
+
+/// A session key: `<tenant hash>.<session hash>` (letters, digits and dots).
+fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.')
+}
+
+/// A conversation id: hex.
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A request id as compactor makes them.
+fn valid_request(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_inspectors_own_addresses_are_followed_after_login() {
+        for good in ["/ui/sessions", "/ui/sessions?id=a%20b", "/ui"] {
+            assert!(safe_next(good), "{good}");
+        }
+        for bad in ["https://evil.example/ui/", "//evil.example", "/ui//evil", "/admin/sessions", "/ui/\\evil", ""] {
+            assert!(!safe_next(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The session inspector (`/ui/`) against the real binary over loopback HTTP: what requests leave
+//! in the store (memory and Redis alike, bounded), who may see the pages (token, login cookie,
+//! nothing when no token is configured), that a change needs its CSRF token, and that what came
+//! from a client is escaped.
+
+use crate::common::redis_server::RedisServer;
+use crate::common::window::{Api, WindowSpec, conversation, window_upstream};
+use crate::common::*;
+use serde_json::{Value, json};
+
+pub const ADMIN_TOKEN: &str = "inspector-admin-token-5f3a";
+
+/// A small window (overflows and a compaction), a summarizer with a large one, pruning that pays
+/// back at once (the OpenAI upstream is priced as having no cache), and the inspector keeping
+/// `requests` summaries per conversation.
+pub fn config(requests: u32) -> String {
+    format!(
+        "[models.big-summarizer]\ncontext_window = 200000\nmax_output_tokens = 8192\n[models.test-model]\ncontext_window = 4000\nmax_output_tokens = 500\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[inspector]\nrequests_per_conversation = {requests}\n[prune]\nprotect_tokens = 1000\nminimum_tokens = 200\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\nlock_wait_ms = 20000\nmodel = \"big-summarizer\"\n"
+    )
+}
+
+/// A compactor in front of `fake` with `extra` TOML; `no_cache`: the OpenAI upstream is priced as
+/// having no prompt cache, so a prune always pays back.
+pub fn start(fake: &FakeUpstream, extra: &str, no_cache: bool) -> ProxyProcess {
+    let cache = if no_cache { "openai_cache = \"none\"\n" } else { "" };
+    ProxyProcess::start_with(
+        &format!("[upstream]\nopenai = \"{0}\"\nanthropic = \"{0}\"\n{cache}{extra}", fake.url()),
+        &[],
+    )
+}
+
+/// An agent's session: its conversation grows turn by turn until it overflows the window, is
+/// summarized, and goes on on the summary. Returns the session key.
+pub async fn agent_session(proxy: &ProxyProcess, agent_id: &str) -> String {
+    let mut key = String::new();
+    for turns in [2, 6, 12, 30] {
+        let answer = chat(proxy, agent_id, &conversation(Api::Chat, turns, false)).await;
+        assert_eq!(answer.status, 200, "{turns} turns: {}", answer.text());
+        key = answer.header("x-compactor-session").unwrap().to_string();
+    }
+    let mut body = conversation(Api::Chat, 30, false);
+    let messages = body["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": "Done."}));
+    messages.push(json!({"role": "user", "content": "Next."}));
+    assert_eq!(chat(proxy, agent_id, &body).await.status, 200);
+    // Each request's state (its summary with it) is committed once its response is done.
+    let committed = async || {
+        let view = proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await;
+        view.status == 200 && view.json()["state"]["counters"]["requests"] == 5
+    };
+    assert!(eventually(committed).await, "the five requests are committed");
+    key
+}
+
+pub async fn chat(proxy: &ProxyProcess, agent_id: &str, body: &Value) -> Answer {
+    proxy
+        .post(
+            Api::Chat.path(),
+            &[("authorization", "Bearer sk-client-credential-9z"), ("x-session-id", agent_id)],
+            body,
+        )
+        .await
+}
+
+/// A page, with these headers.
+pub async fn page(proxy: &ProxyProcess, path: &str, headers: &[(&str, &str)]) -> Answer {
+    send(request("GET", &proxy.url(path), headers, "")).await
+}
+
+fn bearer() -> (&'static str, String) {
+    ("authorization", format!("Bearer {ADMIN_TOKEN}"))
+}
+
+async fn as_admin(proxy: &ProxyProcess, path: &str) -> Answer {
+    let (name, value) = bearer();
+    page(proxy, path, &[(name, &value)]).await
+}
+
+/// Logs in through the form; the cookie to send back.
+async fn log_in(proxy: &ProxyProcess) -> String {
+    let form = format!("token={ADMIN_TOKEN}&next=%2Fui%2Fsessions");
+    let answer =
+        send(request("POST", &proxy.url("/ui/login"), &[("content-type", "application/x-www-form-urlencoded")], form))
+            .await;
+    assert_eq!(answer.status, 303, "{}", answer.text());
+    assert_eq!(answer.header("location"), Some("/ui/sessions"));
+    let cookie = answer.header("set-cookie").unwrap().to_string();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    assert!(!cookie.contains(ADMIN_TOKEN), "the cookie never carries the token: {cookie}");
+    cookie.split(';').next().unwrap().to_string()
+}
+
+/// The hidden CSRF field's value on a page.
+fn csrf_of(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("a form with a CSRF token") + "name=\"csrf\" value=\"".len();
+    html[at..].split('"').next().unwrap().to_string()
+}
+
+/// The link to the first conversation on a session page.
+fn first_conversation(html: &str) -> String {
+    let at =
+        html.find("class=\"conversation\" href=\"").expect("a conversation") + "class=\"conversation\" href=\"".len();
+    html[at..].split('"').next().unwrap().to_string()
+}
+
+/// Timeline rows on a conversation page.
+fn rows(html: &str) -> usize {
+    html.matches("<tr class=\"request").count()
+}
+
+#[tokio::test]
+async fn an_agent_session_is_recorded_and_shown_with_its_changes_compaction_and_plots() {
+    for store in ["memory", "redis"] {
+        let redis = if store == "redis" {
+            match RedisServer::start() {
+                Some(redis) => Some(redis),
+                None => continue,
+            }
+        } else {
+            None
+        };
+        let (fake, summaries) = window_upstream(WindowSpec::window(4_000)).await;
+        let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
+        let proxy = start(&fake, &format!("{}{extra}", config(50)), true);
+        let key = agent_session(&proxy, "agent-session-7").await;
+        assert!(summaries.count() >= 1, "{store}: the session was compacted");
+
+        // Found by the agent's own session id, and in the list of recent sessions.
+        let found = as_admin(&proxy, "/ui/sessions?id=agent-session-7").await;
+        assert_eq!(found.status, 200);
+        assert!(found.text().contains(&format!("/ui/sessions/{key}")), "{store}: {}", found.text());
+        let listed = as_admin(&proxy, "/ui/sessions?compacted=1&pruned=1&overflow=1").await.text();
+        assert!(listed.contains(&key), "{store}: the filters keep it: {listed}");
+        assert!(!as_admin(&proxy, "/ui/sessions?tenant=0000").await.text().contains(&key));
+
+        let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+        let conversation = first_conversation(&session);
+        let html = as_admin(&proxy, &conversation).await.text();
+        assert_eq!(rows(&html), 5, "{store}: every request of the conversation");
+        assert!(html.contains("pruned"), "{store}: pruned outputs are shown");
+        assert!(html.contains("because: no_cache"), "{store}: with the reason");
+        assert!(html.contains("summarized (generation 1)"), "{store}");
+        assert!(html.contains("ZEPHYR-LANTERN-42"), "{store}: the summary text is shown");
+        assert!(html.contains("overflow"), "{store}: the overflow and its rungs");
+        for plot in ["plot-tokens", "plot-cost", "plot-cache"] {
+            assert!(html.contains(&format!("id=\"{plot}\"")), "{store}: {plot}");
+        }
+        let points = html.split("id=\"plot-tokens\"").nth(1).unwrap().split("points=\"").nth(1).unwrap();
+        assert_eq!(points.split('"').next().unwrap().split(' ').count(), 5, "{store}: a point per request");
+        assert!(!html.contains("sk-client-credential-9z") && !html.contains(ADMIN_TOKEN), "no credential shows");
+
+        // A request's own page.
+        let at = html.find("/r/").unwrap();
+        let link = &html[html[..at].rfind('"').unwrap() + 1..at + html[at..].find('"').unwrap()];
+        let request = as_admin(&proxy, link).await;
+        assert_eq!(request.status, 200);
+        assert!(request.text().contains("tokens sent → forwarded"));
+
+        // The live update: nothing after the newest, every row after none.
+        let newest = html.split("data-seen=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+        let rows_path = format!("{conversation}/rows");
+        assert_eq!(as_admin(&proxy, &format!("{rows_path}?seen={newest}")).await.text(), "");
+        assert_eq!(rows(&as_admin(&proxy, &format!("{rows_path}?seen=")).await.text()), 5);
+        let mut next = crate::common::window::conversation(Api::Chat, 30, false);
+        let messages = next["messages"].as_array_mut().unwrap();
+        messages.push(json!({"role": "assistant", "content": "Done."}));
+        messages.push(json!({"role": "user", "content": "And the tests."}));
+        assert_eq!(chat(&proxy, "agent-session-7", &next).await.status, 200);
+        let fresh = async || rows(&as_admin(&proxy, &format!("{rows_path}?seen={newest}")).await.text()) == 1;
+        assert!(eventually(fresh).await, "{store}: the new request shows up live");
+    }
+}
+
+#[tokio::test]
+async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
+    for store in ["memory", "redis"] {
+        let redis = if store == "redis" {
+            match RedisServer::start() {
+                Some(redis) => Some(redis),
+                None => continue,
+            }
+        } else {
+            None
+        };
+        let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+        let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
+        let proxy = start(&fake, &format!("{}{extra}", config(3)), false);
+        let mut key = String::new();
+        for turns in 1..=5 {
+            let answer = chat(&proxy, "bounded", &conversation(Api::Chat, turns, false)).await;
+            key = answer.header("x-compactor-session").unwrap().to_string();
+        }
+        let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+        let conversation = first_conversation(&session);
+        let html = async || as_admin(&proxy, &conversation).await.text();
+        // The last request's summary is written once its response is done: wait for it.
+        let settled = async || {
+            let page = html().await;
+            rows(&page) == 3 && page.contains(">5</a>")
+        };
+        assert!(eventually(settled).await, "{store}: {}", html().await);
+        let page = html().await;
+        assert!(
+            page.contains(">5</a>") && page.contains(">3</a>") && !page.contains(">2</a>"),
+            "{store}: the newest three"
+        );
+        if let Some(redis) = &redis {
+            let mut connection = redis.connection();
+            let keys: Vec<String> = redis.keys().into_iter().filter(|k| k.ends_with(":requests")).collect();
+            assert_eq!(keys.len(), 1, "{keys:?}");
+            let ttl: i64 = redis::cmd("TTL").arg(&keys[0]).query(&mut connection).unwrap();
+            assert!(ttl > 0, "the log carries the sessions' TTL");
+            let kept: Vec<String> = redis::cmd("LRANGE").arg(&keys[0]).arg(0).arg(-1).query(&mut connection).unwrap();
+            assert!(kept.iter().all(|record| record.len() < 600), "a few hundred bytes each: {kept:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn recording_off_keeps_nothing_and_the_pages_say_so() {
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let proxy = start(&fake, &config(0), false);
+    let key = chat(&proxy, "unrecorded", &conversation(Api::Chat, 2, false))
+        .await
+        .header("x-compactor-session")
+        .unwrap()
+        .to_string();
+    let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+    let html = as_admin(&proxy, &first_conversation(&session)).await.text();
+    assert_eq!(rows(&html), 0);
+    assert!(html.contains("No requests recorded"));
+}
+
+#[tokio::test]
+async fn the_pages_want_the_admin_token_and_are_off_without_one() {
+    let (fake, proxy) = ProxyProcess::with_fake("").await;
+    assert_eq!(page(&proxy, "/ui/sessions", &[]).await.status, 404, "no admin token: no pages");
+    drop((fake, proxy));
+
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let proxy = start(&fake, &config(10), false);
+    let key = chat(&proxy, "guarded", &conversation(Api::Chat, 2, false))
+        .await
+        .header("x-compactor-session")
+        .unwrap()
+        .to_string();
+    for path in ["/ui/sessions", &format!("/ui/sessions/{key}")] {
+        let anonymous = page(&proxy, path, &[]).await;
+        assert_eq!(anonymous.status, 401, "{path}");
+        assert!(anonymous.text().contains("name=\"token\""), "the login form: {}", anonymous.text());
+        assert!(!anonymous.text().contains(&key) || path != "/ui/sessions", "nothing of the sessions shows");
+        let wrong = page(&proxy, path, &[("authorization", "Bearer not-the-token")]).await;
+        assert_eq!(wrong.status, 401);
+        let forged =
+            page(&proxy, path, &[("cookie", "compactor_inspector=9999999999.00000000000000000000000000000000")]).await;
+        assert_eq!(forged.status, 401);
+    }
+    assert_eq!(as_admin(&proxy, "/ui/sessions").await.status, 200);
+
+    let refused = send(request(
+        "POST",
+        &proxy.url("/ui/login"),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        "token=guess&next=%2Fui%2Fsessions",
+    ))
+    .await;
+    assert_eq!(refused.status, 401);
+    assert!(refused.header("set-cookie").is_none());
+    let cookie = log_in(&proxy).await;
+    let listed = page(&proxy, "/ui/sessions", &[("cookie", &cookie)]).await;
+    assert_eq!(listed.status, 200);
+    assert!(listed.text().contains(&key));
+    assert_eq!(listed.header("cache-control"), Some("no-store"));
+    assert!(listed.header("content-security-policy").unwrap().contains("script-src 'self'"));
+
+    // After logging in, only the inspector's own addresses are followed.
+    let elsewhere = send(request(
+        "POST",
+        &proxy.url("/ui/login"),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        format!("token={ADMIN_TOKEN}&next=https%3A%2F%2Fevil.example%2F"),
+    ))
+    .await;
+    assert_eq!(elsewhere.header("location"), Some("/ui/sessions"));
+}
+
+#[tokio::test]
+async fn a_change_needs_the_pages_csrf_token() {
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let proxy = start(&fake, &config(10), false);
+    let key = chat(&proxy, "to-forget", &conversation(Api::Chat, 2, false))
+        .await
+        .header("x-compactor-session")
+        .unwrap()
+        .to_string();
+    let cookie = log_in(&proxy).await;
+    let session = page(&proxy, &format!("/ui/sessions/{key}"), &[("cookie", &cookie)]).await.text();
+    let csrf = csrf_of(&session);
+    let forget = async |form: &str, headers: &[(&str, &str)]| {
+        let mut all = vec![("content-type", "application/x-www-form-urlencoded")];
+        all.extend_from_slice(headers);
+        send(request("POST", &proxy.url(&format!("/ui/sessions/{key}/forget")), &all, form.to_string())).await
+    };
+    let admin_view = async || proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await.status;
+    assert_eq!(forget("", &[("cookie", &cookie)]).await.status, 403, "no token");
+    assert_eq!(
+        forget("csrf=0123456789abcdef0123456789abcdef", &[("cookie", &cookie)]).await.status,
+        403,
+        "a wrong one"
+    );
+    assert_eq!(forget(&format!("csrf={csrf}"), &[]).await.status, 403, "the token without the login");
+    assert_eq!(admin_view().await, 200, "still there");
+    // A GET changes nothing.
+    assert_eq!(page(&proxy, &format!("/ui/sessions/{key}/forget"), &[("cookie", &cookie)]).await.status, 404);
+
+    let compact = send(request(
+        "POST",
+        &proxy.url(&format!("/ui/sessions/{key}/compact")),
+        &[("content-type", "application/x-www-form-urlencoded"), ("cookie", &cookie)],
+        format!("csrf={csrf}"),
+    ))
+    .await;
+    assert_eq!(compact.status, 303);
+    let state = proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await.json();
+    assert_eq!(state["state"]["counters"]["compact_requested"], 1);
+
+    let done = forget(&format!("csrf={csrf}"), &[("cookie", &cookie)]).await;
+    assert_eq!(done.status, 303);
+    assert_eq!(admin_view().await, 404, "forgotten");
+}
+
+#[tokio::test]
+async fn what_a_client_sent_is_escaped_on_every_page() {
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let proxy = start(&fake, &config(10), true);
+    let markup = "<script>alert('x')</script>";
+    let mut body = conversation(Api::Chat, 8, false);
+    body["model"] = json!(format!("test-model\"><img src=x onerror=alert(1)>{markup}"));
+    // Tool call ids a client chose, pruned and named on the request's page.
+    let text = body.to_string().replace("\"call_", "\"call_<b>x</b>");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let answer = chat(&proxy, &format!("id {markup}"), &body).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let key = answer.header("x-compactor-session").unwrap().to_string();
+    let lookup =
+        as_admin(&proxy, &format!("/ui/sessions?id=id%20{}", "%3Cscript%3Ealert('x')%3C%2Fscript%3E")).await.text();
+    let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+    let conversation = first_conversation(&session);
+    let html = as_admin(&proxy, &conversation).await.text();
+    let at = html.find("/r/").unwrap();
+    let link = html[html[..at].rfind('"').unwrap() + 1..at + html[at..].find('"').unwrap()].to_string();
+    let request = as_admin(&proxy, &link).await.text();
+    assert!(request.contains("call_&lt;b&gt;x&lt;/b&gt;"), "the pruned ids are shown, escaped: {request}");
+    for shown in [&lookup, &html, &request] {
+        assert!(
+            !shown.contains("<script>alert") && !shown.contains("<img src=x") && !shown.contains("<b>x</b>"),
+            "{shown}"
+        );
+    }
+    assert!(html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"), "{html}");
+    assert!(lookup.contains("value=\"id &lt;script&gt;"), "the search box echoes it escaped: {lookup}");
+}
