@@ -29,9 +29,9 @@ pub fn set_purge_delay(millis: u64) {
 }
 
 /// mimalloc's purge delay now (milliseconds).
-pub fn purge_delay() -> i64 {
+pub fn purge_delay() -> std::os::raw::c_long {
     // SAFETY: mi_option_get reads an integer from mimalloc's option table.
-    i64::from(unsafe { sys::mi_option_get(PURGE_DELAY) })
+    unsafe { sys::mi_option_get(PURGE_DELAY) }
 }
 
 #[cfg(test)]
@@ -44,14 +44,14 @@ mod tests {
             assert_eq!(super::purge_delay().to_string(), expected.to_string_lossy());
             return;
         }
-        let this = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        let this = std::env::current_exe().expect("the test binary's path");
         for delay in ["37", "0"] {
             let status = std::process::Command::new(&this)
                 .args(["--exact", "allocator::tests::the_purge_delay_option_is_the_one_the_environment_sets"])
                 .env("MIMALLOC_PURGE_DELAY", delay)
                 .env("COMPACTOR_TEST_PURGE_DELAY", delay)
                 .status()
-                .unwrap_or_else(|e| panic!("{e}"));
+                .expect("the test binary runs again");
             assert!(status.success(), "with MIMALLOC_PURGE_DELAY={delay}");
         }
     }

@@ -102,11 +102,7 @@ impl Config {
                 prefix_cache_bytes: r.get("limits.prefix_cache_bytes", d.limits.prefix_cache_bytes),
                 prefix_min_bytes: r.get("limits.prefix_min_bytes", d.limits.prefix_min_bytes),
                 max_inflight_body_bytes: r.get("limits.max_inflight_body_bytes", d.limits.max_inflight_body_bytes),
-                allocator_purge_delay: r.parse(
-                    "limits.allocator_purge_delay_ms",
-                    d.limits.allocator_purge_delay,
-                    ms,
-                ),
+                allocator_purge_delay: r.parse("limits.allocator_purge_delay_ms", d.limits.allocator_purge_delay, ms),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),

@@ -462,5 +462,11 @@ async fn memory_goes_back_to_the_system_after_a_large_request() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!("RSS before {:.0} MiB, peak {:.0} MiB, after {:.0} MiB", mib(before), mib(peak), mib(after));
-    assert!(after < bound, "RSS stayed at {:.0} MiB (before {:.0} MiB, peak {:.0} MiB)", mib(after), mib(before), mib(peak));
+    assert!(
+        after < bound,
+        "RSS stayed at {:.0} MiB (before {:.0} MiB, peak {:.0} MiB)",
+        mib(after),
+        mib(before),
+        mib(peak)
+    );
 }
