@@ -197,12 +197,14 @@ impl Compaction<'_> {
             budget: budget::transcript_budget(window, max_tokens, self.summarizer.prompt_tokens(&count)),
             count: &count,
         };
-        // Prepared in the background for a provider that caches prefixes, by the request's own
-        // model, in Chat: the conversation as it was last sent, the instruction appended, so the
+        // Prepared in the background for a local server (the `local` cache preset: prefill time
+        // is the price), by the request's own model, in Chat: the conversation as it was last sent, the instruction appended, so the
         // provider reads it from its cache. A call that fails goes the usual way.
         let appended = match &ladder.sent_body {
             Some(sent)
-                if own_model && ladder.cache.caches() && parsed.dialect == crate::dialect::Dialect::ChatCompletions =>
+                if own_model
+                    && ladder.cache.preset == Some("local")
+                    && parsed.dialect == crate::dialect::Dialect::ChatCompletions =>
             {
                 self.summarizer.summarize_appended(head, sent, &summary_model, max_tokens).await
             }

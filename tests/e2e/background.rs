@@ -13,8 +13,10 @@ use crate::common::*;
 /// How long the fake takes to write a summary.
 const SUMMARY_DELAY: Duration = Duration::from_secs(3);
 
-/// A window of 8,000 tokens, nothing pruned or cut: only summaries make room.
-const CONFIG: &str = "[models.test-model]\ncontext_window = 8000\nmax_output_tokens = 500\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 1500\nuser_message_max_tokens = 300\n";
+/// A window of 8,000 tokens, nothing pruned or cut: only summaries make room. The upstream is
+/// priced as a local server (the lines continue compactor's `[upstream]` table), so the summary
+/// call is the conversation as sent plus the instruction.
+const CONFIG: &str = "openai_cache = \"local\"\n[models.test-model]\ncontext_window = 8000\nmax_output_tokens = 500\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nbackground = true\nkeep_recent_tokens = 1500\nuser_message_max_tokens = 300\n";
 
 /// What the fake received, in order: `summary` for a summary call, else `turn N` (the number of
 /// tool outputs in the request) and whether the request carried a summary.
@@ -99,6 +101,11 @@ async fn the_request_that_passes_the_threshold_applies_a_summary_prepared_while_
         let (latency, answer) = turn(&proxy, turns).await;
         assert!(answer.header("x-compactor-compacted").is_none(), "turn {turns}: nothing compacted yet");
         latencies.push(latency);
+        // The job starts as the turn is answered: its call reaches the fake a moment later.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while log.summary_calls().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     // One more turn right away, while the summary is being written.
     turns += 1;
@@ -155,7 +162,7 @@ async fn the_request_that_passes_the_threshold_applies_a_summary_prepared_while_
 #[tokio::test(flavor = "multi_thread")]
 async fn without_background_summaries_the_request_that_passes_the_threshold_waits_for_its_summary() {
     let (fake, log) = fake_with_slow_summaries().await;
-    let proxy = ProxyProcess::start(&fake, &format!("{CONFIG}background = false\n"));
+    let proxy = ProxyProcess::start(&fake, &CONFIG.replace("background = true", "background = false"));
     for turns in 1..=16 {
         let (latency, answer) = turn(&proxy, turns).await;
         if answer.header("x-compactor-compacted").is_some() {
