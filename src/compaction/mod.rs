@@ -673,7 +673,7 @@ impl Compactor {
     /// `None` (and nothing changed) when there is none or the rebuild fails.
     async fn apply_ready(&self, ladder: &mut Ladder, ctx: &SessionCtx) -> Option<(Bytes, RewriteReport)> {
         let ready = ladder.ready.take()?;
-        let before = std::mem::replace(&mut ladder.record, Some(ready));
+        let before = ladder.record.replace(ready);
         // Everything after the summary is new to the provider: prune as under pressure.
         match self.derive(ladder, ctx, &self.rewriter.settings, true).await {
             Some(derived) => {
