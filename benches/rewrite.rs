@@ -155,6 +155,7 @@ fn bench(c: &mut Criterion) {
             trigger: "overflow".into(),
             model: "bench".into(),
             at_unix_ms: 0,
+            due_tokens: 0,
         };
         let records = vec![record];
         let prefix = Config::default().compaction.summary_prefix;

@@ -178,7 +178,8 @@ fn reported_and_added(
 ) -> Option<(u64, u64)> {
     let usage = conversation.usage?;
     let since = usage.message_count as usize;
-    if usage.prompt_tokens == 0 || since == 0 || since > message_count {
+    // A usage measured on a body with another summary says nothing of this one.
+    if usage.prompt_tokens == 0 || since == 0 || since > message_count || usage.generation != report.compaction {
         return None;
     }
     let added = message_count - since;

@@ -75,7 +75,10 @@ impl Compaction<'_> {
     /// Summarizes the older history in a separate tool-less call and publishes the record. One
     /// compaction per conversation at a time: a request that finds its conversation's lock taken
     /// waits for the holder's record and reuses it; other conversations of the session have
-    /// their own locks and never wait for this one.
+    /// their own locks and never wait for this one. `due_tokens` > 0: a summary prepared in the
+    /// background, whose record applies from that size of the client's history; it never waits
+    /// for the lock (a compaction under way makes it give up, [`CompactError::Busy`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run(
         &self,
         head: &RequestHead,
@@ -84,11 +87,13 @@ impl Compaction<'_> {
         harder: bool,
         trigger: &'static str,
         sizing: Sizing,
+        due_tokens: u64,
     ) -> Result<Compacted, CompactError> {
         let cut = self.cut(ladder, harder, &sizing).await?;
         let hold = self.settings.lock_lease;
         let lock = match CompactionLock::claim(ctx, hold).await {
             Some(lock) => lock,
+            None if due_tokens > 0 => return Err(CompactError::Busy),
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
                 Waited::Record(record) => {
                     return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
@@ -113,9 +118,19 @@ impl Compaction<'_> {
         let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
         let summarizing = self.summarize(head, ladder, ctx, &cut, trigger, generation);
         let mut result = lock.renewing(ctx, self.settings.lock_lease, summarizing).await;
+        if let Ok(Compacted { record, .. }) = &mut result {
+            record.due_tokens = due_tokens;
+        }
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
             Ok(Compacted { record, summary_time, summary_calls }) => {
+                let applied = ladder.compacted().unwrap_or(0);
+                if due_tokens == 0
+                    && ctx.conversation().compactions.iter().any(|r| r.due_tokens > 0 && r.generation > applied)
+                {
+                    // A summary prepared in the background that no request applied: replaced.
+                    metric::background_summary("unneeded");
+                }
                 if ctx.publish_compaction(record).await
                     && let Some(winner) = lock::fenced(ctx, record, &cut.parsed).await
                 {
@@ -182,7 +197,23 @@ impl Compaction<'_> {
             budget: budget::transcript_budget(window, max_tokens, self.summarizer.prompt_tokens(&count)),
             count: &count,
         };
-        let summary = self.summarizer.summarize(head, input).await.map_err(CompactError::SummaryFailed)?;
+        // Prepared in the background for a local server (the `local` cache preset: prefill time
+        // is the price), by the request's own model, in Chat: the conversation as it was last sent, the instruction appended, so the
+        // provider reads it from its cache. A call that fails goes the usual way.
+        let appended = match &ladder.sent_body {
+            Some(sent)
+                if own_model
+                    && ladder.cache.preset == Some("local")
+                    && parsed.dialect == crate::dialect::Dialect::ChatCompletions =>
+            {
+                self.summarizer.summarize_appended(head, sent, &summary_model, max_tokens).await
+            }
+            _ => None,
+        };
+        let summary = match appended {
+            Some(Ok(summary)) => summary,
+            _ => self.summarizer.summarize(head, input).await.map_err(CompactError::SummaryFailed)?,
+        };
         let summary_time = summary.elapsed;
         let (calls, overflows) = (summary.calls, summary.overflows);
         let summary = summary.text;
@@ -199,6 +230,7 @@ impl Compaction<'_> {
             trigger: trigger.to_string(),
             model: summary_model,
             at_unix_ms: crate::session::unix_ms(),
+            due_tokens: 0,
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
             && let Some(mut after) = ladder.parse(&rebuilt)

@@ -45,6 +45,12 @@ pub struct Ladder {
     pub(super) message_count: usize,
     /// The compaction applied to the body being sent.
     pub(super) record: Option<CompactionRecord>,
+    /// A record prepared in the background that this request did not need yet: the first thing
+    /// a compaction of this request applies, with no summary call.
+    pub(super) ready: Option<CompactionRecord>,
+    /// The body this request sent, for a summary prepared in the background on a provider that
+    /// caches prefixes: the summary call is that body with the instruction appended.
+    pub(super) sent_body: Option<Bytes>,
     /// Lead system messages of the client's conversation.
     pub(super) lead: usize,
     /// The rewrite of the body being sent.
@@ -109,6 +115,8 @@ impl Ladder {
             client_body,
             message_count,
             record,
+            ready: None,
+            sent_body: None,
             lead: 0,
             sent: None,
             cache: CachePricing::NONE,

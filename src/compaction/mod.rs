@@ -47,15 +47,16 @@ pub use summarizer::{Summarizer, SummaryError};
 
 /// What compaction needs, built once at start and shared by every request.
 pub struct Compactor {
-    settings: CompactionSettings,
+    /// Shared with the summaries prepared in the background.
+    settings: Arc<CompactionSettings>,
     /// `settings.agent_markers`, compiled once.
     agent_markers: agent::AgentMarkers,
-    rewriter: Rewriter,
+    rewriter: Arc<Rewriter>,
     identifier: Identifier,
     /// Each conversation's last parse, so the next turn parses only what it added.
     prefixes: PrefixCache,
     store: Store,
-    summarizer: Summarizer,
+    summarizer: Arc<Summarizer>,
 }
 
 /// A request as compactor sends it.
@@ -123,18 +124,18 @@ fn asks_for_compaction_item(parsed: &ParsedRequest) -> bool {
 impl Compactor {
     pub fn new(config: &Config, store: Store, upstreams: Arc<Upstreams>) -> Self {
         Self {
-            settings: config.compaction.clone(),
+            settings: Arc::new(config.compaction.clone()),
             agent_markers: agent::AgentMarkers::new(&config.compaction.agent_markers),
-            rewriter: Rewriter::new(
+            rewriter: Arc::new(Rewriter::new(
                 config.rewrite_settings(),
                 TokenCounter::new(config.tokens.cache_bytes),
                 config.model_table(),
-            ),
+            )),
             identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
             prefixes: PrefixCache::new(config.limits.prefix_cache_bytes)
                 .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,
-            summarizer: Summarizer::new(&config.compaction, upstreams),
+            summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
         }
     }
 
@@ -202,13 +203,22 @@ impl Compactor {
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
-        let derived = self.first_derivation(&ladder, &ctx, parsed).instrument(rewrite.clone()).await;
+        let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
+        let derived = self.first_derivation(&mut ladder, &ctx, parsed).instrument(rewrite.clone()).await;
         let Some((mut sent, mut report)) = derived else {
             if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
                 return over_budget(route, stopped, body.clone());
             }
             return Prepared::untouched(body.clone());
         };
+        if ladder.ready.is_none()
+            && ladder.record.as_ref().is_some_and(|ready| ready.due_tokens > 0 && ready.generation != last_generation)
+        {
+            // The first request a summary prepared in the background applies to: it was ready,
+            // nobody waited for it.
+            metric::background_summary("used");
+            report.prefix_break = Some(Reason::Summary);
+        }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
         if self.settings.auto
             && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
@@ -235,16 +245,23 @@ impl Compactor {
                         budget = pressure.budget(),
                         "compaction ahead of time skipped: it would not leave room for the next turns under the budget"
                     );
+                } else if !requested
+                    && let Some(applied) = self.apply_ready(&mut ladder, &ctx).instrument(rewrite.clone()).await
+                {
+                    (sent, report) = applied;
                 } else if let Some(compacted) =
                     self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).instrument(rewrite.clone()).await
                 {
                     (sent, report) = compacted;
                 }
+            } else if self.settings.background && ladder.ready.is_none() {
+                self.prepare_in_background(head, &ladder, &ctx, &report, &sent);
             }
         }
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
         ctx.count_turn(ladder.cache.lifetime);
         ctx.note_forwarded(u64::from(report.tokens_after));
+        ctx.note_generation(ladder.compacted().unwrap_or(0));
         metric::rewrite_done(route, &report, sent != body);
         if let Some(reason) = report.prefix_break {
             metric::prefix_break(reason.label());
@@ -289,8 +306,8 @@ impl Compactor {
         }
         // What the session learned of its model decides the window pressure, as for the next request.
         ctx.use_model(model_key(head, &parsed)).await;
-        let ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
-        let Some((sent, _)) = self.first_derivation(&ladder, &ctx, parsed).await else {
+        let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
+        let Some((sent, _)) = self.first_derivation(&mut ladder, &ctx, parsed).await else {
             return Prepared::untouched(body.clone());
         };
         // `ctx` is dropped here, never committed.
@@ -343,16 +360,40 @@ impl Compactor {
     /// The body the client's request goes as before any compaction: the rewrite with the
     /// session's history (the client's parse handed on rather than repeated), and when the window
     /// needs the room, the batch that rewrite held back goes too, whatever the cache.
-    async fn first_derivation<'c>(
+    /// A request's first derivation, then the window's press when it needs the room. A record
+    /// prepared in the background (`due_tokens`) waits for the request that needs it: until then
+    /// the record before it applies and `ladder.ready` holds it for the commit.
+    async fn first_derivation(
         &self,
-        ladder: &'c Ladder,
+        ladder: &mut Ladder,
         ctx: &SessionCtx,
-        parsed: ParsedRequest<'c>,
+        parsed: ParsedRequest<'_>,
     ) -> Option<(Bytes, RewriteReport)> {
-        let derived = self.derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
+        let records = &ctx.conversation().compactions;
+        let before_ready = ladder.record.as_ref().filter(|r| r.due_tokens > 0).and_then(|ready| {
+            let at = records.iter().rposition(|r| r.generation == ready.generation)?;
+            plan::matching_record(&parsed, &records[..at]).cloned()
+        });
+        let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
+        let mut derived = self.derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
+        if let Some(ready) = ladder.record.clone().filter(|r| r.due_tokens > 0)
+            && u64::from(derived.1.tokens_before) < ready.due_tokens
+            && ready.generation != last_generation
+        {
+            // Not needed yet: the conversation goes on as before, the record waits.
+            let waiting = std::mem::replace(&mut ladder.record, before_ready);
+            match self.derive(ladder, ctx, &self.rewriter.settings, false).await {
+                Some(held) => {
+                    derived = held;
+                    ladder.ready = waiting;
+                }
+                None => ladder.record = waiting,
+            }
+        }
         if self.presses(ctx, ladder, &derived.1)
             && let Some(pressed) = self.derive(ladder, ctx, &self.rewriter.settings, true).await
         {
+            // The window needs the room: the held-back batch goes now, whatever the cache.
             return Some(pressed);
         }
         Some(derived)
@@ -436,6 +477,7 @@ impl Compactor {
         if let Some(report) = &report {
             ctx.remember_pruned(&report.pruned_call_ids);
             ctx.note_forwarded(u64::from(report.tokens_after));
+            ctx.note_generation(ladder.compacted().unwrap_or(0));
             let pressure = self.pressure(ctx, report);
             ladder.trace.tokens_after =
                 Some(u32::try_from(pressure.calibrated(u64::from(report.tokens_after))).unwrap_or(u32::MAX));
@@ -528,6 +570,17 @@ impl Compactor {
                     Some((body, _)) if body != *sent => ladder.note(name, "too_big"),
                     _ => ladder.note(name, "nothing"),
                 },
+                Rung::Summarize if ladder.ready.is_some() => {
+                    // A summary prepared in the background: no summary call to wait for.
+                    if let Some((body, report)) = self.apply_ready(ladder, ctx).await
+                        && self.fits(ctx, &report)
+                    {
+                        ladder.note(name, "retry");
+                        metric::prefix_break(Reason::Summary.label());
+                        return Some((body, report));
+                    }
+                    ladder.note(name, "too_big");
+                }
                 Rung::Summarize | Rung::SummarizeHarder => {
                     let harder = rung == Rung::SummarizeHarder;
                     let Some(sizing) = ladder.sent.as_ref().map(|report| self.sizing(ladder, ctx, report)) else {
@@ -536,7 +589,7 @@ impl Compactor {
                     };
                     // Boxed: a compaction's future (its summary calls) is large and rarely runs; held inline
                     // it made every request's future that much larger to move.
-                    match Box::pin(self.compaction().run(head, ladder, ctx, harder, "overflow", sizing)).await {
+                    match Box::pin(self.compaction().run(head, ladder, ctx, harder, "overflow", sizing, 0)).await {
                         Ok(Compacted { record, summary_time, summary_calls }) => {
                             ladder.trace.summary += summary_time;
                             ladder.trace.summary_calls += summary_calls;
@@ -599,7 +652,7 @@ impl Compactor {
         let sizing = self.sizing(ladder, ctx, report);
         for harder in [false, true] {
             // Boxed: see the overflow rung above.
-            match Box::pin(self.compaction().run(head, ladder, ctx, harder, trigger, sizing)).await {
+            match Box::pin(self.compaction().run(head, ladder, ctx, harder, trigger, sizing, 0)).await {
                 Ok(Compacted { record, summary_time, summary_calls }) => {
                     ladder.trace.summary += summary_time;
                     ladder.trace.summary_calls += summary_calls;
@@ -631,6 +684,101 @@ impl Compactor {
             }
         }
         best
+    }
+
+    /// Applies the summary prepared in the background that this request held back (its
+    /// `ladder.ready`): the body rebuilt around it, as after a compaction, with no summary call.
+    /// `None` (and nothing changed) when there is none or the rebuild fails.
+    async fn apply_ready(&self, ladder: &mut Ladder, ctx: &SessionCtx) -> Option<(Bytes, RewriteReport)> {
+        let ready = ladder.ready.take()?;
+        let before = ladder.record.replace(ready);
+        // Everything after the summary is new to the provider: prune as under pressure.
+        match self.derive(ladder, ctx, &self.rewriter.settings, true).await {
+            Some(derived) => {
+                metric::background_summary("used");
+                metric::prefix_break(Reason::Summary.label());
+                Some(summarized(derived))
+            }
+            None => {
+                ladder.ready = std::mem::replace(&mut ladder.record, before);
+                None
+            }
+        }
+    }
+
+    /// Starts the conversation's next summary off the request path when its growth says it will
+    /// pass the threshold within `compaction.background_turns_ahead` turns: at the newest turn's
+    /// growth, the prompt crosses the size where a compaction ahead of time would happen (the
+    /// budget, or the limit when a compaction there would not leave room for two more turns).
+    /// The job takes the conversation's compaction lock (it never waits for it: a compaction
+    /// under way makes it give up) and stores its record with `due_tokens`, the size of the
+    /// client's history at which it applies, so the request that needs it applies it at once, on
+    /// any replica.
+    fn prepare_in_background(
+        &self,
+        head: &RequestHead,
+        ladder: &Ladder,
+        ctx: &SessionCtx,
+        report: &RewriteReport,
+        sent: &Bytes,
+    ) {
+        let pressure = self.pressure(ctx, report);
+        let conversation = ctx.conversation();
+        let growth = budget::turn_growth(conversation, ladder.message_count, report);
+        if growth == 0 {
+            return;
+        }
+        let prompt = budget::prompt_tokens(&pressure, conversation, ladder.message_count, report, true);
+        let target =
+            if self.frees_room(ladder, &pressure, report, conversation) { pressure.budget() } else { pressure.limit() };
+        let ahead = pressure.calibrated(growth.saturating_mul(u64::from(self.settings.background_turns_ahead)));
+        if prompt > target || prompt.saturating_add(ahead) <= target {
+            return;
+        }
+        let due_tokens = u64::from(report.tokens_before) + pressure.uncalibrated(target - prompt) + 1;
+        let sizing = self.sizing(ladder, ctx, report);
+        let mut job = Ladder::new(
+            ladder.dialect,
+            ladder.client_body.clone(),
+            ladder.message_count,
+            ladder.record.clone(),
+            &self.settings.ladder,
+        );
+        job.lead = ladder.lead;
+        job.cache = ladder.cache;
+        job.path_model = ladder.path_model.clone();
+        job.sent_body = Some(sent.clone());
+        let head = RequestHead {
+            route: head.route,
+            method: head.method.clone(),
+            uri: head.uri.clone(),
+            headers: head.headers.clone(),
+        };
+        let (settings, rewriter, summarizer) = (self.settings.clone(), self.rewriter.clone(), self.summarizer.clone());
+        let (store, key, conversation_id) = (self.store.clone(), ctx.key().clone(), ctx.conversation_id().clone());
+        let tenant = self.identifier.tenant(&head.headers);
+        metric::background_summary("started");
+        tracing::debug!(session = %key.as_str(), conversation = %conversation_id, prompt, target, due_tokens, "background summary started");
+        let work = async move {
+            let mut ctx = SessionCtx::load(store, key, conversation_id).await;
+            let compaction = Compaction { settings: &settings, rewriter: &rewriter, summarizer: &summarizer };
+            let outcome = match compaction.run(&head, &job, &mut ctx, false, "background", sizing, due_tokens).await {
+                Ok(_) => "ready",
+                Err(CompactError::Busy) => "busy",
+                Err(CompactError::NothingToSummarize) => "nothing",
+                Err(error) => {
+                    tracing::warn!(
+                        error = %Chain(&error),
+                        session = %ctx.key().as_str(),
+                        conversation = %ctx.conversation_id(),
+                        "background summary failed"
+                    );
+                    "failed"
+                }
+            };
+            metric::background_summary(outcome);
+        };
+        tokio::spawn(async move { crate::tokens::scoped(&tenant, work).await });
     }
 
     /// The prompt-cache prices of the upstream a request of `family` goes to.
@@ -709,6 +857,7 @@ impl Compactor {
         let mut rewritten = self.rewriter.rewrite_with(&mut parsed, &history, settings).await.ok()?;
         rewritten.report.tokens_before = tokens_before;
         rewritten.report.message_count = client.messages.len();
+        rewritten.report.compaction = record.generation;
         let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());
         Some((Bytes::from(body), rewritten.report))
     }

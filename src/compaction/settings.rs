@@ -41,6 +41,10 @@ pub struct CompactionSettings {
     #[serde(rename = "lock_lease_ms", serialize_with = "crate::config::millis")]
     pub lock_lease: Duration,
     pub max_failures: u32,
+    /// Summaries prepared in the background when a conversation will soon pass the threshold.
+    pub background: bool,
+    /// How many turns ahead, at the newest turn's growth, a crossing starts a background summary.
+    pub background_turns_ahead: u32,
     /// The rungs after lowering `max_tokens`, in the order they are tried.
     pub ladder: Vec<Rung>,
     /// Lower-cased, so a request is matched without lower-casing the list each time.
@@ -104,6 +108,8 @@ impl Default for CompactionSettings {
             lock_wait: Duration::from_millis(120_000),
             lock_lease: Duration::from_millis(30_000),
             max_failures: 3,
+            background: false,
+            background_turns_ahead: 2,
             ladder: DEFAULT_ORDER.to_vec(),
             agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
             overflow: OverflowDetector::default(),

@@ -235,6 +235,51 @@ impl Summarizer {
         Ok(Summary { text, calls, overflows, elapsed, piece_budget: budget })
     }
 
+    /// The summary of a Chat conversation as the provider last saw it: `sent` (the body as it
+    /// was forwarded) with the summary instruction appended as a last user message, so a provider
+    /// that caches prefixes (a local server's KV cache above all) reads the conversation from its
+    /// cache and prefills only the instruction. One call: the body fit the window when it was
+    /// sent. `None` when `sent` is not a Chat body compactor can extend.
+    pub async fn summarize_appended(
+        &self,
+        head: &RequestHead,
+        sent: &[u8],
+        model: &str,
+        max_tokens: u32,
+    ) -> Option<Result<Summary, SummaryError>> {
+        let started = Instant::now();
+        let mut body: serde_json::Value = serde_json::from_slice(sent).ok()?;
+        let object = body.as_object_mut()?;
+        let instruction = format!(
+            "Stop working on the task now: do not answer the messages above and do not call tools. {}",
+            self.instruction
+        );
+        object.get_mut("messages")?.as_array_mut()?.push(serde_json::json!({"role": "user", "content": instruction}));
+        for key in ["stream_options", "max_tokens", "max_completion_tokens", "n", "response_format", "logprobs"] {
+            object.remove(key);
+        }
+        object.insert("stream".into(), serde_json::Value::Bool(false));
+        object.insert(chat_output_field(model).into(), max_tokens.into());
+        if object.contains_key("tools") {
+            object.insert("tool_choice".into(), "none".into());
+        }
+        let body = serde_json::to_vec(&body).ok()?;
+        let span = trace::summary_span(head.route.family, model);
+        let answer = self.call(head, body).instrument(span.clone()).await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(error) => {
+                metric::summary_call(if matches!(error, SummaryError::Overflow) { "overflow" } else { "failed" });
+                return Some(Err(error));
+            }
+        };
+        metric::summary_call("ok");
+        let elapsed = started.elapsed();
+        metric::summary_latency(elapsed);
+        let Some(text) = extract(Dialect::ChatCompletions, &answer) else { return Some(Err(SummaryError::Unreadable)) };
+        Some(Ok(Summary { text, calls: 1, overflows: 0, elapsed, piece_budget: 0 }))
+    }
+
     /// One non-streaming call, with the client's own credentials and headers.
     async fn call(&self, head: &RequestHead, body: Vec<u8>) -> Result<Bytes, SummaryError> {
         let call = async {

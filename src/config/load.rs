@@ -308,6 +308,8 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         lock_wait: r.parse("compaction.lock_wait_ms", d.lock_wait, ms),
         lock_lease: r.parse("compaction.lock_lease_ms", d.lock_lease, positive_ms),
         max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
+        background: r.get("compaction.background", d.background),
+        background_turns_ahead: r.parse("compaction.background_turns_ahead", d.background_turns_ahead, positive_u32),
         ladder: r.parse("compaction.ladder", d.ladder, |names: Vec<String>| {
             let mut rungs = Vec::new();
             for name in &names {

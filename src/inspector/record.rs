@@ -243,6 +243,7 @@ mod tests {
             cache_write_tokens: 15_000,
             output_tokens: 900,
             message_count: 0,
+            generation: 2,
         };
         let record = RequestRecord::of(&log, Some(&rewrite), Some(&usage), 1_764_000_000_000);
         let json = serde_json::to_string(&record).unwrap();

@@ -66,6 +66,8 @@ pub struct RewriteReport {
     pub max_tokens: Option<u64>,
     /// Raw tokens of each message as forwarded, for the hybrid estimate.
     pub message_tokens: Vec<u32>,
+    /// The compaction generation applied to the body (0: none), set by compaction.
+    pub compaction: u32,
 }
 
 /// The outcome: a new body when something changed.

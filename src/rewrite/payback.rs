@@ -22,6 +22,10 @@ use serde::{Serialize, Serializer};
 
 use super::cache_cost::Turns;
 
+/// The `local` preset's cached-token price: seconds per token read from a local server's KV
+/// cache over seconds per token prefilled again (measured: docs/local-server.md).
+pub const LOCAL_READ: f64 = 0.02;
+
 /// A provider's prompt-cache prices relative to its base input price, and how long an entry
 /// lives without use.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,16 +68,28 @@ impl CachePricing {
     pub const GEMINI: Self =
         Self { read: 0.25, write: 1.0, lifetime: Duration::from_secs(300), preset: Some("gemini") };
 
-    /// `anthropic`, `openai`, `gemini`, `none`, or custom numbers: `read=0.1,write=1.25,lifetime_secs=300`.
+    /// A local inference server (llama.cpp, vLLM, SGLang, Ollama): the price is time. It keeps the
+    /// previous prompt's KV cache and re-runs prefill from the first changed token, so a token
+    /// after a change costs a prefilled token (`write = 1`, no surcharge: there is no bill) and a
+    /// cached one about what skipping it costs: `read` is the seconds per cached token over the
+    /// seconds per re-prefilled token measured on llama-cpp-python with SmolLM2-135M
+    /// (docs/local-server.md). Entries do not expire with time but are evicted by the next
+    /// prompt that does not share them, so the lifetime is a day: an idle conversation is not
+    /// "cold" just for waiting.
+    pub const LOCAL: Self =
+        Self { read: LOCAL_READ, write: 1.0, lifetime: Duration::from_secs(86_400), preset: Some("local") };
+
+    /// `anthropic`, `openai`, `gemini`, `local`, `none`, or custom numbers: `read=0.1,write=1.25,lifetime_secs=300`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "anthropic" => return Ok(Self::ANTHROPIC),
             "openai" => return Ok(Self::OPENAI),
             "gemini" => return Ok(Self::GEMINI),
+            "local" => return Ok(Self::LOCAL),
             "none" => return Ok(Self::NONE),
             _ => {}
         }
-        let expected = "expected anthropic, openai, gemini, none or read=R,write=W,lifetime_secs=S (e.g. read=0.1,write=1.25,lifetime_secs=300)";
+        let expected = "expected anthropic, openai, gemini, local, none or read=R,write=W,lifetime_secs=S (e.g. read=0.1,write=1.25,lifetime_secs=300)";
         let (mut read, mut write, mut lifetime) = (None, None, None);
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('=') else { return Err(format!("{part:?}: {expected}")) };
@@ -218,6 +234,8 @@ mod tests {
         assert_eq!(CachePricing::GEMINI.to_string(), "gemini");
         assert_eq!(custom.to_string(), "read=0.5,write=1,lifetime_secs=600");
         assert_eq!(CachePricing::parse("gemini"), Ok(CachePricing::GEMINI));
+        assert_eq!(CachePricing::parse("Local"), Ok(CachePricing::LOCAL));
+        assert_eq!(CachePricing::LOCAL.to_string(), "local");
         for bad in ["vertex", "read=0.1,write=1.25", "read=x,write=1,lifetime_secs=1", "read=2,write=1,lifetime_secs=1"]
         {
             assert!(CachePricing::parse(bad).is_err(), "{bad}");
@@ -257,7 +275,7 @@ mod tests {
                 .collect()
         };
         let pending = Pending { before: system, freed: old - placeholder, after: tail + placeholder, new };
-        for pricing in [CachePricing::ANTHROPIC, CachePricing::OPENAI] {
+        for pricing in [CachePricing::ANTHROPIC, CachePricing::OPENAI, CachePricing::LOCAL] {
             let break_even = (0..1_000)
                 .find(|&later| {
                     let kept = bill(&pricing, 3, &run(("old", old), later));
@@ -274,6 +292,29 @@ mod tests {
             );
         }
         assert!(pays_back(&CachePricing::NONE, 0, &Pending { before: 0, freed: 1, after: 1_000_000, new: 0 }));
+    }
+
+    #[test]
+    fn a_local_server_keeps_old_outputs_where_a_billed_cache_would_prune_them() {
+        // The worked example: 20k of old output in front of 45k seen tokens, 1k new per turn.
+        let pending = Pending { before: 5_000, freed: 20_000, after: 45_010, new: 1_000 };
+        assert!(pays_back(&CachePricing::OPENAI, 6, &pending), "at OpenAI's prices 6 later turns pay it back");
+        // Locally a cached token costs 2 % of a prefilled one: dropping 20k cached tokens saves
+        // little per turn, and re-prefilling 45k costs 45k tokens' worth of prefill time now.
+        assert!(!pays_back(&CachePricing::LOCAL, 6, &pending));
+        assert!(!pays_back(&CachePricing::LOCAL, 100, &pending));
+        assert!(pays_back(&CachePricing::LOCAL, 120, &pending), "it pays back only on very long runs");
+        // An idle local conversation is not cold: its KV cache waits for it.
+        let none = BTreeSet::new();
+        let history = History {
+            pruned_before: &none,
+            seen_messages: 10,
+            pricing: CachePricing::LOCAL,
+            later_turns: 6,
+            idle: Some(Duration::from_secs(3_600)),
+            pressure: false,
+        };
+        assert_eq!(decide(&history, &pending), None);
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct SessionCtx {
     /// compactor's estimate (vendor factor applied, not calibrated) of the body that went out
     /// last, set against the usage the provider reports for it.
     forwarded_estimate: u64,
+    /// The compaction generation applied to the body sent last, stored with its usage.
+    forwarded_generation: u32,
     /// Another schema version wrote the session (or the model's profile): this request works
     /// without its state and writes nothing there, so that version's replicas keep it.
     foreign_session: bool,
@@ -92,6 +94,7 @@ impl SessionCtx {
             message_count: 0,
             model: None,
             forwarded_estimate: 0,
+            forwarded_generation: 0,
             foreign_session: false,
             foreign_model: false,
             runs: RunLengths::default(),
@@ -281,6 +284,11 @@ impl SessionCtx {
         self.forwarded_estimate = estimate;
     }
 
+    /// The compaction generation applied to the body sent (0: none): its usage is stored with it.
+    pub fn note_generation(&mut self, generation: u32) {
+        self.forwarded_generation = generation;
+    }
+
     /// The estimate of the body sent last ([`SessionCtx::note_forwarded`]).
     pub fn forwarded_estimate(&self) -> u64 {
         self.forwarded_estimate
@@ -320,6 +328,7 @@ impl SessionCtx {
     /// estimated what it forwarded, answers are about this long).
     pub fn set_usage(&mut self, mut usage: Usage) {
         usage.message_count = self.message_count;
+        usage.generation = self.forwarded_generation;
         self.pending.conversation.usage = Some(usage);
         self.pending.session.usage = Some(usage);
         self.measure(usage.prompt_tokens, self.forwarded_estimate);
@@ -546,6 +555,7 @@ mod tests {
             trigger: "overflow".into(),
             model: "m".into(),
             at_unix_ms: 0,
+            due_tokens: 0,
         }
     }
 

@@ -29,6 +29,10 @@ pub struct Usage {
     pub output_tokens: u64,
     /// How many messages (items) that request had, for the hybrid estimate.
     pub message_count: u64,
+    /// The compaction generation applied to the body it measured (0: none): a request that
+    /// applies another record cannot add to this usage.
+    #[serde(default)]
+    pub generation: u32,
 }
 
 /// One compaction: the covered prefix replaced by a summary.
@@ -52,6 +56,14 @@ pub struct CompactionRecord {
     pub trigger: String,
     pub model: String,
     pub at_unix_ms: u64,
+    /// A record prepared in the background: it applies once the client's history (compactor's
+    /// estimate) reaches this many tokens, or once a request needed it (0: at once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub due_tokens: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// The session's counters and what is true of its model, shared by its conversations.

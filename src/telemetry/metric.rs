@@ -109,6 +109,10 @@ fn describe_rewrite() {
         "compactor_compactions_total",
         "Compactions by trigger (overflow, threshold, admin) and outcome."
     );
+    describe_counter!(
+        "compactor_background_summaries_total",
+        "Summaries prepared in the background, by outcome (started, ready, busy, nothing, failed, used, unneeded)."
+    );
     describe_histogram!("compactor_summary_call_seconds", Unit::Seconds, "Latency of summary calls.");
     describe_histogram!(
         "compactor_summary_calls_per_compaction",
@@ -180,6 +184,14 @@ pub fn retry(route: &'static str) {
 
 pub fn compaction(trigger: &'static str, outcome: &'static str) {
     counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).increment(1);
+}
+
+/// A summary prepared in the background: `started`, then `ready` (its record stored) or `busy`
+/// (another compaction of the conversation held the lock) or `failed`; `used` when the request
+/// that needed it applied it, `unneeded` when a later compaction replaced it before any request
+/// used it.
+pub fn background_summary(outcome: &'static str) {
+    counter!("compactor_background_summaries_total", "outcome" => outcome).increment(1);
 }
 
 /// One rung of an overflow recovery and its outcome (`retry`, `nothing`, `failed`, `skipped`).
@@ -329,7 +341,7 @@ pub fn present_at_start() {
     gauge!("compactor_session_store_breaker_open").set(0.0);
     counter!("compactor_session_store_breaker_trips_total").absolute(0);
     counter!("compactor_session_store_corrupt_total").absolute(0);
-    for trigger in ["overflow", "threshold", "admin"] {
+    for trigger in ["overflow", "threshold", "admin", "background"] {
         for outcome in ["summarized", "pruned", "failed"] {
             counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).absolute(0);
         }
@@ -344,6 +356,9 @@ pub fn present_at_start() {
         counter!("compactor_summary_calls_total", "outcome" => outcome).absolute(0);
     }
     counter!("compactor_futile_compactions_avoided_total").absolute(0);
+    for outcome in ["started", "ready", "busy", "nothing", "failed", "used", "unneeded"] {
+        counter!("compactor_background_summaries_total", "outcome" => outcome).absolute(0);
+    }
     let _registered = histogram!("compactor_summary_call_seconds");
     let _registered = histogram!("compactor_summary_calls_per_compaction");
     for direction in ["input", "output"] {

@@ -7,6 +7,7 @@ mod common;
 
 mod adaptive;
 mod agent_compaction;
+mod background;
 mod compaction;
 mod connections;
 mod conversations;

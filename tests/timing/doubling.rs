@@ -395,6 +395,7 @@ fn cuts_and_rebuilds(dialect: Dialect, keep_recent_tokens: u32) -> impl Fn(&[u8]
             trigger: "overflow".into(),
             model: "m".into(),
             at_unix_ms: 0,
+            due_tokens: 0,
         };
         let Some(rebuilt) = plan::rebuild(&parsed, &record, "Summary: ", &count) else { return false };
         let records = [record];
