@@ -1,6 +1,6 @@
-//! What the inspector keeps of one request: numbers and descriptors of what changed, never the
-//! content. A few hundred bytes of JSON, appended to the conversation's bounded request log by the
-//! request's own commit.
+//! What the inspector keeps of one request: numbers and descriptors of what changed, and the
+//! changed content only when an operator turns that on ([`super::content`]). A few hundred bytes
+//! of JSON, appended to the conversation's bounded request log by the request's own commit.
 
 use serde::{Deserialize, Serialize};
 
@@ -148,8 +148,8 @@ impl Rewrite {
             compacted,
             window,
             threshold,
-            content: report.content.changes.clone(),
-            content_omitted: report.content.omitted,
+            content: report.content.as_ref().map(|kept| kept.changes.clone()).unwrap_or_default(),
+            content_omitted: report.content.as_ref().map_or(0, |kept| kept.omitted),
         }
     }
 }

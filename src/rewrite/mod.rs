@@ -69,8 +69,9 @@ pub struct RewriteReport {
     pub max_tokens: Option<u64>,
     /// Raw tokens of each message as forwarded, for the hybrid estimate.
     pub message_tokens: Vec<u32>,
-    /// The changed items' content, when the inspector keeps it.
-    pub content: crate::inspector::content::Kept,
+    /// The changed items' content, when the inspector keeps it (boxed: the report is moved
+    /// around on every request, and this is rarely there).
+    pub content: Option<Box<crate::inspector::content::Kept>>,
 }
 
 /// The outcome: a new body when something changed.
@@ -249,7 +250,10 @@ impl Rewriter {
             body = if parsed.conversation.is_changed() && !everything { parsed.render() } else { None };
         }
         report.message_tokens = message_tokens(&parsed.conversation, message_count, count);
-        report.content = crate::inspector::content::kept(&parsed.conversation, settings.keep_content_bytes);
+        if settings.keep_content_bytes > 0 {
+            report.content =
+                Some(Box::new(crate::inspector::content::kept(&parsed.conversation, settings.keep_content_bytes)));
+        }
         report.tokens_before = scale(before, model.token_factor);
         report.tokens_after = scale(after, model.token_factor);
         report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);

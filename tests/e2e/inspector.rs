@@ -409,8 +409,11 @@ async fn pruned_request_page(fake: &FakeUpstream, store: &str, inspector: &str) 
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert!(answer.header("x-compactor-pruned").unwrap().parse::<u32>().unwrap() > 0, "the output was pruned");
     let key = answer.header("x-compactor-session").unwrap().to_string();
-    let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
-    let conversation = first_conversation(&session);
+    // The request's state (its summary with it) is committed once its response is done.
+    let session = async || as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+    let committed = async || session().await.contains("class=\"conversation\"");
+    assert!(eventually(committed).await, "the request is committed");
+    let conversation = first_conversation(&session().await);
     let recorded = async || rows(&as_admin(&proxy, &conversation).await.text()) == 1;
     assert!(eventually(recorded).await, "the request's summary is committed");
     let html = as_admin(&proxy, &conversation).await.text();
