@@ -196,6 +196,10 @@ impl Config {
                     d.inspector.requests_per_conversation,
                     |n: u32| if n > 100_000 { Err("at most 100000".to_string()) } else { Ok(n) },
                 ),
+                keep_content: r.get("inspector.keep_content", d.inspector.keep_content),
+                content_bytes: r.parse("inspector.content_bytes", d.inspector.content_bytes, |n: u32| {
+                    if n > 1_048_576 { Err("at most 1048576".to_string()) } else { Ok(n) }
+                }),
             },
             compaction: compaction_settings(&mut r, d.compaction),
             models: model_entries(&mut r, figment),

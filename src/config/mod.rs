@@ -152,6 +152,11 @@ pub struct InspectorConfig {
     /// Request summaries kept per conversation (numbers and what changed, never content), written
     /// with each request's commit; 0: none are kept.
     pub requests_per_conversation: u32,
+    /// Whether each summary also keeps the head of every replaced or removed item's original text
+    /// and what replaced it. Sensitive: message content then sits in the store for `ttl_secs`.
+    pub keep_content: bool,
+    /// Bytes of that content kept per request, at most.
+    pub content_bytes: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -423,7 +428,7 @@ impl Default for Config {
                 breaker_backoff: Duration::from_millis(1_000),
             },
             admin: AdminConfig { token: Secret::default() },
-            inspector: InspectorConfig { requests_per_conversation: 500 },
+            inspector: InspectorConfig { requests_per_conversation: 500, keep_content: false, content_bytes: 4_096 },
             compaction: CompactionSettings::default(),
             models: BTreeMap::new(),
         }
@@ -459,7 +464,15 @@ impl Config {
             repair_enabled: self.repair.enabled,
             image_tokens: self.tokens.image_tokens,
             blocking_tokenize_bytes: usize::try_from(self.tokens.blocking_tokenize_bytes).unwrap_or(usize::MAX),
+            keep_content_bytes: self.kept_content_bytes(),
         }
+    }
+
+    /// The content bytes the inspector keeps per request: none unless it is turned on and there
+    /// are summaries to keep them in, readable by someone (`admin.token`).
+    pub fn kept_content_bytes(&self) -> usize {
+        let recorded = !self.admin.token.is_empty() && self.inspector.requests_per_conversation > 0;
+        if self.inspector.keep_content && recorded { self.inspector.content_bytes as usize } else { 0 }
     }
 
     /// The effective configuration as TOML, for `--check-config`.

@@ -5,6 +5,7 @@
 //! through the login form's cookie), and every change is a POST with a CSRF token.
 
 pub mod auth;
+pub mod content;
 pub mod cost;
 pub mod html;
 pub mod pages;

@@ -475,6 +475,7 @@ pub async fn request(
     row("output tokens", num(record.output));
     row("cost (base-price input tokens)", costs_text(&cost));
     body.push_str("</table><p class=\"note\">Cost: the provider's usage under the upstream's cache prices; in brackets, the same request forwarded unchanged (an estimate).</p>");
+    content(&mut body, record);
     respond(StatusCode::OK, page(&format!("Request {request_id}"), Some(csrf), &body))
 }
 
@@ -497,4 +498,31 @@ pub async fn new_rows(
 
 fn not_found(csrf: &str, text: &str) -> http::Response<ResponseBody> {
     super::html::message(StatusCode::NOT_FOUND, Some(csrf), "Not found", text)
+}
+
+/// The content a request's changes replaced, when `inspector.keep_content` kept it.
+fn content(body: &mut String, record: &RequestRecord) {
+    if record.content.is_empty() && record.content_omitted == 0 {
+        return;
+    }
+    body.push_str("<h2>Content changed</h2><p class=\"note\">Kept because <code>inspector.keep_content</code> is on: the start of each replaced or removed item as sent, newest first, within <code>inspector.content_bytes</code>.</p><table class=\"detail content\">");
+    for change in &record.content {
+        let now = match &change.now {
+            Some(now) => format!("<pre>{}</pre>", esc(now)),
+            None => "left out".into(),
+        };
+        let _ = write!(
+            body,
+            "<tr><th>message {}{}</th><td>sent ({} bytes):<pre>{}</pre>forwarded:{}</td></tr>",
+            change.message,
+            change.call_id.as_deref().map(|id| format!(" · <code>{}</code>", esc(id))).unwrap_or_default(),
+            num(u64::from(change.was_bytes)),
+            esc(&change.was),
+            now
+        );
+    }
+    body.push_str("</table>");
+    if record.content_omitted > 0 {
+        let _ = write!(body, "<p class=\"note\">{} more changed items past the bound.</p>", record.content_omitted);
+    }
 }

@@ -1,9 +1,10 @@
-//! What the inspector keeps of one request: numbers and descriptors of what changed, never the
-//! content. A few hundred bytes of JSON, appended to the conversation's bounded request log by the
-//! request's own commit.
+//! What the inspector keeps of one request: numbers and descriptors of what changed, and the
+//! changed content only when an operator turns that on ([`super::content`]). A few hundred bytes
+//! of JSON, appended to the conversation's bounded request log by the request's own commit.
 
 use serde::{Deserialize, Serialize};
 
+use super::content::ContentChange;
 use crate::compaction::Recovery;
 use crate::rewrite::RewriteReport;
 use crate::session::{Marks, Usage};
@@ -81,6 +82,12 @@ pub struct RequestRecord {
     pub cache_write: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub output: u64,
+    /// With `inspector.keep_content`: the changed items' original text (its head) and what
+    /// replaced it, newest first, and how many more the byte bound left out.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub content: Vec<ContentChange>,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub content_omitted: u32,
 }
 
 /// One kind of change to the request: how many items and the tokens it saved.
@@ -119,6 +126,8 @@ pub struct Rewrite {
     pub compacted: Option<u32>,
     pub window: u64,
     pub threshold: u64,
+    pub content: Vec<ContentChange>,
+    pub content_omitted: u32,
 }
 
 impl Rewrite {
@@ -139,6 +148,8 @@ impl Rewrite {
             compacted,
             window,
             threshold,
+            content: report.content.as_ref().map(|kept| kept.changes.clone()).unwrap_or_default(),
+            content_omitted: report.content.as_ref().map_or(0, |kept| kept.omitted),
         }
     }
 }
@@ -184,6 +195,8 @@ impl RequestRecord {
             record.pruned_ids.clone_from(&rewrite.pruned_ids);
             record.held = rewrite.held;
             record.compacted = rewrite.compacted;
+            record.content.clone_from(&rewrite.content);
+            record.content_omitted = rewrite.content_omitted;
             let kinds = [
                 // The rungs of an overflow may have pruned more than the first rewrite.
                 ("pruned", pruned.max(rewrite.pruned), rewrite.saved_by_prune),

@@ -37,6 +37,9 @@ pub struct RewriteSettings {
     pub image_tokens: u32,
     /// Uncached text above this many bytes is tokenized on a blocking thread.
     pub blocking_tokenize_bytes: usize,
+    /// Bytes of changed content the inspector keeps per request (`inspector.keep_content`); 0:
+    /// none, and nothing is copied.
+    pub keep_content_bytes: usize,
 }
 
 /// What the rewrite did to one request.
@@ -68,6 +71,9 @@ pub struct RewriteReport {
     pub message_tokens: Vec<u32>,
     /// The compaction generation applied to the body (0: none), set by compaction.
     pub compaction: u32,
+    /// The changed items' content, when the inspector keeps it (boxed: the report is moved
+    /// around on every request, and this is rarely there).
+    pub content: Option<Box<crate::inspector::content::Kept>>,
 }
 
 /// The outcome: a new body when something changed.
@@ -246,6 +252,10 @@ impl Rewriter {
             body = if parsed.conversation.is_changed() && !everything { parsed.render() } else { None };
         }
         report.message_tokens = message_tokens(&parsed.conversation, message_count, count);
+        if settings.keep_content_bytes > 0 {
+            report.content =
+                Some(Box::new(crate::inspector::content::kept(&parsed.conversation, settings.keep_content_bytes)));
+        }
         report.tokens_before = scale(before, model.token_factor);
         report.tokens_after = scale(after, model.token_factor);
         report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);

@@ -362,3 +362,170 @@ async fn what_a_client_sent_is_escaped_on_every_page() {
     assert!(html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"), "{html}");
     assert!(lookup.contains("value=\"id &lt;script&gt;"), "the search box echoes it escaped: {lookup}");
 }
+
+/// A secret-looking text planted in the oldest tool output, which the prune replaces.
+const PLANTED: &str = "AKIA-PLANTED-SECRET-7Q4e";
+
+/// Deletes every session key under the test's Redis prefix.
+fn flush(redis: &RedisServer) {
+    let mut connection = redis.connection();
+    for key in redis.keys() {
+        let _: () = redis::cmd("DEL").arg(&key).query(&mut connection).unwrap();
+    }
+}
+
+/// Every value under the test's Redis prefix, as text (strings, lists, hashes, sorted sets).
+fn redis_values(redis: &RedisServer) -> String {
+    let mut connection = redis.connection();
+    let mut all = String::new();
+    for key in redis.keys() {
+        let kind: String = redis::cmd("TYPE").arg(&key).query(&mut connection).unwrap();
+        let values: Vec<Vec<u8>> = match kind.as_str() {
+            "string" => vec![redis::cmd("GET").arg(&key).query(&mut connection).unwrap()],
+            "list" => redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).query(&mut connection).unwrap(),
+            "hash" => redis::cmd("HGETALL").arg(&key).query(&mut connection).unwrap(),
+            "zset" => redis::cmd("ZRANGE").arg(&key).arg(0).arg(-1).query(&mut connection).unwrap(),
+            "set" => redis::cmd("SMEMBERS").arg(&key).query(&mut connection).unwrap(),
+            other => panic!("{key}: {other}"),
+        };
+        for value in values {
+            all.push_str(&String::from_utf8_lossy(&value));
+            all.push('\n');
+        }
+    }
+    all
+}
+
+/// One request whose oldest tool output (carrying [`PLANTED`]) is pruned, through a compactor with
+/// `inspector` settings added; the request's page once its summary is committed.
+async fn pruned_request_page(fake: &FakeUpstream, store: &str, inspector: &str) -> (ProxyProcess, String) {
+    let proxy = start(
+        fake,
+        &format!("{}{store}", config(10).replace("[inspector]\n", &format!("[inspector]\n{inspector}"))),
+        true,
+    );
+    let text = conversation(Api::Chat, 8, false).to_string().replace("QUASAR-MAPLE-7", PLANTED);
+    let answer = chat(&proxy, "content", &serde_json::from_str(&text).unwrap()).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(answer.header("x-compactor-pruned").unwrap().parse::<u32>().unwrap() > 0, "the output was pruned");
+    let key = answer.header("x-compactor-session").unwrap().to_string();
+    // The request's state (its summary with it) is committed once its response is done.
+    let session = async || as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+    let committed = async || session().await.contains("class=\"conversation\"");
+    assert!(eventually(committed).await, "the request is committed");
+    let conversation = first_conversation(&session().await);
+    let recorded = async || rows(&as_admin(&proxy, &conversation).await.text()) == 1;
+    assert!(eventually(recorded).await, "the request's summary is committed");
+    let html = as_admin(&proxy, &conversation).await.text();
+    let at = html.find("/r/").unwrap();
+    let link = html[html[..at].rfind('"').unwrap() + 1..at + html[at..].find('"').unwrap()].to_string();
+    let request = as_admin(&proxy, &link).await;
+    assert_eq!(request.status, 200);
+    (proxy, request.text())
+}
+
+#[tokio::test]
+async fn message_content_is_kept_only_when_turned_on_and_within_its_bound() {
+    for store in ["memory", "redis"] {
+        let redis = if store == "redis" {
+            match RedisServer::start() {
+                Some(redis) => Some(redis),
+                None => continue,
+            }
+        } else {
+            None
+        };
+        let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
+        let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+
+        // Off by default: the pruned output's text is nowhere, neither in the store nor on the page.
+        let (proxy, page) = pruned_request_page(&fake, &extra, "").await;
+        assert!(page.contains("call_0"), "{store}: the pruned call is named: {page}");
+        assert!(!page.contains(PLANTED) && !page.contains("Content changed"), "{store}: {page}");
+        if let Some(redis) = &redis {
+            let values = redis_values(redis);
+            assert!(values.contains("\"pruned_ids\""), "{store}: the summary is there");
+            assert!(!values.contains(PLANTED), "{store}: no content in Redis: {values}");
+            flush(redis);
+        }
+        drop(proxy);
+
+        // On: the request's page shows the pruned output as sent and its placeholder, escaped.
+        let (proxy, page) = pruned_request_page(&fake, &extra, "keep_content = true\n").await;
+        assert!(page.contains("Content changed"), "{store}: {page}");
+        assert!(page.contains(&format!("{PLANTED} ")), "{store}: the pruned output's text: {page}");
+        assert!(!page.contains("sk-client-credential-9z") && !page.contains(ADMIN_TOKEN), "never a credential");
+        if let Some(redis) = &redis {
+            let values = redis_values(redis);
+            assert!(values.contains(PLANTED), "{store}: kept by the request's own commit");
+            assert!(!values.contains("sk-client-credential-9z"), "{store}: never a credential");
+            flush(redis);
+        }
+        drop(proxy);
+
+        // The byte bound holds: the newest changes fit in it, the rest are only counted.
+        let bound = 300;
+        let (proxy, page) =
+            pruned_request_page(&fake, &extra, &format!("keep_content = true\ncontent_bytes = {bound}\n")).await;
+        assert!(page.contains("more changed items past the bound"), "{store}: {page}");
+        if let Some(redis) = &redis {
+            let mut connection = redis.connection();
+            let key = redis.keys().into_iter().find(|k| k.ends_with(":requests")).unwrap();
+            let kept: Vec<String> = redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).query(&mut connection).unwrap();
+            let record: Value = serde_json::from_str(&kept[0]).unwrap();
+            let content = record["content"].as_array().unwrap();
+            let bytes: usize =
+                content.iter().map(|c| c["was"].as_str().unwrap().len() + c["now"].as_str().map_or(0, str::len)).sum();
+            assert!(!content.is_empty() && bytes <= bound, "{store}: {bytes} bytes: {record}");
+            assert!(record["content_omitted"].as_u64().unwrap() > 0, "{store}: {record}");
+            assert!(content.iter().any(|c| c["was_bytes"].as_u64().unwrap() > c["was"].as_str().unwrap().len() as u64));
+        }
+        drop(proxy);
+    }
+}
+
+#[tokio::test]
+async fn a_conversation_of_a_thousand_requests_is_shown_whole_and_fast() {
+    const REQUESTS: usize = 1_000;
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let proxy = start(&fake, &config(REQUESTS as u32), false);
+    let body = conversation(Api::Chat, 2, false);
+    let started = std::time::Instant::now();
+    let mut key = String::new();
+    // Eight agents' worth of requests in flight at once, all in the one conversation.
+    for batch in 0..REQUESTS / 8 {
+        let answers = futures_util::future::join_all((0..8).map(|_| chat(&proxy, "long-session", &body))).await;
+        for answer in answers {
+            assert_eq!(answer.status, 200, "batch {batch}: {}", answer.text());
+            key = answer.header("x-compactor-session").unwrap().to_string();
+        }
+    }
+    let driven = started.elapsed();
+    let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+    let conversation = first_conversation(&session);
+    let complete = async || rows(&as_admin(&proxy, &conversation).await.text()) == REQUESTS;
+    assert!(eventually(complete).await, "every request is recorded");
+
+    let timed = async |path: &str| {
+        let started = std::time::Instant::now();
+        let answer = as_admin(&proxy, path).await;
+        (started.elapsed(), answer)
+    };
+    let (conversation_time, page) = timed(&conversation).await;
+    assert_eq!(page.status, 200);
+    let html = page.text();
+    assert_eq!(rows(&html), REQUESTS, "the whole timeline");
+    let points = html.split("id=\"plot-tokens\"").nth(1).unwrap().split("points=\"").nth(1).unwrap();
+    assert!(!points.split('"').next().unwrap().is_empty(), "the plots are drawn");
+    let (sessions_time, sessions) = timed("/ui/sessions").await;
+    assert_eq!(sessions.status, 200);
+    assert!(sessions.text().contains(&key));
+    let (session_time, _) = timed(&format!("/ui/sessions/{key}")).await;
+    eprintln!(
+        "{REQUESTS} requests driven in {driven:?}; conversation page {conversation_time:?} ({} bytes), sessions page {sessions_time:?}, session page {session_time:?}",
+        html.len()
+    );
+    // Ten times and more what a debug build takes here: a bound against a regression, not a benchmark.
+    assert!(conversation_time < std::time::Duration::from_secs(5), "{conversation_time:?}");
+    assert!(sessions_time < std::time::Duration::from_secs(2), "{sessions_time:?}");
+}
