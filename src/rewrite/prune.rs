@@ -83,6 +83,8 @@ pub fn apply(
     let mut forced = Vec::new();
     let mut prunable = Vec::new();
     let mut prunable_tokens = 0u32;
+    // Call ids of the outputs the window keeps.
+    let mut kept_calls: HashSet<&str> = HashSet::new();
     // The size of every item as it would go with no new batch, for the pay-back rule.
     let mut sizes = vec![0u32; conversation.items.len()];
     for index in (0..conversation.items.len()).rev() {
@@ -118,6 +120,12 @@ pub fn apply(
         } else if protected < settings.protect_tokens {
             // The output that crosses the window's edge stays whole: no splitting.
             protected = protected.saturating_add(current);
+            kept_calls.extend(call_id);
+        } else if call_id.is_some_and(|id| kept_calls.contains(id)) {
+            // An older output of a call whose newer output stays (a client that reused a call
+            // id): the session remembers pruned call ids, not outputs, so pruning this one would
+            // prune the kept one on the next turn, changing bytes already sent.
+            continue;
         } else {
             prunable.push(index);
             prunable_tokens = prunable_tokens.saturating_add(current);

@@ -400,3 +400,50 @@ fn a_cut_output_a_little_larger_than_its_placeholder_is_decided_the_same_on_a_se
         assert_eq!(String::from_utf8(second.to_vec()).unwrap(), first, "a second rewrite changed the body");
     }
 }
+
+/// Found by the `dialects` fuzzer: a Claude Code conversation rewritten with a cold cache over
+/// half its history (what the proxy sees after an hour idle), in which the client sent one call id
+/// twice (`cargo test` run twice under the same id). The first pass kept the newer output (cut,
+/// in the protected window) and pruned the older, so the call id went into the session's pruned
+/// ids; the rewritten body, rewritten again with them, pruned the kept output too. A rewritten
+/// body rewritten again must stay as it is.
+#[test]
+fn a_cut_output_kept_with_a_cold_cache_is_kept_on_a_second_pass() {
+    use std::time::Duration;
+
+    use compactor::config::Config;
+    use compactor::dialect::ParsedRequest;
+    use compactor::rewrite::{CachePricing, History};
+    use compactor::tokens::{ModelTable, TokenCounter};
+    let mut settings = Config::default().rewrite_settings();
+    settings.prune.protect_tokens = 40;
+    settings.prune.minimum_tokens = 10;
+    settings.tool_output_max_tokens = 60;
+    settings.blocking_tokenize_bytes = usize::MAX;
+    let rewriter = Rewriter::new(settings, TokenCounter::new(32 << 20), ModelTable::default());
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/regressions/anthropic-cold-cache-cut-output-pruned-on-second-pass.json"
+    ))
+    .unwrap();
+    let dialect = Dialect::AnthropicMessages;
+    let messages = ParsedRequest::parse(dialect, &body).unwrap().messages.len();
+    // The fuzzer's cold history: the provider saw half the conversation an hour ago.
+    let cold = |pruned_before| History {
+        pruned_before,
+        seen_messages: messages / 2,
+        pricing: CachePricing::OPENAI,
+        later_turns: 12,
+        idle: Some(Duration::from_secs(3_600)),
+        pressure: false,
+    };
+    let none = BTreeSet::new();
+    let first = rewriter.rewrite_body_in(dialect, &body, &cold(&none)).unwrap();
+    let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
+    let first = String::from_utf8(first.body.expect("the fixture is rewritten").to_vec()).unwrap();
+    assert!(first.contains("tokens truncated"), "the test output is cut on the first pass");
+    let again = rewriter.rewrite_body_in(dialect, first.as_bytes(), &cold(&pruned)).unwrap();
+    if let Some(second) = again.body {
+        assert_eq!(String::from_utf8(second.to_vec()).unwrap(), first, "a second rewrite changed the body");
+    }
+}
