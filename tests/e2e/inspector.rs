@@ -188,12 +188,28 @@ async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
         let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
         let proxy = start(&fake, &format!("{}{extra}", config(3)), false);
         let mut key = String::new();
+        let mut conversation_page = String::new();
         for turns in 1..=5 {
             let answer = chat(&proxy, "bounded", &conversation(Api::Chat, turns, false)).await;
             key = answer.header("x-compactor-session").unwrap().to_string();
+            // A request's summary is written once its response is done, and a request is numbered
+            // from what its conversation had stored when it began: as an agent that waits for its
+            // turn to be recorded, wait for this one before the next (parallel requests may share
+            // a number, as the record says).
+            let recorded = async || {
+                let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+                if !session.contains("class=\"conversation\" href=\"") {
+                    return false;
+                }
+                let page = as_admin(&proxy, &first_conversation(&session)).await.text();
+                page.contains(&format!(">{turns}</a>"))
+            };
+            assert!(eventually(recorded).await, "{store}: request {turns} is recorded");
+            if conversation_page.is_empty() {
+                conversation_page = first_conversation(&as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text());
+            }
         }
-        let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
-        let conversation = first_conversation(&session);
+        let conversation = conversation_page;
         let html = async || as_admin(&proxy, &conversation).await.text();
         // The last request's summary is written once its response is done: wait for it.
         let settled = async || {
