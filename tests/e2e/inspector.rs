@@ -187,11 +187,10 @@ async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
         let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
         let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
         let proxy = start(&fake, &format!("{}{extra}", config(3)), false);
-        let mut key = String::new();
         let mut conversation_page = String::new();
         for turns in 1..=5 {
             let answer = chat(&proxy, "bounded", &conversation(Api::Chat, turns, false)).await;
-            key = answer.header("x-compactor-session").unwrap().to_string();
+            let key = answer.header("x-compactor-session").unwrap().to_string();
             // A request's summary is written once its response is done, and a request is numbered
             // from what its conversation had stored when it began: as an agent that waits for its
             // turn to be recorded, wait for this one before the next (parallel requests may share
