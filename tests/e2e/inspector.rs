@@ -105,6 +105,11 @@ fn first_conversation(html: &str) -> String {
     html[at..].split('"').next().unwrap().to_string()
 }
 
+/// The stores the pages are tested on: memory, then a private Redis (required in CI).
+fn stores() -> impl Iterator<Item = (&'static str, Option<RedisServer>)> {
+    [("memory", None)].into_iter().chain(RedisServer::start().map(|redis| ("redis", Some(redis))))
+}
+
 /// Timeline rows on a conversation page.
 fn rows(html: &str) -> usize {
     html.matches("<tr class=\"request").count()
@@ -112,15 +117,7 @@ fn rows(html: &str) -> usize {
 
 #[tokio::test]
 async fn an_agent_session_is_recorded_and_shown_with_its_changes_compaction_and_plots() {
-    for store in ["memory", "redis"] {
-        let redis = if store == "redis" {
-            match RedisServer::start() {
-                Some(redis) => Some(redis),
-                None => continue,
-            }
-        } else {
-            None
-        };
+    for (store, redis) in stores() {
         let (fake, summaries) = window_upstream(WindowSpec::window(4_000)).await;
         let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
         let proxy = start(&fake, &format!("{}{extra}", config(50)), true);
@@ -175,15 +172,7 @@ async fn an_agent_session_is_recorded_and_shown_with_its_changes_compaction_and_
 
 #[tokio::test]
 async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
-    for store in ["memory", "redis"] {
-        let redis = if store == "redis" {
-            match RedisServer::start() {
-                Some(redis) => Some(redis),
-                None => continue,
-            }
-        } else {
-            None
-        };
+    for (store, redis) in stores() {
         let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
         let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
         let proxy = start(&fake, &format!("{}{extra}", config(3)), false);
@@ -441,15 +430,7 @@ async fn pruned_request_page(fake: &FakeUpstream, store: &str, inspector: &str) 
 
 #[tokio::test]
 async fn message_content_is_kept_only_when_turned_on_and_within_its_bound() {
-    for store in ["memory", "redis"] {
-        let redis = if store == "redis" {
-            match RedisServer::start() {
-                Some(redis) => Some(redis),
-                None => continue,
-            }
-        } else {
-            None
-        };
+    for (store, redis) in stores() {
         let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
         let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
 
