@@ -269,16 +269,13 @@ impl Proxy {
             finish.span.record("compactor.retries", forwarded.retries);
             finish.log.tokens = Some((report.tokens_before, after, pruned));
             let compacted = forwarded.compacted.or(answer.compacted);
-            let rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
+            finish.rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
                 // The window and threshold in the units of the estimates beside them.
                 let pressure = self.compactor.pressure(ctx, report);
                 let window = pressure.uncalibrated(pressure.window);
                 let threshold = pressure.uncalibrated(pressure.budget());
                 Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
             });
-            if rewrite.is_some() {
-                finish.rewrite = rewrite;
-            }
         }
         finish.log.retries = forwarded.retries;
         finish.log.recovery = forwarded.recovery;

@@ -52,6 +52,12 @@ pub async fn agent_session(proxy: &ProxyProcess, agent_id: &str) -> String {
     key
 }
 
+/// The session key of a two-turn Chat conversation sent under `agent_id`.
+async fn two_turns(proxy: &ProxyProcess, agent_id: &str) -> String {
+    let answer = chat(proxy, agent_id, &conversation(Api::Chat, 2, false)).await;
+    answer.header("x-compactor-session").unwrap().to_string()
+}
+
 pub async fn chat(proxy: &ProxyProcess, agent_id: &str, body: &Value) -> Answer {
     proxy
         .post(
@@ -226,11 +232,7 @@ async fn the_request_log_keeps_the_newest_summaries_up_to_its_bound() {
 async fn recording_off_keeps_nothing_and_the_pages_say_so() {
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
     let proxy = start(&fake, &config(0), false);
-    let key = chat(&proxy, "unrecorded", &conversation(Api::Chat, 2, false))
-        .await
-        .header("x-compactor-session")
-        .unwrap()
-        .to_string();
+    let key = two_turns(&proxy, "unrecorded").await;
     let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
     let html = as_admin(&proxy, &first_conversation(&session)).await.text();
     assert_eq!(rows(&html), 0);
@@ -245,11 +247,7 @@ async fn the_pages_want_the_admin_token_and_are_off_without_one() {
 
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
     let proxy = start(&fake, &config(10), false);
-    let key = chat(&proxy, "guarded", &conversation(Api::Chat, 2, false))
-        .await
-        .header("x-compactor-session")
-        .unwrap()
-        .to_string();
+    let key = two_turns(&proxy, "guarded").await;
     for path in ["/ui/sessions", &format!("/ui/sessions/{key}")] {
         let anonymous = page(&proxy, path, &[]).await;
         assert_eq!(anonymous.status, 401, "{path}");
@@ -294,11 +292,7 @@ async fn the_pages_want_the_admin_token_and_are_off_without_one() {
 async fn a_change_needs_the_pages_csrf_token() {
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
     let proxy = start(&fake, &config(10), false);
-    let key = chat(&proxy, "to-forget", &conversation(Api::Chat, 2, false))
-        .await
-        .header("x-compactor-session")
-        .unwrap()
-        .to_string();
+    let key = two_turns(&proxy, "to-forget").await;
     let cookie = log_in(&proxy).await;
     let session = page(&proxy, &format!("/ui/sessions/{key}"), &[("cookie", &cookie)]).await.text();
     let csrf = csrf_of(&session);
