@@ -108,7 +108,7 @@ impl Default for CompactionSettings {
             lock_wait: Duration::from_millis(120_000),
             lock_lease: Duration::from_millis(30_000),
             max_failures: 3,
-            background: false,
+            background: true,
             background_turns_ahead: 2,
             ladder: DEFAULT_ORDER.to_vec(),
             agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
