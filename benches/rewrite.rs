@@ -156,6 +156,8 @@ fn bench(c: &mut Criterion) {
             model: "bench".into(),
             at_unix_ms: 0,
             due_tokens: 0,
+            cost: Default::default(),
+            started_by: String::new(),
         };
         let records = vec![record];
         let prefix = Config::default().compaction.summary_prefix;

@@ -23,4 +23,5 @@ pub mod sse;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;
+pub mod usage;
 pub mod work;

@@ -125,11 +125,13 @@ impl Compaction<'_> {
         match &result {
             Ok(Compacted { record, summary_time, summary_calls }) => {
                 let applied = ladder.compacted().unwrap_or(0);
-                if due_tokens == 0
-                    && ctx.conversation().compactions.iter().any(|r| r.due_tokens > 0 && r.generation > applied)
-                {
+                if due_tokens == 0 {
                     // A summary prepared in the background that no request applied: replaced.
-                    metric::background_summary("unneeded");
+                    let compactions = &ctx.conversation().compactions;
+                    for unneeded in compactions.iter().filter(|r| r.due_tokens > 0 && r.generation > applied) {
+                        metric::background_summary("unneeded");
+                        metric::background_summary_tokens("unneeded", &unneeded.cost);
+                    }
                 }
                 if ctx.publish_compaction(record).await
                     && let Some(winner) = lock::fenced(ctx, record, &cut.parsed).await
@@ -215,7 +217,7 @@ impl Compaction<'_> {
             _ => self.summarizer.summarize(head, input).await.map_err(CompactError::SummaryFailed)?,
         };
         let summary_time = summary.elapsed;
-        let (calls, overflows) = (summary.calls, summary.overflows);
+        let (calls, overflows, cost) = (summary.calls, summary.overflows, summary.cost);
         let summary = summary.text;
         let mut record = CompactionRecord {
             generation,
@@ -231,6 +233,8 @@ impl Compaction<'_> {
             model: summary_model,
             at_unix_ms: crate::session::unix_ms(),
             due_tokens: 0,
+            cost,
+            started_by: ladder.request_id.clone(),
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
             && let Some(mut after) = ladder.parse(&rebuilt)

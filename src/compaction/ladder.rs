@@ -59,6 +59,8 @@ pub struct Ladder {
     pub(super) cache: CachePricing,
     /// The model the request's path names (Gemini's bodies carry none).
     pub(super) path_model: Option<String>,
+    /// The request's id (`x-compactor-request-id`): the compaction records it makes name it.
+    pub(super) request_id: String,
     order: Vec<Rung>,
     next: usize,
     lowered_max_tokens: bool,
@@ -117,6 +119,7 @@ impl Ladder {
             record,
             ready: None,
             sent_body: None,
+            request_id: String::new(),
             lead: 0,
             sent: None,
             cache: CachePricing::NONE,

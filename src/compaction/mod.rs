@@ -164,7 +164,8 @@ impl Compactor {
         self.identifier.tenant(headers)
     }
 
-    pub async fn prepare(&self, head: &RequestHead, body: Bytes) -> Prepared {
+    /// `request_id`: the request's own id, which the compaction records it makes carry.
+    pub async fn prepare(&self, head: &RequestHead, body: Bytes, request_id: &str) -> Prepared {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
         let key = || self.identifier.prefix_key(dialect, &head.headers, head.uri.query());
@@ -203,6 +204,7 @@ impl Compactor {
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
+        ladder.request_id = request_id.to_string();
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
         let derived = self.first_derivation(&mut ladder, &ctx, parsed).instrument(rewrite.clone()).await;
         let Some((mut sent, mut report)) = derived else {
@@ -212,11 +214,13 @@ impl Compactor {
             return Prepared::untouched(body.clone());
         };
         if ladder.ready.is_none()
-            && ladder.record.as_ref().is_some_and(|ready| ready.due_tokens > 0 && ready.generation != last_generation)
+            && let Some(ready) =
+                ladder.record.as_ref().filter(|ready| ready.due_tokens > 0 && ready.generation != last_generation)
         {
             // The first request a summary prepared in the background applies to: it was ready,
             // nobody waited for it.
             metric::background_summary("used");
+            metric::background_summary_tokens("used", &ready.cost);
             report.prefix_break = Some(Reason::Summary);
         }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
@@ -696,6 +700,9 @@ impl Compactor {
         match self.derive(ladder, ctx, &self.rewriter.settings, true).await {
             Some(derived) => {
                 metric::background_summary("used");
+                if let Some(ready) = &ladder.record {
+                    metric::background_summary_tokens("used", &ready.cost);
+                }
                 metric::prefix_break(Reason::Summary.label());
                 Some(summarized(derived))
             }
@@ -747,6 +754,7 @@ impl Compactor {
         job.lead = ladder.lead;
         job.cache = ladder.cache;
         job.path_model = ladder.path_model.clone();
+        job.request_id = ladder.request_id.clone();
         job.sent_body = Some(sent.clone());
         let head = RequestHead {
             route: head.route,
@@ -763,7 +771,12 @@ impl Compactor {
             let mut ctx = SessionCtx::load(store, key, conversation_id).await;
             let compaction = Compaction { settings: &settings, rewriter: &rewriter, summarizer: &summarizer };
             let outcome = match compaction.run(&head, &job, &mut ctx, false, "background", sizing, due_tokens).await {
-                Ok(_) => "ready",
+                Ok(Compacted { record, summary_calls, .. }) => {
+                    if summary_calls > 0 {
+                        metric::background_summary_tokens("ready", &record.cost);
+                    }
+                    "ready"
+                }
                 Err(CompactError::Busy) => "busy",
                 Err(CompactError::NothingToSummarize) => "nothing",
                 Err(error) => {

@@ -15,6 +15,7 @@ use crate::error::ProxyError;
 use crate::json::json_string;
 use crate::overflow::OverflowDetector;
 use crate::rewrite::truncate::head_and_tail;
+use crate::session::SummaryCost;
 use crate::telemetry::{metric, trace};
 use crate::upstream::{RequestHead, Upstreams};
 use crate::work;
@@ -65,6 +66,8 @@ pub struct Summary {
     pub elapsed: Duration,
     /// The transcript budget that worked (halved at each overflow).
     pub piece_budget: u32,
+    /// The provider's usage of the calls that answered.
+    pub cost: SummaryCost,
 }
 
 /// Why a summary call gave no summary.
@@ -181,6 +184,8 @@ impl Summarizer {
         let mut budget = input.budget;
         let mut calls = 0u32;
         let mut overflows = 0u32;
+        let mut cost = SummaryCost::default();
+        let overhead = self.prompt_tokens(count);
         while !entries.is_empty() || calls == 0 {
             let carried = summary.as_deref().map_or(0, count) + 16;
             let room = budget.saturating_sub(carried).max(MIN_PIECE_TOKENS);
@@ -203,6 +208,8 @@ impl Summarizer {
                             .record("otel.status_code", "ERROR");
                         return Err(SummaryError::Unreadable);
                     };
+                    let estimate = (u64::from(piece_tokens + overhead), u64::from(count(&text)));
+                    cost.add(crate::usage::of_body(&answer).as_ref(), estimate.0, estimate.1);
                     summary = Some(text);
                 }
                 Err(SummaryError::Overflow) if budget / 2 >= MIN_PIECE_TOKENS && overflows < MAX_OVERFLOWS => {
@@ -232,7 +239,7 @@ impl Summarizer {
         let output_tokens = count(&text);
         metric::summary_tokens("output", u64::from(output_tokens));
         span.record("gen_ai.usage.output_tokens", output_tokens);
-        Ok(Summary { text, calls, overflows, elapsed, piece_budget: budget })
+        Ok(Summary { text, calls, overflows, elapsed, piece_budget: budget, cost })
     }
 
     /// The summary of a Chat conversation as the provider last saw it: `sent` (the body as it
@@ -264,6 +271,7 @@ impl Summarizer {
             object.insert("tool_choice".into(), "none".into());
         }
         let body = serde_json::to_vec(&body).ok()?;
+        let sent_bytes = body.len();
         let span = trace::summary_span(head.route.family, model);
         let answer = self.call(head, body).instrument(span.clone()).await;
         let answer = match answer {
@@ -277,7 +285,10 @@ impl Summarizer {
         let elapsed = started.elapsed();
         metric::summary_latency(elapsed);
         let Some(text) = extract(Dialect::ChatCompletions, &answer) else { return Some(Err(SummaryError::Unreadable)) };
-        Some(Ok(Summary { text, calls: 1, overflows: 0, elapsed, piece_budget: 0 }))
+        // Without a reported usage: about 4 bytes a token, the body sent and the summary.
+        let mut cost = SummaryCost::default();
+        cost.add(crate::usage::of_body(&answer).as_ref(), (sent_bytes / 4) as u64, (text.len() / 4) as u64);
+        Some(Ok(Summary { text, calls: 1, overflows: 0, elapsed, piece_budget: 0, cost }))
     }
 
     /// One non-streaming call, with the client's own credentials and headers.

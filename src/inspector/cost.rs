@@ -8,9 +8,14 @@
 //! tokens by this request's own ratio, with the cache holding the previous unchanged request when
 //! that came within the cache's lifetime (an append-only conversation's cache). An estimate, and
 //! said so on the pages.
+//!
+//! Summary calls (a compaction's, ahead of time, on an overflow or in the background) are calls of
+//! their own that an unchanged conversation would not make: their usage, kept on the compaction
+//! record, is priced the same way and added to the cost with compactor ([`summaries`]).
 
 use crate::rewrite::CachePricing;
 use crate::rewrite::cache_cost;
+use crate::session::{CompactionRecord, SummaryCost};
 
 use super::record::RequestRecord;
 
@@ -52,6 +57,31 @@ pub fn of(records: &[RequestRecord], pricing: impl Fn(&str) -> CachePricing) -> 
         .collect()
 }
 
+/// The input side of a compaction's summary calls: what they read from the provider's cache at
+/// the read price, wrote to it at the write price, the rest at the base price.
+pub fn summary(cost: &SummaryCost, prices: &CachePricing) -> f64 {
+    let uncached = cost.input.saturating_sub(cost.cache_read).saturating_sub(cost.cache_write);
+    prices.read * cost.cache_read as f64 + prices.write * cost.cache_write as f64 + uncached as f64
+}
+
+/// The summary calls' costs, by the request each lands on (oldest first, as `records`): the
+/// newest request that arrived before the record was stored (the one that made it, or for a
+/// summary prepared in the background, the newest request before it was ready; the first one
+/// when it came before every recorded request). Priced with the family of that request.
+pub fn summaries(
+    records: &[RequestRecord],
+    compactions: &[CompactionRecord],
+    pricing: impl Fn(&str) -> CachePricing,
+) -> Vec<f64> {
+    let mut at = vec![0.0; records.len()];
+    for compaction in compactions.iter().filter(|c| !c.cost.is_empty()) {
+        let Some(last) = records.len().checked_sub(1) else { break };
+        let landed = records.iter().rposition(|r| r.at <= compaction.at_unix_ms).unwrap_or(0).min(last);
+        at[landed] += summary(&compaction.cost, &pricing(&records[landed].family));
+    }
+    at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +114,36 @@ mod tests {
         assert!((costs[1].without.unwrap() - 1_350.0).abs() < 1e-9, "{:?}", costs[1]);
         let none = of(&[record(0, 10, 5, 0, 0, 0)], |_| CachePricing::ANTHROPIC);
         assert_eq!(none[0], Costs { with: None, without: None });
+    }
+
+    #[test]
+    fn a_summary_call_lands_on_the_newest_request_before_its_record_at_the_cache_prices() {
+        let records =
+            [record(1_000, 10, 10, 10, 0, 0), record(2_000, 10, 10, 10, 0, 0), record(3_000, 10, 10, 10, 0, 0)];
+        let compaction = |at_unix_ms: u64, input: u64, cache_read: u64| CompactionRecord {
+            generation: 1,
+            summary: String::new(),
+            covered_messages: 0,
+            covered_hash: String::new(),
+            first_kept: 0,
+            user_messages: Vec::new(),
+            truncate_user_tokens: 0,
+            tokens_before: 0,
+            tokens_after: 0,
+            trigger: "background".into(),
+            model: String::new(),
+            at_unix_ms,
+            due_tokens: 0,
+            cost: SummaryCost { calls: 1, input, cache_read, output: 500, ..SummaryCost::default() },
+            started_by: String::new(),
+        };
+        // Ready after the second request arrived; one before any request; one with no cost.
+        let mut free = compaction(2_500, 0, 0);
+        free.cost = SummaryCost::default();
+        let compactions = [compaction(2_500, 10_000, 8_000), compaction(500, 1_000, 0), free];
+        let costs = summaries(&records, &compactions, |_| CachePricing::ANTHROPIC);
+        // 8,000 read at 0.1 and 2,000 at the base price; the output is not an input cost.
+        assert_eq!(costs, [1_000.0, 2_800.0, 0.0]);
+        assert!(summaries(&[], &compactions, |_| CachePricing::ANTHROPIC).is_empty());
     }
 }

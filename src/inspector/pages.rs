@@ -217,6 +217,8 @@ pub async fn conversation(
         return not_found(csrf, "No such conversation in this session (it may have expired).");
     };
     let costs = cost::of(&records, pricing(config));
+    let compaction_records = &conversation.state.compactions;
+    let summary_costs = cost::summaries(&records, compaction_records, pricing(config));
     let mut body = String::new();
     let _ = write!(
         body,
@@ -224,15 +226,15 @@ pub async fn conversation(
         k = esc(key),
         id = esc(id)
     );
-    conversation_figures(&mut body, conversation, &records, &costs);
+    conversation_figures(&mut body, conversation, &records, &costs, &summary_costs);
     if records.is_empty() {
         body.push_str(
             "<p class=\"empty\">No requests recorded for this conversation (recording is off, or they expired).</p>",
         );
     } else {
-        plots(&mut body, &records, &costs);
+        plots(&mut body, &records, &costs, &summary_costs);
     }
-    compactions(&mut body, &conversation.state.compactions, &records);
+    compactions(&mut body, (key, id), compaction_records, &records, pricing(config));
     let _ = write!(
         body,
         "<h2>Requests</h2><p class=\"note\">Newest first; sizes are compactor's estimates, usage is the provider's. <span id=\"live-status\"></span></p><table class=\"list timeline\"><thead><tr><th>#</th><th>Time (UTC)</th><th>Route · model</th><th>Status</th><th>Sent</th><th>Forwarded</th><th>What changed</th><th>Cache read / written</th><th>Cost (unchanged)</th></tr></thead><tbody id=\"timeline\" data-live=\"/ui/sessions/{k}/c/{id}/rows\" data-seen=\"{seen}\">",
@@ -308,11 +310,21 @@ fn describe(record: &RequestRecord) -> String {
     if parts.is_empty() { "–".into() } else { parts.join("; ") }
 }
 
-fn conversation_figures(out: &mut String, conversation: &ConversationView, records: &[RequestRecord], costs: &[Costs]) {
+/// The conversation's figures; `summary_costs`: its summary calls' costs, by the request each
+/// lands on ([`cost::summaries`]), part of the cost with compactor.
+fn conversation_figures(
+    out: &mut String,
+    conversation: &ConversationView,
+    records: &[RequestRecord],
+    costs: &[Costs],
+    summary_costs: &[f64],
+) {
     let state = &conversation.state;
     let sent: u64 = records.iter().map(|r| u64::from(r.sent)).sum();
     let forwarded: u64 = records.iter().map(|r| u64::from(r.forwarded)).sum();
-    let with: f64 = costs.iter().filter_map(|c| c.with).sum();
+    let summaries: f64 = summary_costs.iter().sum();
+    let summary_output: u64 = state.compactions.iter().map(|c| c.cost.output).sum();
+    let with: f64 = costs.iter().filter_map(|c| c.with).sum::<f64>() + summaries;
     let without: f64 = costs.iter().filter_map(|c| c.without).sum();
     out.push_str("<dl class=\"figures\">");
     let mut figure = |name: &str, value: String| {
@@ -325,11 +337,13 @@ fn conversation_figures(out: &mut String, conversation: &ConversationView, recor
     figure("compactions", num(state.compactions.len() as u64));
     figure("tokens sent / forwarded", format!("{} / {}", num(sent), num(forwarded)));
     figure("cost with compactor", num(with.round() as u64));
+    figure("of it, summary calls", num(summaries.round() as u64));
+    figure("summary output tokens", num(summary_output));
     figure("cost unchanged (estimate)", num(without.round() as u64));
     out.push_str("</dl>");
 }
 
-fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs]) {
+fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs], summary_costs: &[f64]) {
     let tokens = [
         Series {
             label: "sent",
@@ -361,8 +375,8 @@ fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs]) {
     out.push_str(&chart("plot-tokens", "Tokens per request: sent and forwarded", &tokens, 0.0, whole));
     let mut running = (0.0, 0.0);
     let (mut with, mut without) = (Vec::new(), Vec::new());
-    for cost in costs {
-        running.0 += cost.with.unwrap_or(0.0);
+    for (cost, summaries) in costs.iter().zip(summary_costs) {
+        running.0 += cost.with.unwrap_or(0.0) + summaries;
         running.1 += cost.without.unwrap_or(0.0);
         with.push(running.0);
         without.push(running.1);
@@ -381,19 +395,43 @@ fn plots(out: &mut String, records: &[RequestRecord], costs: &[Costs]) {
     out.push_str("</section>");
 }
 
-fn compactions(out: &mut String, records: &[CompactionRecord], requests: &[RequestRecord]) {
+/// The conversation's compactions, newest first: what each replaced, its summary and what its
+/// summary calls cost; for one prepared in the background, the request that started it, when it
+/// was ready and the request that applied it, or that none did.
+fn compactions(
+    out: &mut String,
+    (key, id): (&str, &str),
+    records: &[CompactionRecord],
+    requests: &[RequestRecord],
+    pricing: impl Fn(&str) -> CachePricing,
+) {
     out.push_str("<h2>Compactions</h2>");
     if records.is_empty() {
         out.push_str("<p class=\"empty\">None.</p>");
         return;
     }
+    let link = |request_id: &str| match requests.iter().position(|r| r.id == request_id) {
+        Some(at) => format!(
+            "<a class=\"request\" href=\"/ui/sessions/{k}/c/{c}/r/{ridu}\">#{n} <span class=\"mono\">{rid}</span></a>",
+            k = esc(key),
+            c = esc(id),
+            ridu = url(request_id),
+            n = if requests[at].n > 0 { requests[at].n } else { at as u64 + 1 },
+            rid = esc(request_id),
+        ),
+        None => format!("<span class=\"mono\">{}</span>", esc(request_id)),
+    };
     for record in records.iter().rev() {
-        // The request that made it: the first to carry its generation.
-        let made_by = requests.iter().find(|r| r.compacted == Some(record.generation));
-        let calls = made_by.map_or("–".to_string(), |r| r.summary_calls.to_string());
+        // The first request to carry its generation: the one that made it or applied it.
+        let carried_by = requests.iter().find(|r| r.compacted == Some(record.generation));
+        let calls = match (record.cost.calls, carried_by) {
+            (0, Some(request)) => request.summary_calls.to_string(),
+            (0, None) => "–".to_string(),
+            (calls, _) => calls.to_string(),
+        };
         let _ = write!(
             out,
-            "<article class=\"compaction\" id=\"generation-{g}\"><h3>Generation {g} · {trigger} · {at}</h3><p>Replaced messages 1–{covered} ({before} → {after} tokens); kept from message {kept}; summarized by <span class=\"mono\">{model}</span>; summary calls: {calls}.</p><pre class=\"summary\">{summary}</pre></article>",
+            "<article class=\"compaction\" id=\"generation-{g}\"><h3>Generation {g} · {trigger} · {at}</h3><p>Replaced messages 1–{covered} ({before} → {after} tokens); kept from message {kept}; summarized by <span class=\"mono\">{model}</span>; summary calls: {calls}.</p>",
             g = record.generation,
             trigger = esc(&record.trigger),
             at = time(record.at_unix_ms),
@@ -403,8 +441,61 @@ fn compactions(out: &mut String, records: &[CompactionRecord], requests: &[Reque
             kept = num(record.first_kept + 1),
             model = esc(&record.model),
             calls = esc(&calls),
-            summary = esc(&record.summary),
         );
+        if !record.cost.is_empty() {
+            let family = requests
+                .iter()
+                .find(|r| r.id == record.started_by)
+                .or(requests.last())
+                .map_or("openai", |r| r.family.as_str());
+            let c = &record.cost;
+            let _ = write!(
+                out,
+                "<p class=\"summary-cost\">Summary calls cost {cost} base-price input tokens: {input} input tokens, {read} of them read from the cache; {output} output tokens{estimated}.</p>",
+                cost = num(cost::summary(c, &pricing(family)).round() as u64),
+                input = num(c.input),
+                read = num(c.cache_read),
+                output = num(c.output),
+                estimated =
+                    if c.estimated { " (in part compactor's estimate: an answer reported no usage)" } else { "" },
+            );
+        }
+        let background = record.due_tokens > 0 || record.trigger == "background";
+        if background {
+            out.push_str("<p class=\"background\">Prepared in the background: ");
+            if !record.started_by.is_empty() {
+                let _ = write!(out, "started by request {}, ", link(&record.started_by));
+            }
+            let _ = write!(out, "ready at {}; ", time(record.at_unix_ms));
+            let replaced_by = records.iter().find(|r| r.generation > record.generation);
+            // Whether the recorded requests reach back to it (the log is bounded).
+            let seen = requests.first().is_some_and(|r| r.at <= record.at_unix_ms);
+            match (carried_by, replaced_by) {
+                (Some(request), _) => {
+                    let _ = write!(out, "applied by request {} at {}.", link(&request.id), time(request.at));
+                }
+                (None, Some(later)) if seen => {
+                    let _ = write!(
+                        out,
+                        "never needed: replaced by generation {} ({}) before any request applied it, its summary calls spent for nothing.",
+                        later.generation,
+                        esc(&later.trigger)
+                    );
+                }
+                (None, Some(_)) => out.push_str("no recorded request applied it."),
+                (None, None) => {
+                    let _ = write!(
+                        out,
+                        "not needed yet: it applies once the conversation reaches {} tokens (a conversation that ends first never needs it).",
+                        num(record.due_tokens)
+                    );
+                }
+            }
+            out.push_str("</p>");
+        } else if !record.started_by.is_empty() {
+            let _ = write!(out, "<p class=\"made-by\">Made by request {}.</p>", link(&record.started_by));
+        }
+        let _ = write!(out, "<pre class=\"summary\">{}</pre></article>", esc(&record.summary));
     }
 }
 

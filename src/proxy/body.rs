@@ -12,10 +12,10 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
 use super::finish::Finish;
-use super::usage::UsageTap;
 use crate::telemetry::metric;
 use crate::telemetry::request::Outcome;
 use crate::upstream::PooledBody;
+use crate::usage::UsageTap;
 
 /// Errors a response body can end with; hyper then aborts the connection so the client sees a
 /// truncated message rather than a silently short one.

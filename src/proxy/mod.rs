@@ -9,7 +9,8 @@ mod forward;
 mod inflight;
 mod inspect;
 pub mod request_body;
-pub mod usage;
+/// The usage reader lives at the crate root (the summary calls read it too).
+pub use crate::usage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -175,7 +176,14 @@ impl Proxy {
             Some(dialect) => {
                 budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.count(&head, dialect, body)))).await
             }
-            None => budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.prepare(&head, body)))).await,
+            None => {
+                budget
+                    .scope(tokens::scoped(
+                        &tenant,
+                        Box::pin(self.compactor.prepare(&head, body, &finish.log.request_id)),
+                    ))
+                    .await
+            }
         };
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
         // A compressed body compactor did not change goes as the client sent it.

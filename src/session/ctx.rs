@@ -556,6 +556,8 @@ mod tests {
             model: "m".into(),
             at_unix_ms: 0,
             due_tokens: 0,
+            cost: Default::default(),
+            started_by: String::new(),
         }
     }
 

@@ -17,7 +17,7 @@ pub use error::StoreError;
 pub use identify::{ConversationId, Identifier, SessionKey, SessionSource};
 pub use state::{
     Breaker, CompactionRecord, ConversationState, ConversationUpdate, ConversationView, Learned, LearnedChange, Marks,
-    SessionState, SessionUpdate, SessionView, Update, Usage,
+    SessionState, SessionUpdate, SessionView, SummaryCost, Update, Usage,
 };
 pub use store::Store;
 

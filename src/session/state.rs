@@ -60,6 +60,55 @@ pub struct CompactionRecord {
     /// estimate) reaches this many tokens, or once a request needed it (0: at once).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub due_tokens: u64,
+    /// What its summary calls cost (the inspector's figures, the background summaries' metric).
+    #[serde(default, skip_serializing_if = "SummaryCost::is_empty")]
+    pub cost: SummaryCost,
+    /// The request whose compaction made it (for a record prepared in the background: the request
+    /// whose growth started it), by its request id; empty in records stored before it was kept.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub started_by: String,
+}
+
+/// What a compaction's summary calls cost: the provider's usage summed over them, compactor's
+/// estimate for an answer that reported none (`estimated`). Tokens in the provider's count;
+/// `input` is the whole prompt, the parts read from and written to its cache included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SummaryCost {
+    pub calls: u32,
+    pub input: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cache_read: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cache_write: u64,
+    pub output: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
+}
+
+impl SummaryCost {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Adds one answer's usage, or compactor's estimate of it (`input`, `output`) when the
+    /// answer reported none.
+    pub fn add(&mut self, reported: Option<&Usage>, input: u64, output: u64) {
+        self.calls += 1;
+        match reported {
+            Some(usage) => {
+                self.input = self.input.saturating_add(usage.prompt_tokens);
+                self.cache_read = self.cache_read.saturating_add(usage.cached_tokens);
+                self.cache_write = self.cache_write.saturating_add(usage.cache_write_tokens);
+                self.output = self.output.saturating_add(usage.output_tokens);
+            }
+            None => {
+                self.input = self.input.saturating_add(input);
+                self.output = self.output.saturating_add(output);
+                self.estimated = true;
+            }
+        }
+    }
 }
 
 fn is_zero(value: &u64) -> bool {

@@ -113,6 +113,10 @@ fn describe_rewrite() {
         "compactor_background_summaries_total",
         "Summaries prepared in the background, by outcome (started, ready, busy, nothing, failed, used, unneeded)."
     );
+    describe_counter!(
+        "compactor_background_summary_tokens_total",
+        "Tokens the summary calls of summaries prepared in the background cost (the provider's usage), by outcome (ready: spent; used; unneeded) and direction (input, output)."
+    );
     describe_histogram!("compactor_summary_call_seconds", Unit::Seconds, "Latency of summary calls.");
     describe_histogram!(
         "compactor_summary_calls_per_compaction",
@@ -192,6 +196,16 @@ pub fn compaction(trigger: &'static str, outcome: &'static str) {
 /// used it.
 pub fn background_summary(outcome: &'static str) {
     counter!("compactor_background_summaries_total", "outcome" => outcome).increment(1);
+}
+
+/// What a summary prepared in the background cost, counted when it is stored (`ready`: spent),
+/// when a request applies it (`used`) and when a later compaction replaces it unapplied
+/// (`unneeded`); `ready - used - unneeded` is what waits, or waited for a request that never came.
+pub fn background_summary_tokens(outcome: &'static str, cost: &crate::session::SummaryCost) {
+    counter!("compactor_background_summary_tokens_total", "outcome" => outcome, "direction" => "input")
+        .increment(cost.input);
+    counter!("compactor_background_summary_tokens_total", "outcome" => outcome, "direction" => "output")
+        .increment(cost.output);
 }
 
 /// One rung of an overflow recovery and its outcome (`retry`, `nothing`, `failed`, `skipped`).
@@ -358,6 +372,12 @@ pub fn present_at_start() {
     counter!("compactor_futile_compactions_avoided_total").absolute(0);
     for outcome in ["started", "ready", "busy", "nothing", "failed", "used", "unneeded"] {
         counter!("compactor_background_summaries_total", "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["ready", "used", "unneeded"] {
+        for direction in ["input", "output"] {
+            counter!("compactor_background_summary_tokens_total", "outcome" => outcome, "direction" => direction)
+                .absolute(0);
+        }
     }
     let _registered = histogram!("compactor_summary_call_seconds");
     let _registered = histogram!("compactor_summary_calls_per_compaction");

@@ -11,30 +11,30 @@ use serde_json::{Value, json};
 use crate::common::*;
 
 /// How long the fake takes to write a summary.
-const SUMMARY_DELAY: Duration = Duration::from_secs(3);
+pub const SUMMARY_DELAY: Duration = Duration::from_secs(3);
 
 /// A window of 8,000 tokens, nothing pruned or cut: only summaries make room. The upstream is
 /// priced as a local server (the lines continue compactor's `[upstream]` table), so the summary
 /// call is the conversation as sent plus the instruction.
-const CONFIG: &str = "openai_cache = \"local\"\n[models.test-model]\ncontext_window = 8000\nmax_output_tokens = 500\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nbackground = true\nkeep_recent_tokens = 1500\nuser_message_max_tokens = 300\n";
+pub const CONFIG: &str = "openai_cache = \"local\"\n[models.test-model]\ncontext_window = 8000\nmax_output_tokens = 500\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nbackground = true\nkeep_recent_tokens = 1500\nuser_message_max_tokens = 300\n";
 
 /// What the fake received, in order: `summary` for a summary call, else `turn N` (the number of
 /// tool outputs in the request) and whether the request carried a summary.
 #[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<(String, Instant, bool)>>>);
+pub struct Log(Arc<Mutex<Vec<(String, Instant, bool)>>>);
 
 impl Log {
-    fn events(&self) -> Vec<(String, Instant, bool)> {
+    pub fn events(&self) -> Vec<(String, Instant, bool)> {
         self.0.lock().unwrap().clone()
     }
-    fn summary_calls(&self) -> Vec<Instant> {
+    pub fn summary_calls(&self) -> Vec<Instant> {
         self.events().into_iter().filter(|(what, ..)| what == "summary").map(|(_, at, _)| at).collect()
     }
 }
 
 /// A fake that answers summary calls after [`SUMMARY_DELAY`] and every other request at once,
 /// with a usage that counts the prompt as 4 bytes a token.
-async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
+pub async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
     let log = Log::default();
     let seen = log.clone();
     let fake = FakeUpstream::builder()
@@ -63,7 +63,7 @@ async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
 }
 
 /// The conversation after `turns` tool turns of about 650 tokens each.
-fn conversation(turns: usize) -> Value {
+pub fn conversation(turns: usize) -> Value {
     let mut messages = vec![
         json!({"role": "system", "content": "You are a coding agent."}),
         json!({"role": "user", "content": "Build the parser. The codename is ZEPHYR-LANTERN-42."}),
@@ -79,13 +79,54 @@ fn conversation(turns: usize) -> Value {
 }
 
 /// One turn: its latency and compactor's headers.
-async fn turn(proxy: &ProxyProcess, turns: usize) -> (Duration, Answer) {
+pub async fn turn(proxy: &ProxyProcess, turns: usize) -> (Duration, Answer) {
     let started = Instant::now();
     let answer = proxy
         .post("/v1/chat/completions", &[("authorization", "Bearer k"), ("x-session-id", "agent")], &conversation(turns))
         .await;
     assert_eq!(answer.status, 200, "turn {turns}: {}", answer.text());
     (started.elapsed(), answer)
+}
+
+/// The value of the counter `name` whose labels include each of `labels` (`key="value"`), 0 when
+/// it is not there.
+pub fn metric(metrics: &str, name: &str, labels: &[&str]) -> u64 {
+    let start = format!("{name}{{");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&start))
+        .find(|line| labels.iter().all(|label| line.contains(label)))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+pub async fn metrics(proxy: &ProxyProcess) -> String {
+    send(request("GET", &proxy.url("/metrics"), &[], "")).await.text()
+}
+
+/// Turns from `first` on, one at a time, until the fake has received a summary call; waits for
+/// its record (`ready`) and returns the last turn sent (the one that started it) and its answer.
+pub async fn until_a_background_summary_is_ready(proxy: &ProxyProcess, log: &Log, first: usize) -> (usize, Answer) {
+    let calls = log.summary_calls().len();
+    let ready = metric(&metrics(proxy).await, "compactor_background_summaries_total", &["outcome=\"ready\""]);
+    let mut turns = first;
+    let started = loop {
+        let (_, answer) = turn(proxy, turns).await;
+        assert!(answer.header("x-compactor-compacted").is_none_or(|g| g != "0"), "{}", answer.text());
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while log.summary_calls().len() == calls && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if log.summary_calls().len() > calls {
+            break answer;
+        }
+        turns += 1;
+        assert!(turns < first + 12, "no background summary started: {:?}", log.events());
+    };
+    let stored =
+        async || metric(&metrics(proxy).await, "compactor_background_summaries_total", &["outcome=\"ready\""]) > ready;
+    assert!(eventually(stored).await, "the background summary was stored: {:?}", log.events());
+    (turns, started)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -156,6 +197,48 @@ async fn the_request_that_passes_the_threshold_applies_a_summary_prepared_while_
     // one: it finds the lock taken (`busy`).
     for line in ["outcome=\"ready\"} 1", "outcome=\"used\"} 1", "outcome=\"unneeded\"} 0", "outcome=\"failed\"} 0"] {
         assert!(metrics.contains(&format!("compactor_background_summaries_total{{{line}")), "{line}: {metrics}");
+    }
+    // Its cost: the fake's usage of the one summary call (its prompt at 4 bytes a token, 20
+    // tokens of answer), spent once and used once; nothing spent for nothing.
+    let tokens = |outcome: &str, direction: &str| {
+        let labels = [format!("outcome=\"{outcome}\""), format!("direction=\"{direction}\"")];
+        metric(&metrics, "compactor_background_summary_tokens_total", &[&labels[0], &labels[1]])
+    };
+    assert!(tokens("ready", "input") > 1_000, "{metrics}");
+    assert_eq!(tokens("ready", "output"), 20, "{metrics}");
+    for direction in ["input", "output"] {
+        assert_eq!(tokens("used", direction), tokens("ready", direction), "{direction}: {metrics}");
+        assert_eq!(tokens("unneeded", direction), 0, "{direction}: {metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_summary_a_later_compaction_replaces_is_counted_unneeded_with_what_it_cost() {
+    let (fake, log) = fake_with_slow_summaries().await;
+    let proxy = ProxyProcess::start(&fake, &format!("{CONFIG}[admin]\ntoken = \"admin\"\n"));
+    let (turns, _) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
+    let (_, answer) = turn(&proxy, turns).await;
+    assert_eq!(answer.header("x-compactor-compacted"), None, "not needed yet: {:?}", log.events());
+    let session = answer.header("x-compactor-session").unwrap().to_string();
+    // An operator asks for a compaction now: the next request summarizes the conversation as it
+    // is, and the summary prepared for a later turn is replaced before any request applied it.
+    let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{session}/compact"), "admin").await;
+    assert_eq!(marked.status, 202);
+    let (_, answer) = turn(&proxy, turns).await;
+    assert_eq!(answer.header("x-compactor-compacted"), Some("2"), "{:?}", log.events());
+    assert_eq!(log.summary_calls().len(), 2, "{:?}", log.events());
+    let metrics = metrics(&proxy).await;
+    let count =
+        |outcome: &str| metric(&metrics, "compactor_background_summaries_total", &[&format!("outcome=\"{outcome}\"")]);
+    assert_eq!((count("ready"), count("used"), count("unneeded")), (1, 0, 1), "{metrics}");
+    let tokens = |outcome: &str, direction: &str| {
+        let labels = [format!("outcome=\"{outcome}\""), format!("direction=\"{direction}\"")];
+        metric(&metrics, "compactor_background_summary_tokens_total", &[&labels[0], &labels[1]])
+    };
+    assert!(tokens("unneeded", "input") > 1_000, "{metrics}");
+    for direction in ["input", "output"] {
+        assert_eq!(tokens("unneeded", direction), tokens("ready", direction), "{direction}: {metrics}");
+        assert_eq!(tokens("used", direction), 0, "{direction}: {metrics}");
     }
 }
 

@@ -519,3 +519,83 @@ async fn a_conversation_of_a_thousand_requests_is_shown_whole_and_fast() {
     assert!(conversation_time < std::time::Duration::from_secs(5), "{conversation_time:?}");
     assert!(sessions_time < std::time::Duration::from_secs(2), "{sessions_time:?}");
 }
+
+/// A figure's value on a conversation page (`1,234` read as 1234).
+fn figure(html: &str, name: &str) -> u64 {
+    let after = html.split(&format!("<dt>{name}</dt><dd>")).nth(1).unwrap_or_else(|| panic!("no figure {name}"));
+    after.split('<').next().unwrap().replace(',', "").parse().unwrap()
+}
+
+/// A compaction's block on a conversation page.
+fn generation<'h>(html: &'h str, generation: u32) -> &'h str {
+    let start = html.find(&format!("id=\"generation-{generation}\"")).expect("the generation is shown");
+    let block = &html[start..];
+    &block[..block.find("</article>").unwrap()]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn background_summaries_show_who_started_and_applied_them_and_their_calls_count_in_the_cost() {
+    use crate::background::{CONFIG, fake_with_slow_summaries, turn, until_a_background_summary_is_ready};
+    let (fake, log) = fake_with_slow_summaries().await;
+    let proxy = ProxyProcess::start(&fake, &format!("{CONFIG}[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"));
+    // Generation 1 is prepared in the background, then an operator's compaction (generation 2)
+    // replaces it before any request needed it.
+    let (turns, first) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
+    let key = first.header("x-compactor-session").unwrap().to_string();
+    let id = first.header("x-compactor-conversation").unwrap().to_string();
+    let marked = proxy.call_with_token("POST", &format!("/admin/sessions/{key}/compact"), ADMIN_TOKEN).await;
+    assert_eq!(marked.status, 202);
+    let (_, answer) = turn(&proxy, turns).await;
+    assert_eq!(answer.header("x-compactor-compacted"), Some("2"), "{:?}", log.events());
+    // Generation 3 is prepared in the background and applied by the request that needs it.
+    let (started, third) = until_a_background_summary_is_ready(&proxy, &log, turns + 1).await;
+    let mut applied = None;
+    for next in started + 1..started + 6 {
+        let (_, answer) = turn(&proxy, next).await;
+        if answer.header("x-compactor-compacted") == Some("3") {
+            applied = Some(answer);
+            break;
+        }
+    }
+    let applied = applied.expect("a request applied generation 3");
+    assert_eq!(log.summary_calls().len(), 3, "{:?}", log.events());
+    let request_id = |answer: &Answer| answer.header("x-compactor-request-id").unwrap().to_string();
+    let applied_id = request_id(&applied);
+    let page_path = format!("/ui/sessions/{key}/c/{id}");
+    let committed = async || as_admin(&proxy, &page_path).await.text().contains(&format!("data-id=\"{applied_id}\""));
+    assert!(eventually(committed).await, "the request that applied it is recorded");
+    let html = as_admin(&proxy, &page_path).await.text();
+
+    let replaced = generation(&html, 1);
+    assert!(replaced.contains("· background ·"), "{replaced}");
+    assert!(replaced.contains(&format!("started by request <a")), "{replaced}");
+    assert!(replaced.contains(&request_id(&first)), "the request that started it: {replaced}");
+    assert!(replaced.contains("never needed: replaced by generation 2 (admin)"), "{replaced}");
+    assert!(!replaced.contains("applied by request"), "{replaced}");
+    let used = generation(&html, 3);
+    assert!(used.contains(&request_id(&third)), "the request that started it: {used}");
+    assert!(used.contains("applied by request") && used.contains(&applied_id), "{used}");
+    assert!(!generation(&html, 2).contains("Prepared in the background"), "the operator's is not");
+    for g in 1..=3 {
+        // The fake's usage: 20 tokens of answer per summary call.
+        assert!(generation(&html, g).contains("Summary calls cost"), "generation {g}");
+        assert!(generation(&html, g).contains("; 20 output tokens."), "generation {g}: {}", generation(&html, g));
+    }
+    // The cost with compactor is the requests' costs (each row's first figure) and the three
+    // summary calls' (no cache read reported: each its whole prompt).
+    let summaries = figure(&html, "of it, summary calls");
+    assert!(summaries > 3 * 1_000, "{summaries}");
+    assert_eq!(figure(&html, "summary output tokens"), 60);
+    let timeline = html.split("id=\"timeline\"").nth(1).unwrap();
+    let requests: u64 = timeline
+        .split("<tr class=\"request")
+        .skip(1)
+        .map(|row| {
+            let cost = row.rsplit("<td class=\"n\">").next().unwrap();
+            cost.split(' ').next().unwrap().replace(',', "").parse::<u64>().unwrap_or(0)
+        })
+        .sum();
+    let with = figure(&html, "cost with compactor");
+    let rows = rows(&html) as u64;
+    assert!(with.abs_diff(requests + summaries) <= rows, "{with} = {requests} + {summaries}");
+}

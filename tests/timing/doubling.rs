@@ -396,6 +396,8 @@ fn cuts_and_rebuilds(dialect: Dialect, keep_recent_tokens: u32) -> impl Fn(&[u8]
             model: "m".into(),
             at_unix_ms: 0,
             due_tokens: 0,
+            cost: Default::default(),
+            started_by: String::new(),
         };
         let Some(rebuilt) = plan::rebuild(&parsed, &record, "Summary: ", &count) else { return false };
         let records = [record];
@@ -646,7 +648,11 @@ fn prepares(path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> bool {
         uri: path.parse().unwrap(),
         headers: map,
     };
-    let prepared = REQUEST_PATH.runtime.block_on(REQUEST_PATH.compactor.prepare(&head, Bytes::copy_from_slice(body)));
+    let prepared = REQUEST_PATH.runtime.block_on(REQUEST_PATH.compactor.prepare(
+        &head,
+        Bytes::copy_from_slice(body),
+        "req-timing",
+    ));
     prepared.report.is_some()
 }
 

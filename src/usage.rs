@@ -1,5 +1,6 @@
-//! The tap on a response: reads the token usage the upstream reports, from a plain JSON body or
-//! from SSE events as they pass, without holding back a single byte.
+//! The token usage an upstream reports: the tap on a response reads it from a plain JSON body or
+//! from SSE events as they pass, without holding back a single byte; a summary call's answer is
+//! read by the same reader ([`of_body`]).
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -68,6 +69,15 @@ impl UsageTap {
         }
         self.usage
     }
+}
+
+/// The usage a whole JSON answer reports (a summary call's), read as the tap reads a plain body.
+pub fn of_body(body: &[u8]) -> Option<Usage> {
+    let mut usage = None;
+    if let Ok(text) = std::str::from_utf8(body) {
+        merge(&mut usage, text);
+    }
+    usage
 }
 
 /// Only events that mention usage are worth parsing.
