@@ -46,6 +46,12 @@ pub(super) struct Sizing {
     /// The part of the prompt no compaction shrinks (system, tools, the summary it carries), in
     /// the provider's tokens.
     pub fixed: u64,
+    /// For a summary prepared in the background: how much the client's history grows (compactor's
+    /// tokens, whole turns) before its record applies. The tail kept verbatim is that much
+    /// shorter, so that when the record applies the tail has grown back to what a compaction at
+    /// that request keeps: the same rebuild, not one a turn or two longer that passes the
+    /// threshold again sooner and costs another summary call.
+    pub due_in: u64,
 }
 
 /// What one compaction did.
@@ -157,8 +163,17 @@ impl Compaction<'_> {
         let model = self.rewriter.count(&mut parsed).await.map_err(CompactError::Stopped)?;
         let after = ladder.record.as_ref().map_or(0, |r| r.covered_messages as usize);
         let (keep, user_budget) = budget::kept_sizes(self.settings, &sizing.pressure, sizing.fixed, harder);
-        let cut = plan::choose_cut(&parsed, keep, after.max(parsed.lead()).saturating_sub(1).max(after))
-            .ok_or(CompactError::NothingToSummarize)?;
+        let previous = after.max(parsed.lead()).saturating_sub(1).max(after);
+        let due_in = u32::try_from(sizing.due_in).unwrap_or(u32::MAX);
+        // A record that applies turns from now keeps, when it applies, what it keeps now and the
+        // turns added by then: it keeps that much less now. When those turns alone are as much as
+        // a compaction keeps, it summarizes the whole conversation and they are its tail.
+        let cut = match due_in {
+            0 => plan::choose_cut(&parsed, keep, previous),
+            ahead if ahead < keep => plan::choose_cut(&parsed, keep - ahead, previous),
+            _ => plan::cut_at_end(&parsed, previous).or_else(|| plan::choose_cut(&parsed, keep / 4, previous)),
+        }
+        .ok_or(CompactError::NothingToSummarize)?;
         let from = after.max(parsed.lead());
         Ok(Cut { parsed, model, from, cut, user_budget, harder, sizing: *sizing })
     }

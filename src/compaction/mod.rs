@@ -449,7 +449,7 @@ impl Compactor {
 
     fn sizing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport) -> Sizing {
         let pressure = self.pressure(ctx, report);
-        Sizing { pressure, fixed: self.fixed_tokens(ladder, &pressure, report) }
+        Sizing { pressure, fixed: self.fixed_tokens(ladder, &pressure, report), due_in: 0 }
     }
 
     /// After an overflow of the body `sent`: the next rung's body, skipping rungs that change
@@ -742,8 +742,11 @@ impl Compactor {
         if prompt > target || prompt.saturating_add(ahead) <= target {
             return;
         }
-        let due_tokens = u64::from(report.tokens_before) + pressure.uncalibrated(target - prompt) + 1;
-        let sizing = self.sizing(ladder, ctx, report);
+        let due_in = pressure.uncalibrated(target - prompt) + 1;
+        let due_tokens = u64::from(report.tokens_before) + due_in;
+        // The record applies at the first request past `due_tokens`: whole turns later, at the
+        // newest turn's growth, and the history grows that much before it applies.
+        let sizing = Sizing { due_in: due_in.div_ceil(growth) * growth, ..self.sizing(ladder, ctx, report) };
         let mut job = Ladder::new(
             ladder.dialect,
             ladder.client_body.clone(),

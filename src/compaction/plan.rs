@@ -101,6 +101,18 @@ pub fn choose_cut(parsed: &ParsedRequest, keep_recent_tokens: u32, after: usize)
     before.or_else(|| (target + 1..count).find(|&i| boundary[i]))
 }
 
+/// The cut after the whole conversation, for a summary prepared in the background whose record
+/// applies turns later (the turns added by then are its kept tail): `messages.len()` when the
+/// newest message is no assistant message (the agent's turn is whole: no call waits for its
+/// result, and what comes next is the assistant's answer, a clean cut), and there is something
+/// after `after` (the previous cut) to summarize.
+pub fn cut_at_end(parsed: &ParsedRequest, after: usize) -> Option<usize> {
+    let count = parsed.messages.len();
+    let lower = after.max(parsed.lead()) + 1;
+    let complete = parsed.messages.last().is_some_and(|m| m.role != Role::Assistant);
+    (count >= 2 && lower <= count && complete && parsed.conversation.is_clean_cut(count)).then_some(count)
+}
+
 /// Indices of the user's own messages in `lead..cut`, newest first up to `budget` tokens, returned
 /// oldest first, so the user's intent is never summarized away.
 pub fn user_messages(parsed: &ParsedRequest, cut: usize, budget: u32) -> Vec<u32> {
