@@ -82,7 +82,7 @@ impl Compaction<'_> {
     /// compaction per conversation at a time: a request that finds its conversation's lock taken
     /// waits for the holder's record and reuses it; other conversations of the session have
     /// their own locks and never wait for this one. `due_tokens` > 0: a summary prepared in the
-    /// background, whose record applies from that size of the client's history; it never waits
+    /// background, foreseen to be needed at that size of the client's history; it never waits
     /// for the lock (a compaction under way makes it give up, [`CompactError::Busy`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn run(

@@ -381,10 +381,15 @@ impl Compactor {
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
         let mut derived = self.derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
         if let Some(ready) = ladder.record.clone().filter(|r| r.due_tokens > 0)
-            && u64::from(derived.1.tokens_before) < ready.due_tokens
             && ready.generation != last_generation
         {
-            // Not needed yet: the conversation goes on as before, the record waits.
+            // Not applied yet: the conversation goes on as before, the record waits for the
+            // request that needs a compaction (past the threshold when a compaction there is
+            // worth its call, else past the limit, or an overflow), which applies it where a
+            // compaction ahead of time would happen. Applied as soon as the history reached
+            // `due_tokens` (the projection's crossing), it came a turn early whenever the
+            // request there would not have been compacted (a compaction that leaves no room for
+            // the next turns waits for the limit), and the next summary a turn earlier too.
             let waiting = std::mem::replace(&mut ladder.record, before_ready);
             match self.derive(ladder, ctx, &self.rewriter.settings, false).await {
                 Some(held) => {

@@ -486,7 +486,7 @@ fn compactions(
                 (None, None) => {
                     let _ = write!(
                         out,
-                        "not needed yet: it applies once the conversation reaches {} tokens (a conversation that ends first never needs it).",
+                        "not needed yet: foreseen for when the conversation passes about {} tokens, it waits for the request that needs a compaction (a conversation that ends first never needs it).",
                         num(record.due_tokens)
                     );
                 }

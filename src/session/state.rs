@@ -56,8 +56,9 @@ pub struct CompactionRecord {
     pub trigger: String,
     pub model: String,
     pub at_unix_ms: u64,
-    /// A record prepared in the background: it applies once the client's history (compactor's
-    /// estimate) reaches this many tokens, or once a request needed it (0: at once).
+    /// A record prepared in the background (0: made by the request that applied it): the size of
+    /// the client's history (compactor's estimate) at which it was foreseen to be needed. It waits
+    /// for the first request that needs a compaction, which applies it, as do the ones after.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub due_tokens: u64,
     /// What its summary calls cost (the inspector's figures, the background summaries' metric).
