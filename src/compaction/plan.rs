@@ -204,3 +204,65 @@ pub fn matching_record<'r>(parsed: &ParsedRequest, records: &'r [CompactionRecor
         covered > 0 && covered < parsed.messages.len() && prefix_hash(parsed, covered) == record.covered_hash
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A Chat conversation: the task, then `turns` tool turns; `pending`: it ends with a call
+    /// whose result has not come yet.
+    fn chat(turns: usize, pending: bool) -> Vec<u8> {
+        let mut messages =
+            vec![json!({"role": "system", "content": "Agent."}), json!({"role": "user", "content": "Fix the parser."})];
+        for turn in 0..turns {
+            let id = format!("call_{turn}");
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read", "arguments": "{}"}}]}));
+            if !(pending && turn + 1 == turns) {
+                messages.push(json!({"role": "tool", "tool_call_id": id, "content": format!("output {turn}")}));
+            }
+        }
+        serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap()
+    }
+
+    #[test]
+    fn a_background_cut_at_the_end_keeps_only_the_turns_added_before_its_record_applies() {
+        let now = chat(3, false);
+        let parsed = ParsedRequest::parse(Dialect::ChatCompletions, &now).unwrap();
+        let count = parsed.messages.len();
+        assert_eq!(cut_at_end(&parsed, 0), Some(count));
+        assert_eq!(cut_at_end(&parsed, count - 1), Some(count), "the newest message is still to summarize");
+        assert_eq!(cut_at_end(&parsed, count), None, "nothing after the previous cut");
+        let waiting = chat(3, true);
+        let waiting = ParsedRequest::parse(Dialect::ChatCompletions, &waiting).unwrap();
+        assert_eq!(cut_at_end(&waiting, 0), None, "a call waits for its result");
+
+        // Two turns later the record applies: the summary, then those two turns verbatim.
+        let record = CompactionRecord {
+            generation: 1,
+            summary: "Read three parts.".into(),
+            covered_messages: count as u64,
+            covered_hash: String::new(),
+            first_kept: count as u64,
+            user_messages: Vec::new(),
+            truncate_user_tokens: 0,
+            tokens_before: 0,
+            tokens_after: 0,
+            trigger: "background".into(),
+            model: "m".into(),
+            at_unix_ms: 0,
+            due_tokens: 1,
+            cost: Default::default(),
+            started_by: String::new(),
+        };
+        let later = chat(5, false);
+        let later = ParsedRequest::parse(Dialect::ChatCompletions, &later).unwrap();
+        let rebuilt = rebuild(&later, &record, "Summary: ", &|text: &str| text.len() as u32 / 4).unwrap();
+        let rebuilt: serde_json::Value = serde_json::from_slice(&rebuilt).unwrap();
+        let roles: Vec<&str> =
+            rebuilt["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant", "tool"]);
+        assert!(rebuilt["messages"][1]["content"].as_str().unwrap().starts_with("Summary: Read three parts."));
+        assert_eq!(rebuilt["messages"][5]["content"], "output 4");
+    }
+}
