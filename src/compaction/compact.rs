@@ -121,6 +121,14 @@ impl Compaction<'_> {
             lock.release(ctx).await;
             return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
         }
+        let applied = ladder.compacted().unwrap_or(0);
+        if due_tokens > 0 && ctx.conversation().compactions.iter().any(|r| r.generation > applied) {
+            // A record newer than the one the starting request applied was stored before this
+            // job loaded (another job's, prepared for the same crossing): it waits, or applies.
+            // A second summary here would be a call for nothing, and a staler record later.
+            lock.release(ctx).await;
+            return Err(CompactError::Busy);
+        }
         let generation = ctx.conversation().compactions.iter().map(|r| r.generation).max().unwrap_or(0) + 1;
         let summarizing = self.summarize(head, ladder, ctx, &cut, trigger, generation);
         let mut result = lock.renewing(ctx, self.settings.lock_lease, summarizing).await;
@@ -130,7 +138,6 @@ impl Compaction<'_> {
         // Published before the lock goes: the requests waiting for it look for this record.
         match &result {
             Ok(Compacted { record, summary_time, summary_calls }) => {
-                let applied = ladder.compacted().unwrap_or(0);
                 if due_tokens == 0 {
                     // A summary prepared in the background that no request applied: replaced.
                     let compactions = &ctx.conversation().compactions;
