@@ -102,7 +102,7 @@ impl Compaction<'_> {
             None if due_tokens > 0 => return Err(CompactError::Busy),
             None => match lock::await_winner(ctx, &cut.parsed, self.settings.lock_wait).await {
                 Waited::Record(record) => {
-                    return Ok(Compacted { record, summary_time: Duration::ZERO, summary_calls: 0 });
+                    return Ok(Compacted { record: *record, summary_time: Duration::ZERO, summary_calls: 0 });
                 }
                 Waited::TimedOut => return Err(CompactError::Busy),
                 // The holder finished without a record for this history: summarize it here,

@@ -71,8 +71,9 @@ impl CompactionLock {
 
 /// How a wait for another request's compaction ended.
 pub(super) enum Waited {
-    /// Its record matches the client's conversation (and is now in `ctx`).
-    Record(CompactionRecord),
+    /// Its record matches the client's conversation (and is now in `ctx`). Boxed: a record is
+    /// large beside the other variants.
+    Record(Box<CompactionRecord>),
     /// It released the lock without a record that matches: nothing more to wait for.
     Released,
     /// It still held the lock after the wait.
@@ -91,7 +92,7 @@ pub(super) async fn await_winner(ctx: &mut SessionCtx, client: &ParsedRequest<'_
         let newer: Vec<CompactionRecord> = state.compactions.iter().filter(|r| r.generation > seen).cloned().collect();
         if let Some(record) = plan::matching_record(client, &newer).cloned() {
             ctx.adopt(state);
-            return Waited::Record(record);
+            return Waited::Record(Box::new(record));
         }
         if !locked {
             ctx.adopt(state);

@@ -527,7 +527,7 @@ fn figure(html: &str, name: &str) -> u64 {
 }
 
 /// A compaction's block on a conversation page.
-fn generation<'h>(html: &'h str, generation: u32) -> &'h str {
+fn generation(html: &str, generation: u32) -> &str {
     let start = html.find(&format!("id=\"generation-{generation}\"")).expect("the generation is shown");
     let block = &html[start..];
     &block[..block.find("</article>").unwrap()]
@@ -568,7 +568,7 @@ async fn background_summaries_show_who_started_and_applied_them_and_their_calls_
 
     let replaced = generation(&html, 1);
     assert!(replaced.contains("· background ·"), "{replaced}");
-    assert!(replaced.contains(&format!("started by request <a")), "{replaced}");
+    assert!(replaced.contains("started by request <a"), "{replaced}");
     assert!(replaced.contains(&request_id(&first)), "the request that started it: {replaced}");
     assert!(replaced.contains("never needed: replaced by generation 2 (admin)"), "{replaced}");
     assert!(!replaced.contains("applied by request"), "{replaced}");
