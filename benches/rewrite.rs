@@ -158,6 +158,7 @@ fn bench(c: &mut Criterion) {
             due_tokens: 0,
             cost: Default::default(),
             started_by: String::new(),
+            built_on: 0,
         };
         let records = vec![record];
         let prefix = Config::default().compaction.summary_prefix;

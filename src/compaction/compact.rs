@@ -257,6 +257,7 @@ impl Compaction<'_> {
             due_tokens: 0,
             cost,
             started_by: ladder.request_id.clone(),
+            built_on: previous.map_or(0, |r| r.generation),
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
             && let Some(mut after) = ladder.parse(&rebuilt)

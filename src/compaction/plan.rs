@@ -254,6 +254,7 @@ mod tests {
             due_tokens: 1,
             cost: Default::default(),
             started_by: String::new(),
+            built_on: 0,
         };
         let later = chat(5, false);
         let later = ParsedRequest::parse(Dialect::ChatCompletions, &later).unwrap();

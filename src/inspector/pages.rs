@@ -470,9 +470,20 @@ fn compactions(
             let replaced_by = records.iter().find(|r| r.generation > record.generation);
             // Whether the recorded requests reach back to it (the log is bounded).
             let seen = requests.first().is_some_and(|r| r.at <= record.at_unix_ms);
+            let built_upon = records.iter().find(|r| r.built_on == record.generation);
             match (carried_by, replaced_by) {
                 (Some(request), _) => {
                     let _ = write!(out, "applied by request {} at {}.", link(&request.id), time(request.at));
+                }
+                // Applied by a request that at once summarized further on top of it.
+                (None, _) if built_upon.is_some_and(|later| !later.started_by.is_empty()) => {
+                    let later = built_upon.map_or(0, |r| r.generation);
+                    let by = built_upon.map_or("", |r| r.started_by.as_str());
+                    let _ = write!(
+                        out,
+                        "applied by request {}, which summarized further on top of it (generation {later}).",
+                        link(by)
+                    );
                 }
                 (None, Some(later)) if seen => {
                     let _ = write!(

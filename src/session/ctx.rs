@@ -558,6 +558,7 @@ mod tests {
             due_tokens: 0,
             cost: Default::default(),
             started_by: String::new(),
+            built_on: 0,
         }
     }
 

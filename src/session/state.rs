@@ -68,6 +68,11 @@ pub struct CompactionRecord {
     /// whose growth started it), by its request id; empty in records stored before it was kept.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub started_by: String,
+    /// The generation whose summary this one carries on (the record the request applied when it
+    /// summarized; 0: none): a record prepared in the background that a request applied and at
+    /// once summarized further is named here, though no request carried it.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub built_on: u32,
 }
 
 /// What a compaction's summary calls cost: the provider's usage summed over them, compactor's
@@ -113,6 +118,10 @@ impl SummaryCost {
 }
 
 fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+fn is_zero_u32(value: &u32) -> bool {
     *value == 0
 }
 

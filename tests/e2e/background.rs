@@ -280,7 +280,7 @@ async fn a_request_that_needs_the_summary_before_it_is_ready_waits_for_the_one_u
 #[tokio::test(flavor = "multi_thread")]
 async fn a_conversation_that_jumps_past_its_ready_summary_is_summarized_further_on_top_of_it() {
     let (fake, log) = fake_with_slow_summaries().await;
-    let proxy = ProxyProcess::start(&fake, CONFIG);
+    let proxy = ProxyProcess::start(&fake, &format!("{CONFIG}[admin]\ntoken = \"admin\"\n"));
     let (turns, _) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
     // Twelve turns at once, far past what the summary was prepared for: it applies, is not enough
     // alone, and the request summarizes further on top of it before it goes (not after an
@@ -309,4 +309,15 @@ async fn a_conversation_that_jumps_past_its_ready_summary_is_summarized_further_
     let count =
         |outcome: &str| metric(&metrics, "compactor_background_summaries_total", &[&format!("outcome=\"{outcome}\"")]);
     assert_eq!((count("ready"), count("used"), count("unneeded")), (1, 1, 0), "{metrics}");
+    // The inspector says so: generation 1 was applied, by the request that made generation 2.
+    let (key, id) = (answer.header("x-compactor-session").unwrap(), answer.header("x-compactor-conversation").unwrap());
+    let request = answer.header("x-compactor-request-id").unwrap();
+    let path = format!("/ui/sessions/{key}/c/{id}");
+    // The request's own record is committed once its answer is done.
+    let shown = async || {
+        let page = proxy.get_with_token(&path, "admin").await.text();
+        page.contains(&format!("applied by request <a class=\"request\" href=\"{path}/r/{request}\""))
+            && page.contains("which summarized further on top of it (generation 2)")
+    };
+    assert!(eventually(shown).await, "{}", proxy.get_with_token(&path, "admin").await.text());
 }

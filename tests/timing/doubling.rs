@@ -398,6 +398,7 @@ fn cuts_and_rebuilds(dialect: Dialect, keep_recent_tokens: u32) -> impl Fn(&[u8]
             due_tokens: 0,
             cost: Default::default(),
             started_by: String::new(),
+            built_on: 0,
         };
         let Some(rebuilt) = plan::rebuild(&parsed, &record, "Summary: ", &count) else { return false };
         let records = [record];
