@@ -369,6 +369,47 @@ mod tests {
         assert_eq!(pairs[2], (call_ids[2].clone(), "A1".to_string()));
     }
 
+    /// The made-up ids of a Gemini body's calls and responses, in order.
+    fn made_up_ids(body: &str) -> (Vec<String>, Vec<String>) {
+        let parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        let mut calls = Vec::new();
+        let mut responses = Vec::new();
+        for item in &parsed.conversation.items {
+            match &item.kind {
+                Kind::ToolCall { id: Some(id), .. } => calls.push(id.to_string()),
+                Kind::ToolResult { call_id: Some(id), .. } => responses.push(id.to_string()),
+                _ => {}
+            }
+        }
+        (calls, responses)
+    }
+
+    #[test]
+    fn a_call_without_id_keeps_its_name_when_repair_drops_an_earlier_content() {
+        let turn = |n: usize| {
+            format!(
+                r#"{{"role":"model","parts":[{{"functionCall":{{"name":"run","args":{{"n":{n}}}}}}}]}},
+                {{"role":"user","parts":[{{"functionResponse":{{"name":"run","response":{{"output":"out {n}"}}}}}}]}}"#
+            )
+        };
+        // A content answering no call: repair drops it, and the rewritten body goes without it.
+        let orphan =
+            r#"{"role":"user","parts":[{"functionResponse":{"id":"ghost","name":"run","response":{"output":"x"}}}]}"#;
+        let sent = format!(r#"{{"contents":[{},{orphan},{}]}}"#, turn(1), turn(2));
+        let repaired = format!(r#"{{"contents":[{},{}]}}"#, turn(1), turn(2));
+        let (calls, responses) = made_up_ids(&sent);
+        let (calls_after, responses_after) = made_up_ids(&repaired);
+        // A pruned id remembered from the first pass names the same call in the rewritten body.
+        assert_eq!(calls, calls_after);
+        assert_eq!(
+            responses.iter().filter(|id| *id != "ghost").collect::<Vec<_>>(),
+            responses_after.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(calls, responses_after, "each response names the call it answers");
+        // Two identical calls in two model turns keep two names.
+        assert_ne!(calls[0], calls[1]);
+    }
+
     #[test]
     fn responses_with_inline_data_and_provider_code_are_never_shortenable() {
         let body = r#"{"contents":[
