@@ -95,6 +95,10 @@ pub struct ParsedRequest<'a> {
     pub marker: Option<breakpoints::Marker>,
     /// Where the parse found things, for the next turn's reuse ([`prefix`]).
     pub layout: Layout,
+    /// How many assistant messages the parse has read so far: Gemini names a call the model gave
+    /// no id by the assistant turn it stands in, a count repair never shifts (it removes only
+    /// results, never an assistant message) and appended messages never change.
+    pub assistant_turns: usize,
     /// Token counts, truncations and rendered messages carried from the last turn and kept for
     /// the next ([`prefix`]).
     pub memo: prefix::Memo,
@@ -261,6 +265,7 @@ impl<'a> ParsedRequest<'a> {
             tools,
             marker: None,
             layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
+            assistant_turns: 0,
             memo: prefix::Memo::default(),
             unapplied: Unapplied::default(),
         };
@@ -281,6 +286,8 @@ impl<'a> ParsedRequest<'a> {
         parsed.conversation.items.append(&mut reused.items);
         parsed.system.append(&mut reused.system);
         parsed.layout.system_ends.append(&mut reused.system_ends);
+        // Counted again over the re-made messages, as a fresh parse counts them.
+        parsed.assistant_turns = parsed.messages.iter().filter(|m| m.role == Role::Assistant).count();
         let first_new = parsed.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
             let index = first_new + offset;
@@ -291,6 +298,8 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
             }
             parsed.layout.system_ends.push(parsed.system.len() - top_system);
+            let read = parsed.messages.get(index..).unwrap_or_default();
+            parsed.assistant_turns += read.iter().filter(|m| m.role == Role::Assistant).count();
         }
         parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
         parsed.conversation.pairing = dialect.pairing();
