@@ -199,13 +199,27 @@ impl<'a> ParsedRequest<'a> {
     /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
     /// the request is forwarded untouched.
     pub fn parse(dialect: Dialect, body: &'a [u8]) -> Option<Self> {
-        Self::parse_after(dialect, json::utf8(body).ok()?, None)
+        Self::parse_after(dialect, json::utf8(body).ok()?, None, 0)
+    }
+
+    /// Parses a body compaction rebuilt, whose summary stands for `summarized_turns` assistant
+    /// turns of the client's conversation: they are counted as if they were there, so the ids
+    /// made up from the count (Gemini's calls without ids) name the calls the client's body
+    /// names, and the session's remembered pruned ids keep meaning the same calls.
+    pub fn parse_rebuilt(dialect: Dialect, body: &'a [u8], summarized_turns: usize) -> Option<Self> {
+        Self::parse_after(dialect, json::utf8(body).ok()?, None, summarized_turns)
     }
 
     /// Parses `body`, taking its head (the top-level fields before the history and the first
     /// messages) from `head` when given, re-made from an earlier parse of the same bytes
     /// ([`prefix`]); the rest is read in one pass: the top level and each new message once.
-    pub(crate) fn parse_after(dialect: Dialect, text: &'a str, head: Option<prefix::Head<'a>>) -> Option<Self> {
+    /// `turns_before`: assistant turns counted before the first message (see `parse_rebuilt`).
+    pub(crate) fn parse_after(
+        dialect: Dialect,
+        text: &'a str,
+        head: Option<prefix::Head<'a>>,
+        turns_before: usize,
+    ) -> Option<Self> {
         let body = text.as_bytes();
         let history_field = dialect.history_field();
         let mut fields = json::UniqueFields::with_capacity(16);
@@ -287,7 +301,7 @@ impl<'a> ParsedRequest<'a> {
         parsed.system.append(&mut reused.system);
         parsed.layout.system_ends.append(&mut reused.system_ends);
         // Counted again over the re-made messages, as a fresh parse counts them.
-        parsed.assistant_turns = parsed.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        parsed.assistant_turns = turns_before + parsed.messages.iter().filter(|m| m.role == Role::Assistant).count();
         let first_new = parsed.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
             let index = first_new + offset;
