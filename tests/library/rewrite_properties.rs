@@ -474,11 +474,7 @@ fn histories(pruned: &BTreeSet<String>, messages: usize) -> Vec<History<'_>> {
 
 fn check(dialect: Dialect, body: Value, escaped: bool) {
     let none = BTreeSet::new();
-    let messages = ["input", "messages", "contents"]
-        .iter()
-        .find_map(|field| body.get(field))
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+    let messages = body.get("input").or(body.get("messages")).and_then(Value::as_array).map_or(0, Vec::len);
     for (at, history) in histories(&none, messages).into_iter().enumerate() {
         check_with(dialect, &body, escaped, &history, |pruned| histories(pruned, messages).swap_remove(at));
     }
