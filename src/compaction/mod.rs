@@ -57,42 +57,6 @@ pub struct Compactor {
     prefixes: PrefixCache,
     store: Store,
     summarizer: Arc<Summarizer>,
-    /// The conversations whose summary is being prepared in the background by this process.
-    preparing: Arc<Preparing>,
-}
-
-/// The conversations (session key, conversation id) with a background summary under way here.
-#[derive(Default)]
-struct Preparing(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
-
-impl Preparing {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(String, String)>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn contains(&self, key: &(String, String)) -> bool {
-        self.lock().contains(key)
-    }
-}
-
-/// Marks a conversation's background summary as under way for as long as it lives (the job's
-/// end, its failure or its cancellation alike).
-struct PreparingMark {
-    preparing: Arc<Preparing>,
-    key: (String, String),
-}
-
-impl PreparingMark {
-    fn new(preparing: Arc<Preparing>, key: (String, String)) -> Self {
-        preparing.lock().insert(key.clone());
-        Self { preparing, key }
-    }
-}
-
-impl Drop for PreparingMark {
-    fn drop(&mut self) {
-        self.preparing.lock().remove(&self.key);
-    }
 }
 
 /// A request as compactor sends it.
@@ -141,11 +105,6 @@ fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteRepo
     (body, report)
 }
 
-/// A conversation's key in [`Preparing`].
-fn conversation_key(ctx: &SessionCtx) -> (String, String) {
-    (ctx.key().as_str().to_string(), ctx.conversation_id().to_string())
-}
-
 /// The (upstream family, model) a request talks to, what the session learns of.
 fn model_key(head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
     ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))
@@ -177,7 +136,6 @@ impl Compactor {
                 .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,
             summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
-            preparing: Arc::default(),
         }
     }
 
@@ -276,14 +234,9 @@ impl Compactor {
                 // turns, land under the budget; when they cannot (the fixed part leaves room for a
                 // turn or two), only a request that would overflow is compacted: the rebuild is
                 // the same, a turn or more later, so the session pays fewer summary calls.
-                // A summary this conversation is preparing in the background is worth waiting
-                // for: the request would otherwise go uncompacted (on a server that answers one
-                // request at a time, queued behind that very summary call), and the next one would
-                // need a summary of its own, the prepared one wasted.
                 let worth = requested
                     || prompt > pressure.limit()
-                    || self.frees_room(&ladder, &pressure, &report, ctx.conversation())
-                    || self.preparing.contains(&conversation_key(&ctx));
+                    || self.frees_room(&ladder, &pressure, &report, ctx.conversation());
                 if !worth {
                     metric::futile_compaction_avoided();
                     tracing::debug!(
@@ -806,9 +759,7 @@ impl Compactor {
         let tenant = self.identifier.tenant(&head.headers);
         metric::background_summary("started");
         tracing::debug!(session = %key.as_str(), conversation = %conversation_id, prompt, target, due_tokens, "background summary started");
-        let mark = PreparingMark::new(self.preparing.clone(), conversation_key(ctx));
         let work = async move {
-            let _mark = mark;
             let mut ctx = SessionCtx::load(store, key, conversation_id).await;
             let compaction = Compaction { settings: &settings, rewriter: &rewriter, summarizer: &summarizer };
             let outcome = match compaction.run(&head, &job, &mut ctx, false, "background", sizing, due_tokens).await {

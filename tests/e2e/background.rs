@@ -64,11 +64,6 @@ async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
 
 /// The conversation after `turns` tool turns of about 650 tokens each.
 fn conversation(turns: usize) -> Value {
-    conversation_of(turns, 2_400)
-}
-
-/// The conversation after `turns` tool turns, each output about `bytes` long.
-fn conversation_of(turns: usize, bytes: usize) -> Value {
     let mut messages = vec![
         json!({"role": "system", "content": "You are a coding agent."}),
         json!({"role": "user", "content": "Build the parser. The codename is ZEPHYR-LANTERN-42."}),
@@ -77,7 +72,7 @@ fn conversation_of(turns: usize, bytes: usize) -> Value {
         let id = format!("call_{turn}");
         messages.push(json!({"role": "assistant", "content": format!("Reading part {turn}."), "tool_calls": [{"id": id, "type": "function", "function": {"name": "read", "arguments": format!("{{\"part\":{turn}}}")}}]}));
         let output =
-            lines_until(bytes, |i| format!("part {turn} line {i}: the module parses its input and checks it. "));
+            lines_until(2_400, |i| format!("part {turn} line {i}: the module parses its input and checks it. "));
         messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
     }
     json!({"model": "test-model", "messages": messages, "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]})
@@ -85,15 +80,10 @@ fn conversation_of(turns: usize, bytes: usize) -> Value {
 
 /// One turn: its latency and compactor's headers.
 async fn turn(proxy: &ProxyProcess, turns: usize) -> (Duration, Answer) {
-    turn_of(proxy, turns, 2_400).await
-}
-
-/// One turn of outputs about `bytes` long.
-async fn turn_of(proxy: &ProxyProcess, turns: usize, bytes: usize) -> (Duration, Answer) {
     let started = Instant::now();
-    let body = conversation_of(turns, bytes);
-    let answer =
-        proxy.post("/v1/chat/completions", &[("authorization", "Bearer k"), ("x-session-id", "agent")], &body).await;
+    let answer = proxy
+        .post("/v1/chat/completions", &[("authorization", "Bearer k"), ("x-session-id", "agent")], &conversation(turns))
+        .await;
     assert_eq!(answer.status, 200, "turn {turns}: {}", answer.text());
     (started.elapsed(), answer)
 }
@@ -202,34 +192,4 @@ async fn a_request_that_needs_the_summary_before_it_is_ready_waits_for_the_one_u
     let (_, answer) = turn(&proxy, turns + 3).await;
     assert_eq!(answer.header("x-compactor-compacted"), Some("1"));
     assert_eq!(log.summary_calls().len(), 1, "the request waited for the background summary: {:?}", log.events());
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_request_past_the_threshold_waits_for_the_summary_under_way_even_where_a_compaction_leaves_little_room() {
-    // A window that holds few turns: a compaction ahead of time would not leave room for two
-    // more, so a request past the threshold alone is not compacted ahead of time. One that comes
-    // while its conversation's summary is being prepared waits for that summary and carries it
-    // (on a server that answers one request at a time it would wait behind the summary call
-    // anyway), instead of going on uncompacted and leaving the prepared summary too old for the
-    // request that overflows next.
-    let config = CONFIG.replace("context_window = 8000", "context_window = 4000").replace("1500", "900");
-    let (fake, log) = fake_with_slow_summaries().await;
-    let proxy = ProxyProcess::start(&fake, &config);
-    let mut turns = 1;
-    while log.summary_calls().is_empty() {
-        let (_, answer) = turn_of(&proxy, turns, 4_000).await;
-        assert!(answer.header("x-compactor-compacted").is_none(), "turn {turns}: {:?}", log.events());
-        turns += 1;
-        assert!(turns < 10, "no background summary: {:?}", log.events());
-        let deadline = Instant::now() + Duration::from_millis(500);
-        while log.summary_calls().is_empty() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    let (latency, answer) = turn_of(&proxy, turns, 4_000).await;
-    let logs = proxy.logs();
-    let lines: Vec<&String> = logs.iter().filter(|l| l.contains(" request ") || l.contains("compact")).collect();
-    assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "turn {turns} ({latency:?}): {lines:#?}");
-    assert!(latency >= SUMMARY_DELAY / 3, "it waited for the summary under way: {latency:?}");
-    assert_eq!(log.summary_calls().len(), 1, "no second summary call: {:?}", log.events());
 }
