@@ -82,7 +82,10 @@ class Compactor:
         with open(config, "w") as f:
             f.write(f'listen = "127.0.0.1:{port}"\n[upstream]\nopenai = "{upstream}"\nopenai_cache = "local"\n[compaction]\nbackground = true\n{extra}\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
-        self.process = subprocess.Popen([binary, "--config", config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        # compactor's log (a line per request, with its compaction and summary calls) is kept
+        # when BENCH_LOCAL_LOG names a file.
+        log = open(os.environ["BENCH_LOCAL_LOG"], "a") if os.environ.get("BENCH_LOCAL_LOG") else subprocess.DEVNULL
+        self.process = subprocess.Popen([binary, "--config", config], stdout=log, stderr=log, env=env)
         self.url = f"http://127.0.0.1:{port}"
         wait_http(f"{self.url}/readyz")
 
@@ -92,7 +95,7 @@ class Compactor:
         self.dir.cleanup()
 
 
-def run_loop(url, server, turns, session):
+def run_loop(url, server, turns, session, think=0.0):
     messages = [{"role": "system", "content": "You are a coding agent. Be brief."}]
     rows = []
     for turn in range(turns):
@@ -113,6 +116,10 @@ def run_loop(url, server, turns, session):
         messages.append({"role": "assistant", "content": text})
         rows.append({"seconds": seconds, "status": status, "prefill": prefill, "prompt": body["usage"]["prompt_tokens"],
                      "compacted": headers.get("x-compactor-compacted"), "calls": len(evals)})
+        # The agent's tool runs before the next turn (not counted in the turn's seconds); the
+        # server's calls in that time (a summary prepared in the background) count for the
+        # next turn, whose prefill they are read with.
+        time.sleep(think)
     return rows
 
 
@@ -141,6 +148,8 @@ def main():
     parser.add_argument("--compactor", required=True)
     parser.add_argument("--runs", default="2048:12,8192:40")
     parser.add_argument("--extra", default="")
+    parser.add_argument("--think", type=float, default=0.0,
+                        help="seconds the agent's tool takes between turns, through compactor")
     args = parser.parse_args()
     for run in args.runs.split(","):
         n_ctx, turns = (int(x) for x in run.split(":"))
@@ -149,7 +158,7 @@ def main():
             direct = run_loop(f"http://127.0.0.1:{server.port}", server, turns, "direct")
             compactor = Compactor(args.compactor, f"http://127.0.0.1:{server.port}", args.extra)
             try:
-                via = run_loop(compactor.url, server, turns, f"via-{n_ctx}")
+                via = run_loop(compactor.url, server, turns, f"via-{n_ctx}", args.think)
             finally:
                 compactor.stop()
         finally:

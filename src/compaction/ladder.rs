@@ -148,6 +148,13 @@ impl Ladder {
         ParsedRequest::parse(self.dialect, body).map(|parsed| parsed.with_model(self.path_model.as_deref()))
     }
 
+    /// Parses `body`, rebuilt on a compaction record whose summary stands for `summarized_turns`
+    /// assistant turns of the client's body ([`ParsedRequest::parse_rebuilt`]).
+    pub(super) fn parse_rebuilt<'b>(&self, body: &'b [u8], summarized_turns: usize) -> Option<ParsedRequest<'b>> {
+        ParsedRequest::parse_rebuilt(self.dialect, body, summarized_turns)
+            .map(|parsed| parsed.with_model(self.path_model.as_deref()))
+    }
+
     /// Retries so far.
     pub fn retries(&self) -> u32 {
         self.retries

@@ -881,7 +881,9 @@ impl Compactor {
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let rebuild = || plan::rebuild(&client, record, &self.settings.summary_prefix, &count);
         let rebuilt = work::step(rebuild).await.ok()??;
-        let mut parsed = work::step(|| ladder.parse(&rebuilt)).await.ok()??;
+        // Counting the turns the summary stands for, the kept calls keep the client's ids.
+        let summarized = plan::summarized_turns(&client, record);
+        let mut parsed = work::step(|| ladder.parse_rebuilt(&rebuilt, summarized)).await.ok()??;
         // The client's newest messages end the rebuilt conversation too.
         let added = client.messages.len().saturating_sub(seen_by_client);
         let history = history(parsed.messages.len().saturating_sub(added));

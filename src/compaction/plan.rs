@@ -186,6 +186,14 @@ pub fn rebuild(
     parsed.splice(&[(parsed.dialect.history_field(), format!("[{}]", messages.join(",")))])
 }
 
+/// The assistant turns of `parsed` that [`rebuild`] leaves to `record`'s summary: the rebuilt
+/// body keeps the lead and adds only user messages before the kept tail.
+pub fn summarized_turns(parsed: &ParsedRequest, record: &CompactionRecord) -> usize {
+    let cut = usize::try_from(record.covered_messages).unwrap_or(usize::MAX).min(parsed.messages.len());
+    let lead = parsed.lead().min(cut);
+    parsed.messages[lead..cut].iter().filter(|m| m.role == Role::Assistant).count()
+}
+
 fn user_message(dialect: Dialect, text: &str) -> String {
     match dialect {
         Dialect::Responses => format!(

@@ -4,7 +4,8 @@
 //!
 //! Client tool pairs are a model turn's `functionCall` parts answered by `functionResponse` parts
 //! in the next user turn: by `id` when the model gave one, else by name and order (the k-th call
-//! of a name is answered by the k-th response of that name). Pruning and truncation replace a
+//! of a name is answered by the k-th response of that name), under an id made of the model turn's
+//! ordinal among model turns, which neither repair nor a later turn shifts. Pruning and truncation replace a
 //! response's `response` object with one of the same shape (`{"output": "<placeholder>"}`, or
 //! the one key the response had), keeping `name` and `id`; a response carrying `parts` (inline
 //! data) is never shortened. `thoughtSignature` is never read or written: the part that carries it
@@ -64,48 +65,60 @@ pub(super) fn parse_message<'a>(
         None | Some("null") => Vec::new(),
         Some(_) => return None,
     };
-    // The model turn a response without an id answers: the last one before this content.
-    let calling = parsed.messages.iter().rposition(|m| m.role == Role::Assistant);
-    let mut calls_by_name: Vec<(String, usize)> = Vec::new();
-    let mut code_runs = (0usize, 0usize);
+    let mut naming = Naming {
+        // The model turns before this content: a model content's own turn.
+        turn: parsed.assistant_turns,
+        // The model turn a response without an id answers: the last one before this content.
+        calling: parsed.assistant_turns.checked_sub(1),
+        by_name: Vec::new(),
+        code_runs: (0, 0),
+    };
     for (b, part) in parts.iter().enumerate() {
-        let item = part_item(index, b, role, part, calling, &mut calls_by_name, &mut code_runs)?;
+        let item = part_item(index, b, role, part, &mut naming)?;
         parsed.conversation.items.push(item);
     }
     parsed.messages.push(Message { raw, object, role, blocks: Some(parts) });
     Some(())
 }
 
-/// The ordinal of the next call (or response) of `name` in this content, counted.
-fn ordinal(seen: &mut Vec<(String, usize)>, name: &str) -> usize {
-    match seen.iter_mut().find(|(n, _)| n == name) {
-        Some((_, count)) => {
-            *count += 1;
-            *count - 1
-        }
-        None => {
-            seen.push((name.to_string(), 1));
-            0
+/// What names the calls and responses of one content that carry no id.
+struct Naming {
+    /// How many model contents come before this one: a model content's calls are named by it.
+    /// Not the content's index: repair drops contents that only answer no call, which would name
+    /// the same call otherwise in the rewritten body (and a remembered pruned id another call).
+    turn: usize,
+    /// The model turn whose calls this content's responses answer (the last before it).
+    calling: Option<usize>,
+    /// Calls (or responses) of each name without id seen so far in this content.
+    by_name: Vec<(String, usize)>,
+    /// Code runs and their results seen so far in this content.
+    code_runs: (usize, usize),
+}
+
+impl Naming {
+    /// The ordinal of the next call (or response) of `name` in this content, counted.
+    fn ordinal(&mut self, name: &str) -> usize {
+        match self.by_name.iter_mut().find(|(n, _)| n == name) {
+            Some((_, count)) => {
+                *count += 1;
+                *count - 1
+            }
+            None => {
+                self.by_name.push((name.to_string(), 1));
+                0
+            }
         }
     }
 }
 
-/// The id standing for a call the model gave no id: its turn, name and ordinal.
-fn made_up_id(message: usize, name: &str, ordinal: usize) -> String {
-    format!("{MADE_UP}{message}:{ordinal}:{name}")
+/// The id standing for a call the model gave no id: its model turn, name and ordinal.
+fn made_up_id(model_turn: usize, name: &str, ordinal: usize) -> String {
+    format!("{MADE_UP}{model_turn}:{ordinal}:{name}")
 }
 
 /// The neutral item of one part; `None` when a part compactor knows lacks a field it requires
 /// (the request then goes untouched).
-fn part_item<'a>(
-    message: usize,
-    b: usize,
-    role: Role,
-    part: &'a str,
-    calling: Option<usize>,
-    names: &mut Vec<(String, usize)>,
-    code_runs: &mut (usize, usize),
-) -> Option<Item<'a>> {
+fn part_item<'a>(message: usize, b: usize, role: Role, part: &'a str, naming: &mut Naming) -> Option<Item<'a>> {
     let item = |kind| Item::new(message, Some(b), kind);
     let Some(object) = RawObject::parse(part) else { return Some(item(Kind::Other { raw: part })) };
     let text_role = if role == Role::Assistant { Role::Assistant } else { Role::User };
@@ -114,7 +127,7 @@ fn part_item<'a>(
         let name = call.str("name")?;
         let id = match call.str("id") {
             Some(id) => id,
-            None => Cow::Owned(made_up_id(message, &name, ordinal(names, &name))),
+            None => Cow::Owned(made_up_id(naming.turn, &name, naming.ordinal(&name))),
         };
         let arguments = call.get("args").map(Cow::Borrowed).unwrap_or_default();
         return Some(item(Kind::ToolCall { id: Some(id), name, arguments }));
@@ -124,7 +137,7 @@ fn part_item<'a>(
         let name = response.str("name")?;
         let call_id = match response.str("id") {
             Some(id) => id,
-            None => Cow::Owned(made_up_id(calling.unwrap_or(usize::MAX), &name, ordinal(names, &name))),
+            None => Cow::Owned(made_up_id(naming.calling.unwrap_or(usize::MAX), &name, naming.ordinal(&name))),
         };
         let attachments = response.get("parts").and_then(json::as_array).map_or(0, |p| p.len() as u32);
         let body = response.get("response");
@@ -140,8 +153,8 @@ fn part_item<'a>(
     }
     // Code the provider ran inside its own turn, paired with its result by order.
     if let Some(code) = object.get("executableCode").and_then(RawObject::parse) {
-        let id = Cow::Owned(format!("{MADE_UP}code:{message}:{}", code_runs.0));
-        code_runs.0 += 1;
+        let id = Cow::Owned(format!("{MADE_UP}code:{message}:{}", naming.code_runs.0));
+        naming.code_runs.0 += 1;
         let kind = Kind::ToolCall {
             id: Some(id),
             name: Cow::Borrowed("code_execution"),
@@ -150,8 +163,8 @@ fn part_item<'a>(
         return Some(item(kind).provider_run());
     }
     if let Some(result) = object.get("codeExecutionResult").and_then(RawObject::parse) {
-        let id = Cow::Owned(format!("{MADE_UP}code:{message}:{}", code_runs.1));
-        code_runs.1 += 1;
+        let id = Cow::Owned(format!("{MADE_UP}code:{message}:{}", naming.code_runs.1));
+        naming.code_runs.1 += 1;
         let kind =
             Kind::ToolResult { call_id: Some(id), text: result.str("output").unwrap_or_default(), attachments: 0 };
         return Some(item(kind).provider_run().shortenable(false));
@@ -367,6 +380,47 @@ mod tests {
         assert_eq!(pairs[0], (call_ids[1].clone(), "B".to_string()));
         assert_eq!(pairs[1], (call_ids[0].clone(), "A0".to_string()));
         assert_eq!(pairs[2], (call_ids[2].clone(), "A1".to_string()));
+    }
+
+    /// The made-up ids of a Gemini body's calls and responses, in order.
+    fn made_up_ids(body: &str) -> (Vec<String>, Vec<String>) {
+        let parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        let mut calls = Vec::new();
+        let mut responses = Vec::new();
+        for item in &parsed.conversation.items {
+            match &item.kind {
+                Kind::ToolCall { id: Some(id), .. } => calls.push(id.to_string()),
+                Kind::ToolResult { call_id: Some(id), .. } => responses.push(id.to_string()),
+                _ => {}
+            }
+        }
+        (calls, responses)
+    }
+
+    #[test]
+    fn a_call_without_id_keeps_its_name_when_repair_drops_an_earlier_content() {
+        let turn = |n: usize| {
+            format!(
+                r#"{{"role":"model","parts":[{{"functionCall":{{"name":"run","args":{{"n":{n}}}}}}}]}},
+                {{"role":"user","parts":[{{"functionResponse":{{"name":"run","response":{{"output":"out {n}"}}}}}}]}}"#
+            )
+        };
+        // A content answering no call: repair drops it, and the rewritten body goes without it.
+        let orphan =
+            r#"{"role":"user","parts":[{"functionResponse":{"id":"ghost","name":"run","response":{"output":"x"}}}]}"#;
+        let sent = format!(r#"{{"contents":[{},{orphan},{}]}}"#, turn(1), turn(2));
+        let repaired = format!(r#"{{"contents":[{},{}]}}"#, turn(1), turn(2));
+        let (calls, responses) = made_up_ids(&sent);
+        let (calls_after, responses_after) = made_up_ids(&repaired);
+        // A pruned id remembered from the first pass names the same call in the rewritten body.
+        assert_eq!(calls, calls_after);
+        assert_eq!(
+            responses.iter().filter(|id| *id != "ghost").collect::<Vec<_>>(),
+            responses_after.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(calls, responses_after, "each response names the call it answers");
+        // Two identical calls in two model turns keep two names.
+        assert_ne!(calls[0], calls[1]);
     }
 
     #[test]

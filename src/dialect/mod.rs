@@ -95,6 +95,10 @@ pub struct ParsedRequest<'a> {
     pub marker: Option<breakpoints::Marker>,
     /// Where the parse found things, for the next turn's reuse ([`prefix`]).
     pub layout: Layout,
+    /// How many assistant messages the parse has read so far: Gemini names a call the model gave
+    /// no id by the assistant turn it stands in, a count repair never shifts (it removes only
+    /// results, never an assistant message) and appended messages never change.
+    pub assistant_turns: usize,
     /// Token counts, truncations and rendered messages carried from the last turn and kept for
     /// the next ([`prefix`]).
     pub memo: prefix::Memo,
@@ -195,13 +199,27 @@ impl<'a> ParsedRequest<'a> {
     /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
     /// the request is forwarded untouched.
     pub fn parse(dialect: Dialect, body: &'a [u8]) -> Option<Self> {
-        Self::parse_after(dialect, json::utf8(body).ok()?, None)
+        Self::parse_after(dialect, json::utf8(body).ok()?, None, 0)
+    }
+
+    /// Parses a body compaction rebuilt, whose summary stands for `summarized_turns` assistant
+    /// turns of the client's conversation: they are counted as if they were there, so the ids
+    /// made up from the count (Gemini's calls without ids) name the calls the client's body
+    /// names, and the session's remembered pruned ids keep meaning the same calls.
+    pub fn parse_rebuilt(dialect: Dialect, body: &'a [u8], summarized_turns: usize) -> Option<Self> {
+        Self::parse_after(dialect, json::utf8(body).ok()?, None, summarized_turns)
     }
 
     /// Parses `body`, taking its head (the top-level fields before the history and the first
     /// messages) from `head` when given, re-made from an earlier parse of the same bytes
     /// ([`prefix`]); the rest is read in one pass: the top level and each new message once.
-    pub(crate) fn parse_after(dialect: Dialect, text: &'a str, head: Option<prefix::Head<'a>>) -> Option<Self> {
+    /// `turns_before`: assistant turns counted before the first message (see `parse_rebuilt`).
+    pub(crate) fn parse_after(
+        dialect: Dialect,
+        text: &'a str,
+        head: Option<prefix::Head<'a>>,
+        turns_before: usize,
+    ) -> Option<Self> {
         let body = text.as_bytes();
         let history_field = dialect.history_field();
         let mut fields = json::UniqueFields::with_capacity(16);
@@ -261,6 +279,7 @@ impl<'a> ParsedRequest<'a> {
             tools,
             marker: None,
             layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
+            assistant_turns: 0,
             memo: prefix::Memo::default(),
             unapplied: Unapplied::default(),
         };
@@ -281,6 +300,8 @@ impl<'a> ParsedRequest<'a> {
         parsed.conversation.items.append(&mut reused.items);
         parsed.system.append(&mut reused.system);
         parsed.layout.system_ends.append(&mut reused.system_ends);
+        // Counted again over the re-made messages, as a fresh parse counts them.
+        parsed.assistant_turns = turns_before + parsed.messages.iter().filter(|m| m.role == Role::Assistant).count();
         let first_new = parsed.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
             let index = first_new + offset;
@@ -291,6 +312,8 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
             }
             parsed.layout.system_ends.push(parsed.system.len() - top_system);
+            let read = parsed.messages.get(index..).unwrap_or_default();
+            parsed.assistant_turns += read.iter().filter(|m| m.role == Role::Assistant).count();
         }
         parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
         parsed.conversation.pairing = dialect.pairing();

@@ -702,14 +702,14 @@ pub fn parse_reusing<'a>(
         && let Some(head) = earlier.head(text, earlier.common_prefix(body))
     {
         let (reused, items, common) = (head.messages.len(), head.items.len(), head.common);
-        if let Some(mut parsed) = ParsedRequest::parse_after(dialect, text, Some(head)) {
+        if let Some(mut parsed) = ParsedRequest::parse_after(dialect, text, Some(head), 0) {
             if reused > 0 {
                 parsed.memo.earlier = Some(Reused { skeleton: earlier.clone(), items, messages: reused, common });
             }
             return (Some(parsed), reused);
         }
     }
-    (ParsedRequest::parse_after(dialect, text, None), 0)
+    (ParsedRequest::parse_after(dialect, text, None, 0), 0)
 }
 
 /// What a parse through the cache did, for the metrics.

@@ -255,6 +255,46 @@ async fn gemini_cli_sessions_stay_one_and_its_own_compression_is_left_alone() {
     assert_eq!(sim.last().body.as_ref(), &body[..], "Gemini CLI's compression request went as it came");
 }
 
+/// A model turn calling `read_file` without an id, and the user turn answering it with `output`.
+fn call_without_id(output: String) -> [Value; 2] {
+    [
+        json!({"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {}}, "thoughtSignature": SIGNATURE}]}),
+        json!({"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": output}}}]}),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_compaction_the_newest_output_of_a_call_without_id_is_not_taken_for_a_pruned_one() {
+    let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;
+    let config = "[prune]\nprotect_tokens = 1\nminimum_tokens = 1\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 300\n";
+    let proxy = ProxyProcess::start_with(&sim.compactor_config(config), &[]);
+    let agent = "You are an interactive CLI agent.";
+    let mut turns: Vec<Value> =
+        (0..6).flat_map(|k| call_without_id(format!("src/f{k}.rs: a line of the file\n").repeat(60))).collect();
+    // The first request prunes every output but the newest: the session remembers their ids.
+    let first = proxy.post(STREAM, &[("x-goog-api-key", KEY)], &cli_turn("src/a.rs", agent, &turns)).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let pruned = String::from_utf8_lossy(&sim.last().body).matches("Old tool result content cleared").count();
+    assert!(pruned >= 4, "the older outputs were pruned ({pruned})");
+    let key = first.header("x-compactor-session").unwrap().to_string();
+    let path = format!("/admin/sessions/{key}");
+    let token = crate::common::agents::ADMIN_TOKEN;
+    assert!(eventually(async || proxy.get_with_token(&path, token).await.status == 200).await);
+    assert_eq!(proxy.call_with_token("POST", &format!("{path}/compact"), token).await.status, 202);
+    // The next turn is compacted: the summary replaces all but the last turns, whose calls stand
+    // at other positions of the body that goes.
+    let newest = "src/g.rs: the file the model reads now\n".repeat(40);
+    turns.extend(call_without_id(newest.clone()));
+    let second = proxy.post(STREAM, &[("x-goog-api-key", KEY)], &cli_turn("src/a.rs", agent, &turns)).await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.header("x-compactor-compacted"), Some("1"), "{:?}", second.headers);
+    let sent: Value = serde_json::from_slice(&sim.last().body).unwrap();
+    let contents = sent["contents"].as_array().unwrap();
+    assert!(contents.len() < 14, "the summary replaced the older turns ({} contents)", contents.len());
+    let last = &contents.last().unwrap()["parts"][0]["functionResponse"]["response"]["output"];
+    assert_eq!(last.as_str(), Some(newest.as_str()), "the newest output goes whole");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn count_tokens_counts_the_conversation_as_its_next_request_is_sent() {
     let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;

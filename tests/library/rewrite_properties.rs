@@ -505,22 +505,6 @@ fn check_with(
     let allowance = first.report.repaired as u32 * 12;
     assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);
     let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
-    if dialect == Dialect::Gemini && first.report.repaired > 0 {
-        // Gemini calls without ids are named by their content's position, and repair drops
-        // contents (responses to no call): in the rewritten body the same call has another name,
-        // so the pruned ids remembered from the first pass cannot be applied to it. What a session
-        // does is apply them to the agent's next request, whose earlier contents are the ones
-        // already sent: that must come out as the first pass did (an open defect of position-made
-        // ids, docs/correctness.md).
-        let next = rewriter.rewrite_body_in(dialect, &bytes, &again(&pruned)).unwrap();
-        let next_bytes = next.body.unwrap_or(bytes.clone());
-        assert_eq!(
-            String::from_utf8_lossy(&next_bytes),
-            String::from_utf8_lossy(&out_bytes),
-            "the agent's next request must be rewritten as this one was"
-        );
-        return;
-    }
     let second = rewriter.rewrite_body_in(dialect, &out_bytes, &again(&pruned)).unwrap();
     assert!(
         second.body.is_none(),
