@@ -158,6 +158,21 @@ pub fn turn_growth(conversation: &ConversationState, message_count: usize, repor
     reported_and_added(conversation, message_count, report).map_or(0, |(_, added)| added)
 }
 
+/// What this request added since the last prompt the upstream reported, in compactor's tokens,
+/// whatever summary either body carried: the client's newest messages go verbatim after any
+/// summary, so their size is the turn's growth even on the request that applied a new one (where
+/// [`turn_growth`] has no comparable report). 0 when there is no report.
+pub fn newest_turn_tokens(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
+    let Some(usage) = conversation.usage else { return 0 };
+    let since = usage.message_count as usize;
+    if usage.prompt_tokens == 0 || since == 0 || since > message_count {
+        return 0;
+    }
+    let tail =
+        report.message_tokens.iter().rev().take(message_count - since).fold(0, |sum: u32, t| sum.saturating_add(*t));
+    u64::from(Rewriter::scaled(tail, report.model))
+}
+
 /// How many recent tokens a compaction keeps verbatim and the budget for the user's own
 /// messages, in compactor's tokens: the configured sizes, shrunk to a sixth of the room above the
 /// fixed part each when the window is small (so a compaction leaves room for several turns); a

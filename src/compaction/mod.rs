@@ -268,7 +268,12 @@ impl Compactor {
                 {
                     (sent, report) = compacted;
                 }
-            } else if self.settings.background && ladder.ready.is_none() {
+            }
+            // The next crossing is prepared from what goes now: also right after a request that
+            // compacted or applied a prepared summary, where a window that holds few turns is
+            // passed again within a turn or two (a summary started only at the next request would
+            // be on that request's path).
+            if self.settings.background && ladder.ready.is_none() && !requested {
                 self.prepare_in_background(head, &ladder, &ctx, &report, &sent);
             }
         }
@@ -746,7 +751,7 @@ impl Compactor {
     ) {
         let pressure = self.pressure(ctx, report);
         let conversation = ctx.conversation();
-        let growth = budget::turn_growth(conversation, ladder.message_count, report);
+        let growth = budget::newest_turn_tokens(conversation, ladder.message_count, report);
         if growth == 0 {
             return;
         }

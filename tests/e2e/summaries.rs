@@ -62,7 +62,10 @@ async fn every_fact_in_the_middle_of_messages_and_outputs_reaches_the_model_on_4
 
 #[tokio::test]
 async fn the_request_that_summarized_says_in_its_log_line_and_the_metrics_how_many_summary_calls_it_made() {
-    let (run, proxy) = session(Dialect::Chat, 4_096, 6, "").await;
+    // Summaries on the requests' own paths: one prepared in the background is nobody's request
+    // (its calls reach the provider between two turns; its `compacted` line says
+    // `trigger=background`, tests/e2e/background.rs).
+    let (run, proxy) = session(Dialect::Chat, 4_096, 6, "[compaction]\nbackground = false\n").await;
     let mut total = 0;
     for turn in &run.turns {
         let calls = run.records[turn.records.clone()].iter().filter(|r| r.summary).count();
