@@ -59,6 +59,9 @@ pub struct Compactor {
     summarizer: Arc<Summarizer>,
 }
 
+/// How long a background summary waits for the answer of the request that started it.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// A request as compactor sends it.
 pub struct Prepared {
     pub body: Bytes,
@@ -73,11 +76,28 @@ pub struct Prepared {
     pub ctx: Option<SessionCtx>,
     /// How to recover from an overflow; `None` when compactor must not retry this request.
     pub ladder: Option<Ladder>,
+    /// Held until the request is answered: a summary this request starts in the background waits
+    /// for it to be dropped (see [`AnsweredGate`]).
+    pub answered: Option<AnsweredGate>,
 }
+
+/// Dropped when the request that started a background summary has been answered: the summary's
+/// call waits for it, so a server that answers one request at a time (a local llama.cpp) writes
+/// the summary while the agent runs its tool, not in front of the answer the agent waits for.
+pub struct AnsweredGate(#[allow(dead_code)] tokio::sync::oneshot::Sender<()>);
 
 impl Prepared {
     fn untouched(body: Bytes) -> Self {
-        Self { body, session: None, conversation: None, report: None, compacted: None, ctx: None, ladder: None }
+        Self {
+            body,
+            session: None,
+            conversation: None,
+            report: None,
+            compacted: None,
+            ctx: None,
+            ladder: None,
+            answered: None,
+        }
     }
 }
 
@@ -224,6 +244,7 @@ impl Compactor {
             report.prefix_break = Some(Reason::Summary);
         }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
+        let mut answered = None;
         if self.settings.auto
             && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, ladder.message_count)
         {
@@ -274,7 +295,7 @@ impl Compactor {
             // passed again within a turn or two (a summary started only at the next request would
             // be on that request's path).
             if self.settings.background && ladder.ready.is_none() && !requested {
-                self.prepare_in_background(head, &ladder, &ctx, &report, &sent);
+                answered = self.prepare_in_background(head, &ladder, &ctx, &report, &sent);
             }
         }
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
@@ -299,6 +320,7 @@ impl Compactor {
             compacted: ladder.compacted(),
             ctx: Some(ctx),
             ladder: self.settings.auto.then_some(ladder),
+            answered,
         }
     }
 
@@ -338,6 +360,7 @@ impl Compactor {
             compacted: ladder.compacted(),
             ctx: None,
             ladder: None,
+            answered: None,
         }
     }
 
@@ -748,19 +771,19 @@ impl Compactor {
         ctx: &SessionCtx,
         report: &RewriteReport,
         sent: &Bytes,
-    ) {
+    ) -> Option<AnsweredGate> {
         let pressure = self.pressure(ctx, report);
         let conversation = ctx.conversation();
         let growth = budget::newest_turn_tokens(conversation, ladder.message_count, report);
         if growth == 0 {
-            return;
+            return None;
         }
         let prompt = budget::prompt_tokens(&pressure, conversation, ladder.message_count, report, true);
         let target =
             if self.frees_room(ladder, &pressure, report, conversation) { pressure.budget() } else { pressure.limit() };
         let ahead = pressure.calibrated(growth.saturating_mul(u64::from(self.settings.background_turns_ahead)));
         if prompt > target || prompt.saturating_add(ahead) <= target {
-            return;
+            return None;
         }
         let due_in = pressure.uncalibrated(target - prompt) + 1;
         let due_tokens = u64::from(report.tokens_before) + due_in;
@@ -790,7 +813,12 @@ impl Compactor {
         let tenant = self.identifier.tenant(&head.headers);
         metric::background_summary("started");
         tracing::debug!(session = %key.as_str(), conversation = %conversation_id, prompt, target, due_tokens, "background summary started");
+        let (gate, answered) = tokio::sync::oneshot::channel::<()>();
         let work = async move {
+            // The summary's call waits for this request's answer (its gate dropped), at most
+            // ANSWER_WAIT: on a server that answers one request at a time it would otherwise go
+            // in front of, or queue behind, the answer the agent is waiting for.
+            let _ = tokio::time::timeout(ANSWER_WAIT, answered).await;
             let mut ctx = SessionCtx::load(store, key, conversation_id).await;
             let compaction = Compaction { settings: &settings, rewriter: &rewriter, summarizer: &summarizer };
             let outcome = match compaction.run(&head, &job, &mut ctx, false, "background", sizing, due_tokens).await {
@@ -815,6 +843,7 @@ impl Compactor {
             metric::background_summary(outcome);
         };
         tokio::spawn(async move { crate::tokens::scoped(&tenant, work).await });
+        Some(AnsweredGate(gate))
     }
 
     /// The prompt-cache prices of the upstream a request of `family` goes to.

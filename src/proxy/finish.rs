@@ -34,13 +34,16 @@ pub struct Finish {
     pub span: Span,
     /// What the rewrite did, for the inspector's record (set only when the store keeps records).
     pub rewrite: Option<Rewrite>,
+    /// Dropped with the request, after its state is handed to the commit: a summary it started in
+    /// the background goes then.
+    pub answered: Option<crate::compaction::AnsweredGate>,
 }
 
 impl Finish {
     /// Boxed: the request's future and its response carry it, and a box moves as one pointer
     /// where the whole (the log line's fields, the session's state) would be copied on each move.
     pub fn new(log: RequestLog, span: Span) -> Box<Self> {
-        Box::new(Self { log, usage: None, state: None, sent: false, span, rewrite: None })
+        Box::new(Self { log, usage: None, state: None, sent: false, span, rewrite: None, answered: None })
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.

@@ -185,7 +185,8 @@ impl Proxy {
                     .await
             }
         };
-        let Prepared { body, session, conversation, report, compacted, ctx, mut ladder } = prepared;
+        let Prepared { body, session, conversation, report, compacted, ctx, mut ladder, answered } = prepared;
+        finish.answered = answered;
         // A compressed body compactor did not change goes as the client sent it.
         let encoded = encoded.filter(|_| decoded.as_ref() == Some(&body));
         if let Some(report) = &report {
