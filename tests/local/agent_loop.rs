@@ -212,7 +212,6 @@ async fn background(proxy: &ProxyProcess, outcome: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "slow (12 turns, each waiting for its background summary): cargo test --test local -- --ignored"]
 async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() {
     let _one = ONE_AT_A_TIME.lock().await;
     let Some((_installed, local)) = start() else { return };
