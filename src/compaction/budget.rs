@@ -8,7 +8,7 @@
 use super::settings::CompactionSettings;
 use crate::overflow::Overflow;
 use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
-use crate::session::{Breaker, ConversationState, Learned};
+use crate::session::{Breaker, ConversationState, Learned, Usage};
 use crate::tokens::ModelInfo;
 
 /// The window an overflow error named, worth remembering for the session's later estimates.
@@ -163,14 +163,7 @@ pub fn turn_growth(conversation: &ConversationState, message_count: usize, repor
 /// summary, so their size is the turn's growth even on the request that applied a new one (where
 /// [`turn_growth`] has no comparable report). 0 when there is no report.
 pub fn newest_turn_tokens(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
-    let Some(usage) = conversation.usage else { return 0 };
-    let since = usage.message_count as usize;
-    if usage.prompt_tokens == 0 || since == 0 || since > message_count {
-        return 0;
-    }
-    let tail =
-        report.message_tokens.iter().rev().take(message_count - since).fold(0, |sum: u32, t| sum.saturating_add(*t));
-    u64::from(Rewriter::scaled(tail, report.model))
+    conversation.usage.and_then(|usage| added_since(&usage, message_count, report)).unwrap_or(0)
 }
 
 /// How many recent tokens a compaction keeps verbatim and the budget for the user's own
@@ -192,14 +185,23 @@ fn reported_and_added(
     report: &RewriteReport,
 ) -> Option<(u64, u64)> {
     let usage = conversation.usage?;
-    let since = usage.message_count as usize;
     // A usage measured on a body with another summary says nothing of this one.
-    if usage.prompt_tokens == 0 || since == 0 || since > message_count || usage.generation != report.compaction {
+    if usage.generation != report.compaction {
         return None;
     }
-    let added = message_count - since;
-    let tail = report.message_tokens.iter().rev().take(added).fold(0, |sum: u32, t| sum.saturating_add(*t));
-    Some((usage.prompt_tokens, u64::from(Rewriter::scaled(tail, report.model))))
+    Some((usage.prompt_tokens, added_since(&usage, message_count, report)?))
+}
+
+/// The tokens of the client's messages after those `usage` was reported for (the newest end of
+/// `report`'s body); `None` when `usage` reports nothing usable for this request.
+fn added_since(usage: &Usage, message_count: usize, report: &RewriteReport) -> Option<u64> {
+    let since = usage.message_count as usize;
+    if usage.prompt_tokens == 0 || since == 0 || since > message_count {
+        return None;
+    }
+    let tail =
+        report.message_tokens.iter().rev().take(message_count - since).fold(0, |sum: u32, t| sum.saturating_add(*t));
+    Some(u64::from(Rewriter::scaled(tail, report.model)))
 }
 
 /// Whether this conversation failed to compact too often, at this same length.

@@ -125,6 +125,13 @@ fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteRepo
     (body, report)
 }
 
+/// A summary prepared in the background applied by the request that needed it: counted, with
+/// what its calls cost.
+fn count_used(record: &crate::session::CompactionRecord) {
+    metric::background_summary("used");
+    metric::background_summary_tokens("used", &record.cost);
+}
+
 /// The (upstream family, model) a request talks to, what the session learns of.
 fn model_key(head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
     ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))
@@ -239,8 +246,7 @@ impl Compactor {
         {
             // The first request a summary prepared in the background applies to: it was ready,
             // nobody waited for it.
-            metric::background_summary("used");
-            metric::background_summary_tokens("used", &ready.cost);
+            count_used(ready);
             report.prefix_break = Some(Reason::Summary);
         }
         let tokens_saved = u64::from(report.tokens_before.saturating_sub(report.tokens_after));
@@ -742,9 +748,8 @@ impl Compactor {
         // Everything after the summary is new to the provider: prune as under pressure.
         match self.derive(ladder, ctx, &self.rewriter.settings, true).await {
             Some(derived) => {
-                metric::background_summary("used");
                 if let Some(ready) = &ladder.record {
-                    metric::background_summary_tokens("used", &ready.cost);
+                    count_used(ready);
                 }
                 metric::prefix_break(Reason::Summary.label());
                 Some(summarized(derived))
