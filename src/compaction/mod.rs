@@ -13,6 +13,7 @@
 pub mod agent;
 mod budget;
 mod compact;
+mod derive;
 pub mod ladder;
 mod lock;
 pub mod plan;
@@ -28,7 +29,7 @@ use crate::dialect::prefix::{self, PrefixCache, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
 use crate::overflow::Overflow;
-use crate::rewrite::{CachePricing, History, Reason, RewriteReport, RewriteSettings, Rewriter};
+use crate::rewrite::{CachePricing, Reason, RewriteReport, RewriteSettings, Rewriter};
 use crate::route::ApiFamily;
 use crate::session::{ConversationId, ConversationState, Identifier, ModelKey, SessionCtx, SessionKey, Store};
 use crate::telemetry::{metric, trace};
@@ -423,7 +424,7 @@ impl Compactor {
             plan::matching_record(&parsed, &records[..at]).cloned()
         });
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
-        let mut derived = self.derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
+        let mut derived = self.compaction().derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
         if let Some(ready) = ladder.record.clone().filter(|r| r.due_tokens > 0)
             && ready.generation != last_generation
         {
@@ -435,7 +436,7 @@ impl Compactor {
             // request there would not have been compacted (a compaction that leaves no room for
             // the next turns waits for the limit), and the next summary a turn earlier too.
             let waiting = std::mem::replace(&mut ladder.record, before_ready);
-            match self.derive(ladder, ctx, &self.rewriter.settings, false).await {
+            match self.compaction().derive(ladder, ctx, &self.rewriter.settings, false).await {
                 Some(held) => {
                     derived = held;
                     ladder.ready = waiting;
@@ -444,7 +445,7 @@ impl Compactor {
             }
         }
         if self.presses(ctx, ladder, &derived.1)
-            && let Some(pressed) = self.derive(ladder, ctx, &self.rewriter.settings, true).await
+            && let Some(pressed) = self.compaction().derive(ladder, ctx, &self.rewriter.settings, true).await
         {
             // The window needs the room: the held-back batch goes now, whatever the cache.
             return Some(pressed);
@@ -612,7 +613,7 @@ impl Compactor {
             let name = rung.name();
             match rung {
                 Rung::PruneHard if !self.rewriter.settings.prune_enabled => ladder.note(name, "skipped"),
-                Rung::PruneHard => match self.derive(ladder, ctx, &self.hard_settings(), true).await {
+                Rung::PruneHard => match self.compaction().derive(ladder, ctx, &self.hard_settings(), true).await {
                     Some((body, report)) if body != *sent && self.fits(ctx, &report) => {
                         ladder.note(name, "retry");
                         if let Some(reason) = report.prefix_break {
@@ -647,7 +648,7 @@ impl Compactor {
                             ladder.trace.summary += summary_time;
                             ladder.trace.summary_calls += summary_calls;
                             ladder.record = Some(record);
-                            match self.derive(ladder, ctx, &self.settings_for_rebuild(), true).await {
+                            match self.compaction().derive(ladder, ctx, &self.settings_for_rebuild(), true).await {
                                 Some((body, report)) if self.fits(ctx, &report) => {
                                     ladder.note(name, "retry");
                                     metric::prefix_break(Reason::Summary.label());
@@ -693,7 +694,7 @@ impl Compactor {
         if trigger == "threshold"
             && self.rewriter.settings.prune_enabled
             && self.settings.prunes_before_summarizing()
-            && let Some((body, hard)) = self.derive(ladder, ctx, &self.hard_settings(), true).await
+            && let Some((body, hard)) = self.compaction().derive(ladder, ctx, &self.hard_settings(), true).await
         {
             let pressure = self.pressure(ctx, &hard);
             if !budget::over_threshold(&pressure, ctx.conversation(), ladder.message_count, &hard, false) {
@@ -711,7 +712,7 @@ impl Compactor {
                     ladder.trace.summary_calls += summary_calls;
                     ladder.record = Some(record);
                     // Everything after the summary is new to the provider: prune as under pressure.
-                    let derived = self.derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);
+                    let derived = self.compaction().derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);
                     let Some(derived) = derived else { break };
                     // A rebuild already estimated to overflow is not what goes out: summarize
                     // harder (a quarter of the tail kept) once.
@@ -746,7 +747,7 @@ impl Compactor {
         let ready = ladder.ready.take()?;
         let before = ladder.record.replace(ready);
         // Everything after the summary is new to the provider: prune as under pressure.
-        match self.derive(ladder, ctx, &self.rewriter.settings, true).await {
+        match self.compaction().derive(ladder, ctx, &self.rewriter.settings, true).await {
             Some(derived) => {
                 if let Some(ready) = &ladder.record {
                     count_used(ready);
@@ -867,70 +868,5 @@ impl Compactor {
 
     fn compaction(&self) -> Compaction<'_> {
         Compaction { settings: &self.settings, rewriter: &self.rewriter, summarizer: &self.summarizer }
-    }
-
-    /// The body to send for the client's request: the ladder's record re-applied, then the
-    /// rewrite policies with `settings`; `pressure`: the window needs room, so old content is
-    /// rewritten whatever it costs the prompt cache.
-    async fn derive(
-        &self,
-        ladder: &Ladder,
-        ctx: &SessionCtx,
-        settings: &RewriteSettings,
-        pressure: bool,
-    ) -> Option<(Bytes, RewriteReport)> {
-        self.derive_from(ladder, ctx, settings, None, pressure).await
-    }
-
-    /// [`Compactor::derive`] reusing the client's request when the caller already parsed it.
-    async fn derive_from<'c>(
-        &self,
-        ladder: &'c Ladder,
-        ctx: &SessionCtx,
-        settings: &RewriteSettings,
-        client: Option<ParsedRequest<'c>>,
-        pressure: bool,
-    ) -> Option<(Bytes, RewriteReport)> {
-        let mut client = match client {
-            Some(parsed) => parsed,
-            None => work::step(|| ladder.parse(&ladder.client_body)).await.ok()??,
-        };
-        let conversation = ctx.conversation();
-        // What the provider saw: the previous request's messages, as the client counts them.
-        let seen_by_client = usize::try_from(conversation.messages).unwrap_or(usize::MAX);
-        let prune = &settings.prune;
-        let later_turns = ctx.later_turns(ladder.cache.lifetime, prune.payback_confidence, &prune.assumed_runs);
-        let history = |seen_messages: usize| History {
-            pruned_before: &conversation.pruned,
-            seen_messages,
-            pricing: ladder.cache,
-            later_turns,
-            idle: ctx.idle(),
-            pressure,
-        };
-        let Some(record) = &ladder.record else {
-            let history = history(seen_by_client);
-            let mut rewritten = self.rewriter.rewrite_with(&mut client, &history, settings).await.ok()?;
-            let body = rewritten.body.take().map(Bytes::from).unwrap_or_else(|| ladder.client_body.clone());
-            return Some((body, rewritten.report));
-        };
-        // The client sent more than goes out: "before" counts the client's whole history.
-        let model = self.rewriter.count(&mut client).await.ok()?;
-        let tokens_before = Rewriter::scaled(client.conversation.tokens_before(), model);
-        let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
-        let rebuild = || plan::rebuild(&client, record, &self.settings.summary_prefix, &count);
-        let rebuilt = work::step(rebuild).await.ok()??;
-        // Counting the turns the summary stands for, the kept calls keep the client's ids.
-        let summarized = plan::summarized_turns(&client, record);
-        let mut parsed = work::step(|| ladder.parse_rebuilt(&rebuilt, summarized)).await.ok()??;
-        // The client's newest messages end the rebuilt conversation too.
-        let added = client.messages.len().saturating_sub(seen_by_client);
-        let history = history(parsed.messages.len().saturating_sub(added));
-        let mut rewritten = self.rewriter.rewrite_with(&mut parsed, &history, settings).await.ok()?;
-        rewritten.report.tokens_before = tokens_before;
-        rewritten.report.message_count = client.messages.len();
-        rewritten.report.compaction = record.generation;
-        let body = rewritten.body.take().unwrap_or_else(|| rebuilt.clone());
-        Some((Bytes::from(body), rewritten.report))
     }
 }
