@@ -132,6 +132,18 @@ impl Ladder {
         }
     }
 
+    /// The same request's ladder for work done off its path (a summary prepared in the
+    /// background, a prefill ahead), carrying `record`: a fresh climb, the request's body, shape
+    /// and upstream.
+    pub(super) fn for_background(&self, record: Option<CompactionRecord>) -> Ladder {
+        let mut ladder = Ladder::new(self.dialect, self.client_body.clone(), self.message_count, record, &self.order);
+        ladder.lead = self.lead;
+        ladder.cache = self.cache;
+        ladder.path_model = self.path_model.clone();
+        ladder.request_id = self.request_id.clone();
+        ladder
+    }
+
     /// What this request's recovery did.
     pub fn recovery(&self) -> &Recovery {
         &self.trace

@@ -17,6 +17,7 @@ mod derive;
 pub mod ladder;
 mod lock;
 pub mod plan;
+mod prefill;
 pub mod settings;
 pub mod summarizer;
 
@@ -58,6 +59,31 @@ pub struct Compactor {
     prefixes: PrefixCache,
     store: Store,
     summarizer: Arc<Summarizer>,
+    /// Requests of each conversation whose summaries are prefilled ahead, as they arrive.
+    arrivals: prefill::Arrivals,
+}
+
+/// Where a conversation's growth takes it: the prompt now (the provider's tokens, as
+/// calibrated), the size past which a request is compacted ahead of time (the budget, or the
+/// limit when a compaction there would not leave room for two more turns) and the newest turn's
+/// growth (compactor's tokens).
+struct Crossing {
+    prompt: u64,
+    target: u64,
+    growth: u64,
+    pressure: Pressure,
+}
+
+impl Crossing {
+    /// compactor's tokens the history grows before a request passes the target.
+    fn due_in(&self) -> u64 {
+        self.pressure.uncalibrated(self.target.saturating_sub(self.prompt)) + 1
+    }
+
+    /// Whole turns, at the newest growth, until a request passes the target (0: this one did).
+    fn turns(&self) -> u64 {
+        if self.prompt > self.target { 0 } else { self.due_in().div_ceil(self.growth) }
+    }
 }
 
 /// How long a background summary waits for the answer of the request that started it.
@@ -164,6 +190,7 @@ impl Compactor {
                 .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,
             summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
+            arrivals: prefill::Arrivals::new(),
         }
     }
 
@@ -233,6 +260,8 @@ impl Compactor {
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
         ladder.request_id = request_id.to_string();
+        let arrival = prefill::applies(&self.settings, dialect, ladder.cache.preset)
+            .then(|| self.arrivals.arrived(ctx.key(), ctx.conversation_id()));
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
         let derived = self.first_derivation(&mut ladder, &ctx, parsed).instrument(rewrite.clone()).await;
         let Some((mut sent, mut report)) = derived else {
@@ -258,15 +287,19 @@ impl Compactor {
             // The admin API's request belongs to the session: the first of its conversations
             // with something to summarize answers it (compact_ahead leaves it standing otherwise).
             let requested = ctx.session().counters.compact_requested > 0;
+            // The server's cache holds the prompt rebuilt around the ready record (a prefill
+            // ahead): applying it now extends that prefix, not applying it re-prefills the lot.
+            let prefilled = ladder.ready.as_ref().is_some_and(|ready| ready.generation == ctx.conversation().prefilled);
             let pressure = self.pressure(&ctx, &report);
             let prompt = budget::prompt_tokens(&pressure, ctx.conversation(), ladder.message_count, &report, true);
-            if requested || prompt > pressure.budget() {
+            if requested || prefilled || prompt > pressure.budget() {
                 let trigger = if requested { "admin" } else { "threshold" };
                 // A compaction is worth its summary call only when what it leaves, and two more
                 // turns, land under the budget; when they cannot (the fixed part leaves room for a
                 // turn or two), only a request that would overflow is compacted: the rebuild is
                 // the same, a turn or more later, so the session pays fewer summary calls.
                 let worth = requested
+                    || prefilled
                     || prompt > pressure.limit()
                     || self.frees_room(&ladder, &pressure, &report, ctx.conversation());
                 if !worth {
@@ -302,7 +335,13 @@ impl Compactor {
             // passed again within a turn or two (a summary started only at the next request would
             // be on that request's path).
             if self.settings.background && ladder.ready.is_none() && !requested {
-                answered = self.prepare_in_background(head, &ladder, &ctx, &report, &sent);
+                answered = self.prepare_in_background(head, &ladder, &ctx, &report, &sent, arrival);
+            } else if let Some(arrival) = arrival
+                && let Some(ready) = ladder.ready.clone()
+                && self.crossing(&ladder, &ctx, &report).is_some_and(|crossing| crossing.turns() == 1)
+            {
+                // The next request applies the record held back: its rebuilt prompt goes ahead.
+                answered = Some(self.prefill_ahead(head, ladder.for_background(Some(ready)), &ctx, arrival));
             }
         }
         ctx.record_request(&report.pruned_call_ids, tokens_saved, report.message_count);
@@ -424,7 +463,8 @@ impl Compactor {
             plan::matching_record(&parsed, &records[..at]).cloned()
         });
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
-        let mut derived = self.compaction().derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
+        let mut derived =
+            self.compaction().derive_from(ladder, ctx, &self.rewriter.settings, Some(parsed), false).await?;
         if let Some(ready) = ladder.record.clone().filter(|r| r.due_tokens > 0)
             && ready.generation != last_generation
         {
@@ -712,7 +752,8 @@ impl Compactor {
                     ladder.trace.summary_calls += summary_calls;
                     ladder.record = Some(record);
                     // Everything after the summary is new to the provider: prune as under pressure.
-                    let derived = self.compaction().derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);
+                    let derived =
+                        self.compaction().derive(ladder, ctx, &self.rewriter.settings, true).await.map(summarized);
                     let Some(derived) = derived else { break };
                     // A rebuild already estimated to overflow is not what goes out: summarize
                     // harder (a quarter of the tail kept) once.
@@ -777,43 +818,27 @@ impl Compactor {
         ctx: &SessionCtx,
         report: &RewriteReport,
         sent: &Bytes,
+        arrival: Option<u64>,
     ) -> Option<AnsweredGate> {
-        let pressure = self.pressure(ctx, report);
-        let conversation = ctx.conversation();
-        let growth = budget::newest_turn_tokens(conversation, ladder.message_count, report);
-        if growth == 0 {
-            return None;
-        }
-        let prompt = budget::prompt_tokens(&pressure, conversation, ladder.message_count, report, true);
-        let target =
-            if self.frees_room(ladder, &pressure, report, conversation) { pressure.budget() } else { pressure.limit() };
+        let crossing = self.crossing(ladder, ctx, report)?;
+        let Crossing { prompt, target, growth, pressure } = crossing;
         let ahead = pressure.calibrated(growth.saturating_mul(u64::from(self.settings.background_turns_ahead)));
         if prompt > target || prompt.saturating_add(ahead) <= target {
             return None;
         }
-        let due_in = pressure.uncalibrated(target - prompt) + 1;
+        let due_in = crossing.due_in();
         let due_tokens = u64::from(report.tokens_before) + due_in;
         // The record applies at the first request past `due_tokens`: whole turns later, at the
         // newest turn's growth, and the history grows that much before it applies.
-        let sizing = Sizing { due_in: due_in.div_ceil(growth) * growth, ..self.sizing(ladder, ctx, report) };
-        let mut job = Ladder::new(
-            ladder.dialect,
-            ladder.client_body.clone(),
-            ladder.message_count,
-            ladder.record.clone(),
-            &self.settings.ladder,
-        );
-        job.lead = ladder.lead;
-        job.cache = ladder.cache;
-        job.path_model = ladder.path_model.clone();
-        job.request_id = ladder.request_id.clone();
+        let sizing = Sizing { due_in: crossing.turns() * growth, ..self.sizing(ladder, ctx, report) };
+        let mut job = ladder.for_background(ladder.record.clone());
         job.sent_body = Some(sent.clone());
-        let head = RequestHead {
-            route: head.route,
-            method: head.method.clone(),
-            uri: head.uri.clone(),
-            headers: head.headers.clone(),
-        };
+        // Due at the very next request: its rebuilt prompt goes ahead as soon as the record is
+        // ready (the request that started it answered by then).
+        let prefill = arrival
+            .filter(|_| crossing.turns() == 1)
+            .map(|arrival| (self.prefill(head, ctx, arrival), job.for_background(None)));
+        let head = head.clone();
         let (settings, rewriter, summarizer) = (self.settings.clone(), self.rewriter.clone(), self.summarizer.clone());
         let (store, key, conversation_id) = (self.store.clone(), ctx.key().clone(), ctx.conversation_id().clone());
         let tenant = self.identifier.tenant(&head.headers);
@@ -831,6 +856,10 @@ impl Compactor {
                 Ok(Compacted { record, summary_calls, .. }) => {
                     if summary_calls > 0 {
                         metric::background_summary_tokens("ready", &record.cost);
+                    }
+                    if let Some((prefill, mut ladder)) = prefill {
+                        ladder.record = Some(record);
+                        prefill(ladder).run().await;
                     }
                     "ready"
                 }
@@ -850,6 +879,59 @@ impl Compactor {
         };
         tokio::spawn(async move { crate::tokens::scoped(&tenant, work).await });
         Some(AnsweredGate(gate))
+    }
+
+    /// Where the conversation's growth takes it; `None` when its newest turn did not grow.
+    fn crossing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport) -> Option<Crossing> {
+        let pressure = self.pressure(ctx, report);
+        let conversation = ctx.conversation();
+        let growth = budget::newest_turn_tokens(conversation, ladder.message_count, report);
+        if growth == 0 {
+            return None;
+        }
+        let prompt = budget::prompt_tokens(&pressure, conversation, ladder.message_count, report, true);
+        let target =
+            if self.frees_room(ladder, &pressure, report, conversation) { pressure.budget() } else { pressure.limit() };
+        Some(Crossing { prompt, target, growth, pressure })
+    }
+
+    /// A prefill ahead for this request's conversation, to run with the ladder rebuilt around the
+    /// record it prefills.
+    fn prefill(
+        &self,
+        head: &RequestHead,
+        ctx: &SessionCtx,
+        arrival: u64,
+    ) -> impl FnOnce(Ladder) -> prefill::Prefill + use<> {
+        let (head, store, key, conversation) =
+            (head.clone(), self.store.clone(), ctx.key().clone(), ctx.conversation_id().clone());
+        let (settings, rewriter, summarizer) = (self.settings.clone(), self.rewriter.clone(), self.summarizer.clone());
+        let arrivals = self.arrivals.clone();
+        move |ladder| prefill::Prefill {
+            head,
+            ladder,
+            store,
+            key,
+            conversation,
+            settings,
+            rewriter,
+            summarizer,
+            arrivals,
+            arrival,
+        }
+    }
+
+    /// Sends the prompt rebuilt around `ladder`'s record ahead, once this request is answered.
+    fn prefill_ahead(&self, head: &RequestHead, ladder: Ladder, ctx: &SessionCtx, arrival: u64) -> AnsweredGate {
+        let prefill = self.prefill(head, ctx, arrival)(ladder);
+        let tenant = self.identifier.tenant(&head.headers);
+        let (gate, answered) = tokio::sync::oneshot::channel::<()>();
+        let work = async move {
+            let _ = tokio::time::timeout(ANSWER_WAIT, answered).await;
+            prefill.run().await;
+        };
+        tokio::spawn(async move { crate::tokens::scoped(&tenant, work).await });
+        AnsweredGate(gate)
     }
 
     /// The prompt-cache prices of the upstream a request of `family` goes to.

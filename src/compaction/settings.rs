@@ -45,6 +45,10 @@ pub struct CompactionSettings {
     pub background: bool,
     /// How many turns ahead, at the newest turn's growth, a crossing starts a background summary.
     pub background_turns_ahead: u32,
+    /// On an upstream priced with the `local` cache preset: the prompt rebuilt around a prepared
+    /// summary is sent ahead (a one-token call) once the request before the one that applies it
+    /// is answered, so the server prefills it while the agent's tool runs.
+    pub prefill_ahead: bool,
     /// The rungs after lowering `max_tokens`, in the order they are tried.
     pub ladder: Vec<Rung>,
     /// Lower-cased, so a request is matched without lower-casing the list each time.
@@ -110,6 +114,7 @@ impl Default for CompactionSettings {
             max_failures: 3,
             background: true,
             background_turns_ahead: 2,
+            prefill_ahead: true,
             ladder: DEFAULT_ORDER.to_vec(),
             agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
             overflow: OverflowDetector::default(),

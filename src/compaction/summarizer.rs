@@ -291,6 +291,12 @@ impl Summarizer {
         Some(Ok(Summary { text, calls: 1, overflows: 0, elapsed, piece_budget: 0, cost }))
     }
 
+    /// A prefill ahead ([`super::prefill`]): `body` sent like a summary call, its one-token answer
+    /// dropped.
+    pub async fn prefill(&self, head: &RequestHead, body: Vec<u8>) -> Result<(), SummaryError> {
+        self.call(head, body).await.map(|_| ())
+    }
+
     /// One non-streaming call, with the client's own credentials and headers.
     async fn call(&self, head: &RequestHead, body: Vec<u8>) -> Result<Bytes, SummaryError> {
         let call = async {

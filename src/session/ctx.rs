@@ -393,14 +393,16 @@ impl SessionCtx {
     }
 
     /// Publishes a new compaction record at once (under the compaction lock): it makes the
-    /// conversation's last usage stale, closes its breaker and answers the session's admin
-    /// request to compact. False when the write failed (reported).
+    /// conversation's last usage stale (unless the record was prepared in the background: until
+    /// a request applies it, the last usage still measures the body the conversation goes as, and
+    /// the requests before it need that turn's growth), closes its breaker and answers the
+    /// session's admin request to compact. False when the write failed (reported).
     pub async fn publish_compaction(&mut self, record: &CompactionRecord) -> bool {
         let update = Update {
             session: SessionUpdate { compact_requested: Some(false), ..SessionUpdate::default() },
             conversation: ConversationUpdate {
                 compaction: Some(record.clone()),
-                clear_usage: true,
+                clear_usage: record.due_tokens == 0,
                 breaker: Some(Breaker::default()),
                 ..ConversationUpdate::default()
             },
@@ -417,6 +419,13 @@ impl SessionCtx {
         let failures = if breaker.at_messages == at_messages { breaker.failures + 1 } else { 1 };
         let conversation =
             ConversationUpdate { breaker: Some(Breaker { failures, at_messages }), ..ConversationUpdate::default() };
+        self.publish(Update { conversation, ..Update::default() }).await
+    }
+
+    /// Publishes at once that the prompt rebuilt around record `generation` was sent ahead to the
+    /// upstream (a local server's cache holds it): the conversation's next request applies it.
+    pub async fn publish_prefilled(&mut self, generation: u32) -> bool {
+        let conversation = ConversationUpdate { prefilled: Some(generation), ..ConversationUpdate::default() };
         self.publish(Update { conversation, ..Update::default() }).await
     }
 

@@ -8,7 +8,7 @@
 //! - `conversations`: sorted set of the session's conversation ids by last use (server time in
 //!   microseconds), at most `max_conversations` long;
 //! - `c:<id>`: hash of one conversation (`requests`, `messages`, `usage` as versioned JSON,
-//!   `breaker_failures`, `breaker_at`); `c:<id>:pruned`: set of pruned call ids;
+//!   `breaker_failures`, `breaker_at`, `run`, `prefilled`); `c:<id>:pruned`: set of pruned call ids;
 //!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock;
 //!   `c:<id>:requests`: list of the inspector's request summaries (JSON), the newest
 //!   `inspector.requests_per_conversation`.
@@ -268,6 +268,7 @@ fn conversation_state(hash: &Hash, pruned: Vec<String>, compactions: &[String]) 
         messages: number(hash, "messages"),
         last_request_unix_ms: number(hash, "last_request_ms"),
         run: number(hash, "run"),
+        prefilled: u32::try_from(number(hash, "prefilled")).unwrap_or(0),
     }
 }
 
@@ -501,6 +502,9 @@ impl RedisStore {
         }
         if let Some(run) = change.run {
             pipeline.hset(&hash, "run", run).ignore();
+        }
+        if let Some(generation) = change.prefilled {
+            pipeline.hset(&hash, "prefilled", generation).ignore();
         }
         if let Some(record) = &change.compaction {
             // The newest records are the ones that can still match; keep a bounded lineage.

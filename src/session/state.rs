@@ -288,6 +288,12 @@ pub struct ConversationState {
     /// before ([`super::runs`]).
     #[serde(default)]
     pub run: u64,
+    /// The generation of a record prepared in the background whose rebuilt prompt compactor sent
+    /// ahead to a local server ([`crate::compaction`]'s prefill ahead; 0: none): the server's
+    /// cache now holds that prompt, not the conversation as the client last sent it, so the next
+    /// request applies the record whether or not it needs the room yet.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub prefilled: u32,
 }
 
 impl ConversationState {
@@ -336,6 +342,8 @@ pub struct ConversationUpdate {
     pub request_at_unix_ms: Option<u64>,
     /// The request's turn in the conversation's current run.
     pub run: Option<u64>,
+    /// The record whose rebuilt prompt was sent ahead ([`ConversationState::prefilled`]).
+    pub prefilled: Option<u32>,
     /// The request's summary for the inspector (JSON of [`crate::inspector::RequestRecord`]),
     /// appended to the conversation's bounded request log.
     pub record: Option<String>,
@@ -410,6 +418,9 @@ impl ConversationState {
         }
         if let Some(run) = update.run {
             self.run = run;
+        }
+        if let Some(generation) = update.prefilled {
+            self.prefilled = generation;
         }
         // Fencing: a record of a generation already stored (a holder whose lock lapsed while
         // another took over) is not laid beside the winner's.

@@ -117,6 +117,10 @@ fn describe_rewrite() {
         "compactor_background_summary_tokens_total",
         "Tokens the summary calls of summaries prepared in the background cost (the provider's usage), by outcome (ready: spent; used; unneeded) and direction (input, output)."
     );
+    describe_counter!(
+        "compactor_prefills_ahead_total",
+        "Prompts rebuilt around a prepared summary sent ahead to a local server (the local cache preset), by outcome (sent, failed, moved_on: another request of the conversation came first)."
+    );
     describe_histogram!("compactor_summary_call_seconds", Unit::Seconds, "Latency of summary calls.");
     describe_histogram!(
         "compactor_summary_calls_per_compaction",
@@ -196,6 +200,11 @@ pub fn compaction(trigger: &'static str, outcome: &'static str) {
 /// used it.
 pub fn background_summary(outcome: &'static str) {
     counter!("compactor_background_summaries_total", "outcome" => outcome).increment(1);
+}
+
+/// A prefill ahead of a prepared summary's rebuilt prompt, by outcome.
+pub fn prefill_ahead(outcome: &'static str) {
+    counter!("compactor_prefills_ahead_total", "outcome" => outcome).increment(1);
 }
 
 /// What a summary prepared in the background cost, counted when it is stored (`ready`: spent),
@@ -372,6 +381,9 @@ pub fn present_at_start() {
     counter!("compactor_futile_compactions_avoided_total").absolute(0);
     for outcome in ["started", "ready", "busy", "nothing", "failed", "used", "unneeded"] {
         counter!("compactor_background_summaries_total", "outcome" => outcome).absolute(0);
+    }
+    for outcome in ["sent", "failed", "moved_on"] {
+        counter!("compactor_prefills_ahead_total", "outcome" => outcome).absolute(0);
     }
     for outcome in ["ready", "used", "unneeded"] {
         for direction in ["input", "output"] {

@@ -36,7 +36,7 @@ pub type UpstreamBody = Either<Full<Bytes>, ClientBody>;
 
 /// The client's request without its body: what every attempt sends upstream again. compactor may
 /// change the body (and the summary call sends its own), never the method, path or headers.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RequestHead {
     pub route: Route,
     pub method: Method,

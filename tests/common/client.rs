@@ -68,8 +68,13 @@ pub async fn next_chunk(body: &mut Incoming, within: Duration) -> Option<Bytes> 
 }
 
 /// Asks `check` every 50 ms until it holds (true) or 15 s have passed (false).
-pub async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+pub async fn eventually(check: impl AsyncFnMut() -> bool) -> bool {
+    eventually_within(Duration::from_secs(15), check).await
+}
+
+/// [`eventually`] with a deadline of `within`.
+pub async fn eventually_within(within: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
     while std::time::Instant::now() < deadline {
         if check().await {
             return true;

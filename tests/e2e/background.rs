@@ -18,8 +18,9 @@ pub const SUMMARY_DELAY: Duration = Duration::from_secs(3);
 /// call is the conversation as sent plus the instruction.
 pub const CONFIG: &str = "openai_cache = \"local\"\n[models.test-model]\ncontext_window = 8000\nmax_output_tokens = 500\n[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nbackground = true\nkeep_recent_tokens = 1500\nuser_message_max_tokens = 300\n";
 
-/// What the fake received, in order: `summary` for a summary call, else `turn N` (the number of
-/// tool outputs in the request) and whether the request carried a summary.
+/// What the fake received, in order: `summary` for a summary call, `prefill` for a prefill ahead
+/// (a one-token call), else `turn N` (the number of tool outputs in the request); and whether the
+/// request carried a summary.
 #[derive(Clone, Default)]
 pub struct Log(Arc<Mutex<Vec<(String, Instant, bool)>>>);
 
@@ -48,6 +49,12 @@ pub async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
                 let summary = "Handoff summary: the parser is half done; the codename is ZEPHYR-LANTERN-42.";
                 let answer = json!({"id": "s", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": summary}, "finish_reason": "stop"}], "usage": {"prompt_tokens": text.len() / 4, "completion_tokens": 20}});
                 return Some(Reply::json(200, answer).after(SUMMARY_DELAY));
+            }
+            // A prefill ahead: the prompt rebuilt around a prepared summary, one token asked.
+            if body["max_tokens"] == 1 && body["stream"] == false {
+                seen.0.lock().unwrap().push(("prefill".into(), Instant::now(), text.contains("Handoff summary")));
+                let answer = json!({"id": "p", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Ok"}, "finish_reason": "length"}], "usage": {"prompt_tokens": text.len() / 4, "completion_tokens": 1}});
+                return Some(Reply::json(200, answer));
             }
             // The turn: the newest part the agent read (a compacted body keeps only the newest).
             let parts = regex::Regex::new(r"part (\d+) line").unwrap();
@@ -320,4 +327,107 @@ async fn a_conversation_that_jumps_past_its_ready_summary_is_summarized_further_
             && page.contains("which summarized further on top of it (generation 2)")
     };
     assert!(eventually(shown).await, "{}", proxy.get_with_token(&path, "admin").await.text());
+}
+
+/// The prefills ahead the proxy sent, by its metric.
+async fn prefills_sent(proxy: &ProxyProcess) -> u64 {
+    metric(&metrics(proxy).await, "compactor_prefills_ahead_total", &["outcome=\"sent\""])
+}
+
+/// Turns from the one after `last`, each after a pause (the agent's tool), until a prefill ahead
+/// was sent; the last turn sent. None of them applies the summary.
+async fn until_a_prefill_is_sent(proxy: &ProxyProcess, log: &Log, mut last: usize) -> usize {
+    loop {
+        let sent = async || prefills_sent(proxy).await > 0;
+        if eventually_within(Duration::from_secs(1), sent).await {
+            return last;
+        }
+        last += 1;
+        assert!(last < 20, "no prefill ahead: {:?}", log.events());
+        let (_, answer) = turn(proxy, last).await;
+        assert!(
+            answer.header("x-compactor-compacted").is_none(),
+            "turn {last} applied before any prefill: {:?}",
+            log.events()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_local_server_the_prompt_that_applies_a_summary_is_prefilled_while_the_agent_works() {
+    let (fake, log) = fake_with_slow_summaries().await;
+    let proxy = ProxyProcess::start(&fake, CONFIG);
+    let (started_by, _) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
+    let before = until_a_prefill_is_sent(&proxy, &log, started_by).await;
+    // The agent's next turn, grown as usual, applies the summary.
+    let applying = before + 1;
+    let (_, answer) = turn(&proxy, applying).await;
+    assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "{:?}", log.events());
+    // In the fake's order: the prefill, carrying the summary, right before the turn that applies
+    // it, after the answer to the turn before; one prefill in all.
+    let events = log.events();
+    let at = events.iter().position(|(what, ..)| *what == format!("turn {applying}")).unwrap();
+    assert_eq!(events[at - 1].0, "prefill", "{events:?}");
+    assert!(events[at - 1].2, "the prefilled prompt carries the summary: {events:?}");
+    assert_eq!(events.iter().filter(|(what, ..)| what == "prefill").count(), 1, "{events:?}");
+    // The turn extends the prompt the server prefilled: the same model and tools, and its
+    // messages begin with every message of the prefill.
+    let received: Vec<Value> = fake.received().iter().map(|r| r.json()).collect();
+    let prefill = received.iter().find(|body| body["max_tokens"] == 1).unwrap();
+    let turn_body = received.last().unwrap();
+    let (ahead, sent) = (prefill["messages"].as_array().unwrap(), turn_body["messages"].as_array().unwrap());
+    assert!(sent.len() > ahead.len(), "{} messages prefilled, {} sent", ahead.len(), sent.len());
+    assert_eq!(&sent[..ahead.len()], &ahead[..], "the turn's prompt starts with the prefilled one");
+    assert_eq!((&prefill["model"], &prefill["tools"]), (&turn_body["model"], &turn_body["tools"]));
+    assert_eq!(prefill["stream"], false);
+    assert_eq!(prefills_sent(&proxy).await, 1);
+    assert_eq!(log.summary_calls().len(), 1, "no summary call of the turn's own: {events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefilled_summary_is_applied_by_the_next_request_even_one_that_does_not_need_the_room() {
+    // In memory, and in Redis with the next request on another replica.
+    let redis = crate::common::redis_server::RedisServer::start();
+    for store in std::iter::once(String::new()).chain(redis.as_ref().map(|redis| redis.config())) {
+        let config = format!("{CONFIG}{store}");
+        let (fake, log) = fake_with_slow_summaries().await;
+        let proxy = ProxyProcess::start(&fake, &config);
+        let (started_by, _) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
+        let last = until_a_prefill_is_sent(&proxy, &log, started_by).await;
+        let replica = if store.is_empty() { None } else { Some(ProxyProcess::start(&fake, &config)) };
+        let next = replica.as_ref().unwrap_or(&proxy);
+        // The same history again (a retry: nothing grew, nothing passes the threshold). The
+        // server now holds the rebuilt prompt, so it goes rebuilt: sent as before, it would be
+        // prefilled whole again.
+        let (_, answer) = turn(next, last).await;
+        assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "{store}: {:?}", log.events());
+        assert!(fake.last().json()["messages"].to_string().contains("Handoff summary"));
+        let (_, answer) = turn(next, last + 1).await;
+        assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "the next turn keeps it");
+        assert_eq!(log.summary_calls().len(), 1, "{:?}", log.events());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_prefill_ahead_without_the_local_preset_or_with_it_turned_off() {
+    for config in [
+        CONFIG.replace("openai_cache = \"local\"", "openai_cache = \"openai\""),
+        format!("{CONFIG}prefill_ahead = false\n"),
+    ] {
+        let (fake, log) = fake_with_slow_summaries().await;
+        let proxy = ProxyProcess::start(&fake, &config);
+        let (mut last, _) = until_a_background_summary_is_ready(&proxy, &log, 1).await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            last += 1;
+            let (_, answer) = turn(&proxy, last).await;
+            if answer.header("x-compactor-compacted").is_some() {
+                break;
+            }
+            assert!(last < 20, "{:?}", log.events());
+        }
+        let events = log.events();
+        assert!(!events.iter().any(|(what, ..)| what == "prefill"), "{config}: {events:?}");
+        assert_eq!(prefills_sent(&proxy).await, 0);
+    }
 }
