@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::ladder::Ladder;
 use super::plan;
 use crate::dialect::ParsedRequest;
 use crate::session::SessionCtx;
@@ -135,4 +136,23 @@ pub(super) async fn fenced(
     let winner = plan::matching_record(client, &winner).cloned();
     ctx.adopt(state);
     winner
+}
+
+/// The record prepared in the background for the crossing `job`'s request foresaw, by another
+/// request's job: stored already, or awaited from the job that holds the lock (up to `wait`).
+/// `None` when there is none that matches the request's conversation, or it is applied already.
+pub(super) async fn prepared_record(job: &Ladder, ctx: &mut SessionCtx, wait: Duration) -> Option<CompactionRecord> {
+    let client = job.parse(&job.client_body)?;
+    let applied = job.compacted().unwrap_or(0);
+    let stored: Vec<CompactionRecord> =
+        ctx.conversation().compactions.iter().filter(|r| r.generation > applied).cloned().collect();
+    let record = match plan::matching_record(&client, &stored).cloned() {
+        Some(record) => record,
+        None => match await_winner(ctx, &client, wait).await {
+            Waited::Record(record) => *record,
+            Waited::Released | Waited::TimedOut => return None,
+        },
+    };
+    let unapplied = ctx.conversation().usage.is_none_or(|usage| usage.generation < record.generation);
+    (record.due_tokens > 0 && unapplied).then_some(record)
 }

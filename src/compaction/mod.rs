@@ -254,14 +254,17 @@ impl Compactor {
             }
             None => {}
         }
-        let mut ctx = self.load(head, &parsed).await;
+        let (session, conversation) = self.identifier.identify_conversation(&head.headers, head.uri.query(), &parsed);
+        // Counted before the state is read: a prefill ahead that has not yet said so in the state
+        // sees this request and gives up.
+        let arrival = prefill::applies(&self.settings, dialect, self.cache_pricing(head.route.family).preset)
+            .then(|| self.arrivals.arrived(&session, &conversation));
+        let mut ctx = SessionCtx::load(self.store.clone(), session, conversation).await;
         ctx.use_model(model_key(head, &parsed)).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
         ladder.request_id = request_id.to_string();
-        let arrival = prefill::applies(&self.settings, dialect, ladder.cache.preset)
-            .then(|| self.arrivals.arrived(ctx.key(), ctx.conversation_id()));
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
         let derived = self.first_derivation(&mut ladder, &ctx, parsed).instrument(rewrite.clone()).await;
         let Some((mut sent, mut report)) = derived else {
@@ -863,7 +866,17 @@ impl Compactor {
                     }
                     "ready"
                 }
-                Err(CompactError::Busy) => "busy",
+                Err(CompactError::Busy) => {
+                    // Another request's job prepares (or prepared) this crossing's record: the
+                    // prefill this request's growth calls for is of that record, from this body.
+                    if let Some((prefill, mut ladder)) = prefill
+                        && let Some(record) = lock::prepared_record(&job, &mut ctx, settings.lock_wait).await
+                    {
+                        ladder.record = Some(record);
+                        prefill(ladder).run().await;
+                    }
+                    "busy"
+                }
                 Err(CompactError::NothingToSummarize) => "nothing",
                 Err(error) => {
                     tracing::warn!(

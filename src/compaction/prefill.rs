@@ -119,10 +119,13 @@ impl Prefill {
             return "failed";
         };
         let Some(body) = body(&rebuilt) else { return "failed" };
+        // Said before it is checked again: a request counted after the check reads its state
+        // after this write and applies the record; one counted before it sends nothing ahead
+        // (the flag left behind only makes a later request apply the record a little early).
+        ctx.publish_prefilled(generation).await;
         if moved_on() {
             return "moved_on";
         }
-        ctx.publish_prefilled(generation).await;
         match self.summarizer.prefill(&self.head, body).await {
             Ok(()) => "sent",
             Err(_) => "failed",

@@ -431,3 +431,38 @@ async fn no_prefill_ahead_without_the_local_preset_or_with_it_turned_off() {
         assert_eq!(prefills_sent(&proxy).await, 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_sent_while_the_summary_is_written_has_its_prompt_prefilled_once_the_summary_is_ready() {
+    let (fake, log) = fake_with_slow_summaries().await;
+    let proxy = ProxyProcess::start(&fake, CONFIG);
+    let mut turns = 0;
+    while log.summary_calls().is_empty() {
+        turns += 1;
+        assert!(turns <= 12, "no summary started: {:?}", log.events());
+        turn(&proxy, turns).await;
+        let started = async || !log.summary_calls().is_empty();
+        eventually_within(Duration::from_millis(500), started).await;
+    }
+    // The agent's next turn comes while the summary is being written (its tool was quick): that
+    // request cannot carry the summary, and the job that started it sends nothing ahead (the
+    // server would serve this turn's prompt after evicting the prefilled one).
+    turns += 1;
+    let (_, answer) = turn(&proxy, turns).await;
+    assert!(answer.header("x-compactor-compacted").is_none());
+    // Once the summary is ready, the prompt rebuilt around it from that turn goes ahead.
+    let sent = async || prefills_sent(&proxy).await > 0;
+    assert!(eventually_within(SUMMARY_DELAY * 3, sent).await, "{:?}", log.events());
+    turns += 1;
+    let (_, answer) = turn(&proxy, turns).await;
+    assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "{:?}", log.events());
+    let events = log.events();
+    let at = events.iter().position(|(what, ..)| *what == format!("turn {turns}")).unwrap();
+    assert_eq!(events[at - 1].0, "prefill", "{events:?}");
+    assert_eq!(events.iter().filter(|(what, ..)| what == "prefill").count(), 1, "{events:?}");
+    let received: Vec<Value> = fake.received().iter().map(|r| r.json()).collect();
+    let prefill = received.iter().find(|body| body["max_tokens"] == 1).unwrap()["messages"].as_array().unwrap().clone();
+    let sent = received.last().unwrap()["messages"].as_array().unwrap().clone();
+    assert_eq!(&sent[..prefill.len()], &prefill[..], "the turn's prompt starts with the prefilled one");
+    assert_eq!(log.summary_calls().len(), 1, "{events:?}");
+}

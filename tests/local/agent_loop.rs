@@ -248,5 +248,14 @@ async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() 
     }
     assert!(background(&proxy, "used").await >= 1, "{logs:#?}");
     assert_eq!(background(&proxy, "failed").await, 0, "{logs:#?}");
+    // The prompts rebuilt around those summaries went ahead while the agent's tool ran, and the
+    // server took every one (a body it refused would count `failed`).
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    let prefills = |outcome: &str| {
+        let prefix = format!("compactor_prefills_ahead_total{{outcome=\"{outcome}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0)
+    };
+    assert!(prefills("sent") >= 1, "{metrics}");
+    assert_eq!(prefills("failed"), 0, "{metrics}");
     assert!(logs.iter().any(|l| l.contains("compacted") && l.contains("trigger=background")), "{logs:#?}");
 }
