@@ -21,6 +21,11 @@ use crate::session::{ConversationId, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::upstream::RequestHead;
 
+/// How long a prefill waits, once the request before it is answered, for the agent's next
+/// request: an agent that sends it at once leaves the server no idle time to prefill in (the
+/// prefill would only go in front of that request), and one whose tool runs gives it seconds.
+const GRACE: Duration = Duration::from_millis(200);
+
 /// Conversations tracked for [`Arrivals`] at once (the least recently used go first).
 const TRACKED_CONVERSATIONS: u64 = 10_000;
 
@@ -108,6 +113,7 @@ impl Prefill {
     async fn send(&self) -> &'static str {
         let Some(generation) = self.ladder.compacted() else { return "failed" };
         let moved_on = || self.arrivals.latest(&self.key, &self.conversation) != self.arrival;
+        tokio::time::sleep(GRACE).await;
         if moved_on() {
             return "moved_on";
         }
