@@ -341,9 +341,10 @@ impl Compactor {
                 answered = self.prepare_in_background(head, &ladder, &ctx, &report, &sent, arrival);
             } else if let Some(arrival) = arrival
                 && let Some(ready) = ladder.ready.clone()
-                && self.crossing(&ladder, &ctx, &report).is_some_and(|crossing| crossing.turns() == 1)
             {
-                // The next request applies the record held back: its rebuilt prompt goes ahead.
+                // A record held back that was not prefilled yet (its job found the conversation
+                // moved on): its rebuilt prompt goes ahead once this request is answered, and the
+                // next request applies it.
                 answered = Some(self.prefill_ahead(head, ladder.for_background(Some(ready)), &ctx, arrival));
             }
         }
@@ -823,7 +824,8 @@ impl Compactor {
         sent: &Bytes,
         arrival: Option<u64>,
     ) -> Option<AnsweredGate> {
-        let crossing = self.crossing(ladder, ctx, report)?;
+        let growth = budget::newest_turn_tokens(ctx.conversation(), ladder.message_count, report);
+        let crossing = self.crossing(ladder, ctx, report, growth)?;
         let Crossing { prompt, target, growth, pressure } = crossing;
         let ahead = pressure.calibrated(growth.saturating_mul(u64::from(self.settings.background_turns_ahead)));
         if prompt > target || prompt.saturating_add(ahead) <= target {
@@ -836,11 +838,10 @@ impl Compactor {
         let sizing = Sizing { due_in: crossing.turns() * growth, ..self.sizing(ladder, ctx, report) };
         let mut job = ladder.for_background(ladder.record.clone());
         job.sent_body = Some(sent.clone());
-        // Due at the very next request: its rebuilt prompt goes ahead as soon as the record is
-        // ready (the request that started it answered by then).
-        let prefill = arrival
-            .filter(|_| crossing.turns() == 1)
-            .map(|arrival| (self.prefill(head, ctx, arrival), job.for_background(None)));
+        // In front of a local server the rebuilt prompt goes ahead as soon as the record is ready
+        // (the request that started it answered by then), and the next request applies it: the
+        // server prefills it in the agent's tool time, whichever turn the projection named.
+        let prefill = arrival.map(|arrival| (self.prefill(head, ctx, arrival), job.for_background(None)));
         let head = head.clone();
         let (settings, rewriter, summarizer) = (self.settings.clone(), self.rewriter.clone(), self.summarizer.clone());
         let (store, key, conversation_id) = (self.store.clone(), ctx.key().clone(), ctx.conversation_id().clone());
@@ -894,11 +895,10 @@ impl Compactor {
         Some(AnsweredGate(gate))
     }
 
-    /// Where the conversation's growth takes it; `None` when its newest turn did not grow.
-    fn crossing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport) -> Option<Crossing> {
+    /// Where the conversation's growth takes it at `growth` a turn; `None` for no growth.
+    fn crossing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport, growth: u64) -> Option<Crossing> {
         let pressure = self.pressure(ctx, report);
         let conversation = ctx.conversation();
-        let growth = budget::newest_turn_tokens(conversation, ladder.message_count, report);
         if growth == 0 {
             return None;
         }

@@ -393,16 +393,14 @@ impl SessionCtx {
     }
 
     /// Publishes a new compaction record at once (under the compaction lock): it makes the
-    /// conversation's last usage stale (unless the record was prepared in the background: until
-    /// a request applies it, the last usage still measures the body the conversation goes as, and
-    /// the requests before it need that turn's growth), closes its breaker and answers the
-    /// session's admin request to compact. False when the write failed (reported).
+    /// conversation's last usage stale, closes its breaker and answers the session's admin
+    /// request to compact. False when the write failed (reported).
     pub async fn publish_compaction(&mut self, record: &CompactionRecord) -> bool {
         let update = Update {
             session: SessionUpdate { compact_requested: Some(false), ..SessionUpdate::default() },
             conversation: ConversationUpdate {
                 compaction: Some(record.clone()),
-                clear_usage: record.due_tokens == 0,
+                clear_usage: true,
                 breaker: Some(Breaker::default()),
                 ..ConversationUpdate::default()
             },

@@ -396,14 +396,24 @@ async fn a_prefilled_summary_is_applied_by_the_next_request_even_one_that_does_n
         let last = until_a_prefill_is_sent(&proxy, &log, started_by).await;
         let replica = if store.is_empty() { None } else { Some(ProxyProcess::start(&fake, &config)) };
         let next = replica.as_ref().unwrap_or(&proxy);
-        // The same history again (a retry: nothing grew, nothing passes the threshold). The
-        // server now holds the rebuilt prompt, so it goes rebuilt: sent as before, it would be
-        // prefilled whole again.
-        let (_, answer) = turn(next, last).await;
+        // The agent's next request adds a few words, not a tool output: nothing passes the
+        // threshold. The server now holds the rebuilt prompt, so it goes rebuilt: sent as before,
+        // it would be prefilled whole again.
+        let mut body = conversation(last);
+        let messages = body["messages"].as_array_mut().unwrap();
+        messages.push(json!({"role": "assistant", "content": "Done reading. Shall I go on?"}));
+        messages.push(json!({"role": "user", "content": "Yes."}));
+        let answer =
+            next.post("/v1/chat/completions", &[("authorization", "Bearer k"), ("x-session-id", "agent")], &body).await;
+        assert_eq!(answer.status, 200);
         assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "{store}: {:?}", log.events());
         assert!(fake.last().json()["messages"].to_string().contains("Handoff summary"));
-        let (_, answer) = turn(next, last + 1).await;
-        assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "the next turn keeps it");
+        let messages = body["messages"].as_array_mut().unwrap();
+        messages.push(json!({"role": "assistant", "content": "Going on."}));
+        messages.push(json!({"role": "user", "content": "Good."}));
+        let answer =
+            next.post("/v1/chat/completions", &[("authorization", "Bearer k"), ("x-session-id", "agent")], &body).await;
+        assert_eq!(answer.header("x-compactor-compacted"), Some("1"), "the next request keeps it");
         assert_eq!(log.summary_calls().len(), 1, "{:?}", log.events());
     }
 }

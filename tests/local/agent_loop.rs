@@ -215,7 +215,7 @@ async fn background(proxy: &ProxyProcess, outcome: &str) -> u64 {
 async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() {
     let _one = ONE_AT_A_TIME.lock().await;
     let Some((_installed, local)) = start() else { return };
-    let proxy = compactor_in_front(&local, "");
+    let proxy = compactor_in_front(&local, "[log]\nlevel = \"info,compactor::compaction=debug\"\n");
     let url = proxy.url("/v1/chat/completions");
     let mut messages = vec![json!({"role": "system", "content": "You are a coding agent. Be brief."})];
     for turn in 0..12 {
@@ -224,7 +224,9 @@ async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() 
         assert_eq!(answer.status, 200, "turn {turn}: {}", answer.text());
         messages.push(json!({"role": "assistant", "content": answer_text(&answer, false)}));
         // The agent's tool runs while a summary is prepared (a single-slot server answers one
-        // request at a time: the agent's next turn would queue behind the summary call).
+        // request at a time: the agent's next turn would queue behind the summary call), and
+        // for a second at least: an agent that sends its next turn at once gets no prefill ahead.
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let deadline = Instant::now() + Duration::from_secs(120);
         while background(&proxy, "started").await
             > background(&proxy, "ready").await
@@ -243,7 +245,7 @@ async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() 
     // Every later summary was prepared in the background and applied by the request that needed
     // it, with no summary call of its own.
     for line in &requests[recovered + 1..] {
-        assert!(line.contains("summary_calls=0"), "{line}");
+        assert!(line.contains("summary_calls=0"), "{line}\n\n{logs:#?}");
         assert!(line.contains("overflow=-"), "{line}");
     }
     assert!(background(&proxy, "used").await >= 1, "{logs:#?}");
@@ -255,7 +257,7 @@ async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() 
         let prefix = format!("compactor_prefills_ahead_total{{outcome=\"{outcome}\"}} ");
         metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0)
     };
-    assert!(prefills("sent") >= 1, "{metrics}");
-    assert_eq!(prefills("failed"), 0, "{metrics}");
+    assert!(prefills("sent") >= 1, "{metrics}\n{logs:#?}");
+    assert_eq!(prefills("failed"), 0, "{metrics}\n{logs:#?}");
     assert!(logs.iter().any(|l| l.contains("compacted") && l.contains("trigger=background")), "{logs:#?}");
 }
