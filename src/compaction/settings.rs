@@ -46,8 +46,8 @@ pub struct CompactionSettings {
     /// How many turns ahead, at the newest turn's growth, a crossing starts a background summary.
     pub background_turns_ahead: u32,
     /// On an upstream priced with the `local` cache preset: the prompt rebuilt around a prepared
-    /// summary is sent ahead (a one-token call) once the request before the one that applies it
-    /// is answered, so the server prefills it while the agent's tool runs.
+    /// summary is sent ahead (a one-token call) once it is ready and the agent's last request
+    /// answered, so the server prefills it while the agent's tool runs; the next request applies it.
     pub prefill_ahead: bool,
     /// The rungs after lowering `max_tokens`, in the order they are tried.
     pub ladder: Vec<Rung>,
