@@ -63,29 +63,6 @@ pub struct Compactor {
     arrivals: prefill::Arrivals,
 }
 
-/// Where a conversation's growth takes it: the prompt now (the provider's tokens, as
-/// calibrated), the size past which a request is compacted ahead of time (the budget, or the
-/// limit when a compaction there would not leave room for two more turns) and the newest turn's
-/// growth (compactor's tokens).
-struct Crossing {
-    prompt: u64,
-    target: u64,
-    growth: u64,
-    pressure: Pressure,
-}
-
-impl Crossing {
-    /// compactor's tokens the history grows before a request passes the target.
-    fn due_in(&self) -> u64 {
-        self.pressure.uncalibrated(self.target.saturating_sub(self.prompt)) + 1
-    }
-
-    /// Whole turns, at the newest growth, until a request passes the target (0: this one did).
-    fn turns(&self) -> u64 {
-        if self.prompt > self.target { 0 } else { self.due_in().div_ceil(self.growth) }
-    }
-}
-
 /// How long a background summary waits for the answer of the request that started it.
 const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
@@ -824,24 +801,30 @@ impl Compactor {
         sent: &Bytes,
         arrival: Option<u64>,
     ) -> Option<AnsweredGate> {
-        let growth = budget::newest_turn_tokens(ctx.conversation(), ladder.message_count, report);
-        let crossing = self.crossing(ladder, ctx, report, growth)?;
-        let Crossing { prompt, target, growth, pressure } = crossing;
+        let pressure = self.pressure(ctx, report);
+        let conversation = ctx.conversation();
+        let growth = budget::newest_turn_tokens(conversation, ladder.message_count, report);
+        if growth == 0 {
+            return None;
+        }
+        let prompt = budget::prompt_tokens(&pressure, conversation, ladder.message_count, report, true);
+        let target =
+            if self.frees_room(ladder, &pressure, report, conversation) { pressure.budget() } else { pressure.limit() };
         let ahead = pressure.calibrated(growth.saturating_mul(u64::from(self.settings.background_turns_ahead)));
         if prompt > target || prompt.saturating_add(ahead) <= target {
             return None;
         }
-        let due_in = crossing.due_in();
+        let due_in = pressure.uncalibrated(target - prompt) + 1;
         let due_tokens = u64::from(report.tokens_before) + due_in;
         // The record applies at the first request past `due_tokens`: whole turns later, at the
         // newest turn's growth, and the history grows that much before it applies.
-        let sizing = Sizing { due_in: crossing.turns() * growth, ..self.sizing(ladder, ctx, report) };
+        let sizing = Sizing { due_in: due_in.div_ceil(growth) * growth, ..self.sizing(ladder, ctx, report) };
         let mut job = ladder.for_background(ladder.record.clone());
         job.sent_body = Some(sent.clone());
         // In front of a local server the rebuilt prompt goes ahead as soon as the record is ready
         // (the request that started it answered by then), and the next request applies it: the
         // server prefills it in the agent's tool time, whichever turn the projection named.
-        let prefill = arrival.map(|arrival| (self.prefill(head, ctx, arrival), job.for_background(None)));
+        let prefill = arrival.map(|arrival| self.prefill(head, ctx, arrival));
         let head = head.clone();
         let (settings, rewriter, summarizer) = (self.settings.clone(), self.rewriter.clone(), self.summarizer.clone());
         let (store, key, conversation_id) = (self.store.clone(), ctx.key().clone(), ctx.conversation_id().clone());
@@ -861,20 +844,18 @@ impl Compactor {
                     if summary_calls > 0 {
                         metric::background_summary_tokens("ready", &record.cost);
                     }
-                    if let Some((prefill, mut ladder)) = prefill {
-                        ladder.record = Some(record);
-                        prefill(ladder).run().await;
+                    if let Some(prefill) = prefill {
+                        prefill.run(job.for_background(Some(record))).await;
                     }
                     "ready"
                 }
                 Err(CompactError::Busy) => {
                     // Another request's job prepares (or prepared) this crossing's record: the
                     // prefill this request's growth calls for is of that record, from this body.
-                    if let Some((prefill, mut ladder)) = prefill
+                    if let Some(prefill) = prefill
                         && let Some(record) = lock::prepared_record(&job, &mut ctx, settings.lock_wait).await
                     {
-                        ladder.record = Some(record);
-                        prefill(ladder).run().await;
+                        prefill.run(job.for_background(Some(record))).await;
                     }
                     "busy"
                 }
@@ -895,53 +876,30 @@ impl Compactor {
         Some(AnsweredGate(gate))
     }
 
-    /// Where the conversation's growth takes it at `growth` a turn; `None` for no growth.
-    fn crossing(&self, ladder: &Ladder, ctx: &SessionCtx, report: &RewriteReport, growth: u64) -> Option<Crossing> {
-        let pressure = self.pressure(ctx, report);
-        let conversation = ctx.conversation();
-        if growth == 0 {
-            return None;
-        }
-        let prompt = budget::prompt_tokens(&pressure, conversation, ladder.message_count, report, true);
-        let target =
-            if self.frees_room(ladder, &pressure, report, conversation) { pressure.budget() } else { pressure.limit() };
-        Some(Crossing { prompt, target, growth, pressure })
-    }
-
-    /// A prefill ahead for this request's conversation, to run with the ladder rebuilt around the
-    /// record it prefills.
-    fn prefill(
-        &self,
-        head: &RequestHead,
-        ctx: &SessionCtx,
-        arrival: u64,
-    ) -> impl FnOnce(Ladder) -> prefill::Prefill + use<> {
-        let (head, store, key, conversation) =
-            (head.clone(), self.store.clone(), ctx.key().clone(), ctx.conversation_id().clone());
-        let (settings, rewriter, summarizer) = (self.settings.clone(), self.rewriter.clone(), self.summarizer.clone());
-        let arrivals = self.arrivals.clone();
-        move |ladder| prefill::Prefill {
-            head,
-            ladder,
-            store,
-            key,
-            conversation,
-            settings,
-            rewriter,
-            summarizer,
-            arrivals,
+    /// A prefill ahead for this request's conversation (run with the ladder rebuilt around the
+    /// record it prefills).
+    fn prefill(&self, head: &RequestHead, ctx: &SessionCtx, arrival: u64) -> prefill::Prefill {
+        prefill::Prefill {
+            head: head.clone(),
+            store: self.store.clone(),
+            key: ctx.key().clone(),
+            conversation: ctx.conversation_id().clone(),
+            settings: self.settings.clone(),
+            rewriter: self.rewriter.clone(),
+            summarizer: self.summarizer.clone(),
+            arrivals: self.arrivals.clone(),
             arrival,
         }
     }
 
     /// Sends the prompt rebuilt around `ladder`'s record ahead, once this request is answered.
     fn prefill_ahead(&self, head: &RequestHead, ladder: Ladder, ctx: &SessionCtx, arrival: u64) -> AnsweredGate {
-        let prefill = self.prefill(head, ctx, arrival)(ladder);
+        let prefill = self.prefill(head, ctx, arrival);
         let tenant = self.identifier.tenant(&head.headers);
         let (gate, answered) = tokio::sync::oneshot::channel::<()>();
         let work = async move {
             let _ = tokio::time::timeout(ANSWER_WAIT, answered).await;
-            prefill.run().await;
+            prefill.run(ladder).await;
         };
         tokio::spawn(async move { crate::tokens::scoped(&tenant, work).await });
         AnsweredGate(gate)

@@ -79,11 +79,10 @@ pub(super) fn body(rebuilt: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&body).ok()
 }
 
-/// One prefill ahead: the request whose answer it waits for, and the ladder rebuilt around the
-/// prepared record (`ladder.record`) from that request's body.
+/// One prefill ahead for the conversation of the request whose answer it waits for; it runs with
+/// that request's ladder carrying the prepared record (`ladder.record`).
 pub(super) struct Prefill {
     pub head: RequestHead,
-    pub ladder: Ladder,
     pub store: Store,
     pub key: SessionKey,
     pub conversation: ConversationId,
@@ -98,20 +97,20 @@ pub(super) struct Prefill {
 impl Prefill {
     /// Rebuilds the body, says in the conversation's state that its record is prefilled, and
     /// sends it; nothing when another request of the conversation arrived first.
-    pub async fn run(self) {
-        let outcome = self.send().await;
+    pub async fn run(self, ladder: Ladder) {
+        let outcome = self.send(&ladder).await;
         metric::prefill_ahead(outcome);
         tracing::debug!(
             session = %self.key.as_str(),
             conversation = %self.conversation,
-            generation = self.ladder.compacted().unwrap_or(0),
+            generation = ladder.compacted().unwrap_or(0),
             outcome,
             "prefill ahead"
         );
     }
 
-    async fn send(&self) -> &'static str {
-        let Some(generation) = self.ladder.compacted() else { return "failed" };
+    async fn send(&self, ladder: &Ladder) -> &'static str {
+        let Some(generation) = ladder.compacted() else { return "failed" };
         let moved_on = || self.arrivals.latest(&self.key, &self.conversation) != self.arrival;
         tokio::time::sleep(GRACE).await;
         if moved_on() {
@@ -121,7 +120,7 @@ impl Prefill {
         let compaction =
             Compaction { settings: &self.settings, rewriter: &self.rewriter, summarizer: &self.summarizer };
         // As the request that applies it will derive it: everything after the summary is new.
-        let Some((rebuilt, _)) = compaction.derive(&self.ladder, &ctx, &self.rewriter.settings, true).await else {
+        let Some((rebuilt, _)) = compaction.derive(ladder, &ctx, &self.rewriter.settings, true).await else {
             return "failed";
         };
         let Some(body) = body(&rebuilt) else { return "failed" };

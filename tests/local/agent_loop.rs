@@ -204,11 +204,16 @@ async fn an_agent_loop_outlives_the_window_of_a_real_server() {
     assert!(off < 0.10, "calibrated estimate {estimate} against the server's {} ({counters})", last.prompt_tokens);
 }
 
+/// The counter `name{outcome}` as the proxy reports it now.
+async fn counter(proxy: &ProxyProcess, name: &str, outcome: &str) -> u64 {
+    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
+    let prefix = format!("{name}{{outcome=\"{outcome}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
 /// `compactor_background_summaries_total{outcome}` as the proxy reports it now.
 async fn background(proxy: &ProxyProcess, outcome: &str) -> u64 {
-    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
-    let prefix = format!("compactor_background_summaries_total{{outcome=\"{outcome}\"}} ");
-    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    counter(proxy, "compactor_background_summaries_total", outcome).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -252,12 +257,8 @@ async fn after_the_first_overflow_every_summary_is_prepared_in_the_background() 
     assert_eq!(background(&proxy, "failed").await, 0, "{logs:#?}");
     // The prompts rebuilt around those summaries went ahead while the agent's tool ran, and the
     // server took every one (a body it refused would count `failed`).
-    let metrics = send(request("GET", &proxy.url("/metrics"), &[], "")).await.text();
-    let prefills = |outcome: &str| {
-        let prefix = format!("compactor_prefills_ahead_total{{outcome=\"{outcome}\"}} ");
-        metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|n| n.trim().parse::<u64>().ok()).unwrap_or(0)
-    };
-    assert!(prefills("sent") >= 1, "{metrics}\n{logs:#?}");
-    assert_eq!(prefills("failed"), 0, "{metrics}\n{logs:#?}");
+    let prefills = async |outcome: &str| counter(&proxy, "compactor_prefills_ahead_total", outcome).await;
+    assert!(prefills("sent").await >= 1, "{logs:#?}");
+    assert_eq!(prefills("failed").await, 0, "{logs:#?}");
     assert!(logs.iter().any(|l| l.contains("compacted") && l.contains("trigger=background")), "{logs:#?}");
 }
