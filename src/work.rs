@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -18,6 +18,11 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// Requests at least this large run their steps off the async workers: a step of a small
 /// request costs microseconds, less than moving it to another thread would.
 pub const OFFLOAD_BYTES: usize = 256 * 1024;
+
+/// What a parse holds per message at its peak, whatever the message's size: the message's entry,
+/// its fields, its item in the neutral view, its counts and the layout (measured: ~990 bytes for a
+/// one-letter message, `scripts/measure-memory` with the bound off; docs/limits.md).
+pub const PARSE_BYTES_PER_MESSAGE: usize = 1024;
 
 tokio::task_local! {
     static BUDGET: Arc<Budget>;
@@ -40,6 +45,10 @@ pub struct Budget {
     /// Run steps off the async workers.
     offload: AtomicBool,
     cancel: CancellationToken,
+    /// Memory the request's parse may take (`limits.parse_memory_*`); unbounded unless set.
+    parse_memory: AtomicUsize,
+    /// A parse stopped at that bound.
+    parse_refused: AtomicBool,
 }
 
 impl Budget {
@@ -50,7 +59,20 @@ impl Budget {
             spent_nanos: AtomicU64::new(0),
             offload: AtomicBool::new(body_bytes >= OFFLOAD_BYTES),
             cancel: CancellationToken::new(),
+            parse_memory: AtomicUsize::new(usize::MAX),
+            parse_refused: AtomicBool::new(false),
         })
+    }
+
+    /// Bounds the memory the request's parse may take: a body with more messages than
+    /// `bytes` / [`PARSE_BYTES_PER_MESSAGE`] is not parsed (it goes as it came).
+    pub fn bound_parse(&self, bytes: usize) {
+        self.parse_memory.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether a parse of this request stopped at its memory bound.
+    pub fn parse_refused(&self) -> bool {
+        self.parse_refused.load(Ordering::Relaxed)
     }
 
     /// Runs `work` with this budget: the steps inside it are counted against it.
@@ -121,6 +143,19 @@ pub async fn step<T>(work: impl FnOnce() -> T) -> Result<T, Stopped> {
         tokio::task::yield_now().await;
     }
     Ok(value)
+}
+
+/// The most messages the current request's parse may hold ([`Budget::bound_parse`]); no bound
+/// outside a request.
+pub fn messages_allowed() -> usize {
+    current().map_or(usize::MAX, |budget| budget.parse_memory.load(Ordering::Relaxed) / PARSE_BYTES_PER_MESSAGE)
+}
+
+/// Notes that the current request's parse stopped at its memory bound.
+pub fn refuse_parse() {
+    if let Some(budget) = current() {
+        budget.parse_refused.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Charges the current request for work done elsewhere (on a blocking thread) while it waited.

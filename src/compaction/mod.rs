@@ -210,7 +210,14 @@ impl Compactor {
                 parsed.with_model(head.path_model())
             }
             Ok((None, _)) => {
-                metric::rewrite_skipped(route, "unparsed");
+                let refused = work::current().is_some_and(|budget| budget.parse_refused());
+                if refused {
+                    tracing::warn!(
+                        body_bytes = body.len(),
+                        "too many messages for the parse's memory bound (limits.parse_memory_*): forwarded as it came"
+                    );
+                }
+                metric::rewrite_skipped(route, if refused { "over_parse_memory" } else { "unparsed" });
                 return Prepared::untouched(body);
             }
             Err(stopped) => return over_budget(route, stopped, body),

@@ -103,6 +103,9 @@ impl Config {
                 prefix_min_bytes: r.get("limits.prefix_min_bytes", d.limits.prefix_min_bytes),
                 max_inflight_body_bytes: r.get("limits.max_inflight_body_bytes", d.limits.max_inflight_body_bytes),
                 allocator_purge_delay: r.parse("limits.allocator_purge_delay_ms", d.limits.allocator_purge_delay, ms),
+                parse_memory_per_body_byte: r
+                    .get("limits.parse_memory_per_body_byte", d.limits.parse_memory_per_body_byte),
+                parse_memory_floor_bytes: r.get("limits.parse_memory_floor_bytes", d.limits.parse_memory_floor_bytes),
             },
             shutdown: ShutdownConfig {
                 drain_timeout: r.parse("shutdown.drain_timeout_ms", d.shutdown.drain_timeout, ms),

@@ -224,6 +224,22 @@ pub struct LimitsConfig {
     /// stayed resident until they allocated again. `MIMALLOC_PURGE_DELAY` in the environment wins.
     #[serde(rename = "allocator_purge_delay_ms", serialize_with = "millis")]
     pub allocator_purge_delay: Duration,
+    /// Memory a request's parse may take, per byte of its body, above
+    /// `parse_memory_floor_bytes`: a parse holds about 1 KiB per message whatever the message's
+    /// size, so a body of many tiny messages (30 times its size for one-letter ones) is forwarded
+    /// as it came instead. 0 with a floor of 0 parses nothing.
+    pub parse_memory_per_body_byte: u64,
+    /// Memory any request's parse may take, whatever its body's size (16 MiB: about 16,000
+    /// messages of any size).
+    pub parse_memory_floor_bytes: u64,
+}
+
+impl LimitsConfig {
+    /// The memory the parse of a body of `body_bytes` may take.
+    pub fn parse_memory(&self, body_bytes: usize) -> usize {
+        let bytes = self.parse_memory_per_body_byte.saturating_mul(body_bytes as u64);
+        usize::try_from(bytes.saturating_add(self.parse_memory_floor_bytes)).unwrap_or(usize::MAX)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -376,6 +392,8 @@ impl Default for Config {
                 max_body_bytes: 32 * 1024 * 1024,
                 max_inflight_body_bytes: 64 * 1024 * 1024,
                 allocator_purge_delay: Duration::ZERO,
+                parse_memory_per_body_byte: 2,
+                parse_memory_floor_bytes: 16 * 1024 * 1024,
                 rewrite_budget: Duration::from_millis(10_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use crate::conversation::{Conversation, Kind, Pairing, Role};
 use crate::json::{self, RawObject};
 use crate::route::Endpoint;
+use crate::work;
 
 /// The request formats compactor can rewrite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +154,7 @@ fn read_field<'a>(
     fields: &mut json::UniqueFields<'a>,
     elements: &mut Vec<(&'a str, RawObject<'a>)>,
     history_start: &mut Option<usize>,
+    most: usize,
 ) -> Option<()> {
     let key = scan.key()?;
     if !scan.eat(b':') {
@@ -163,7 +165,7 @@ fn read_field<'a>(
         if !scan.eat(b'[') {
             return None;
         }
-        scan_elements(scan, true, elements)?;
+        scan_elements(scan, true, elements, most)?;
         *history_start = Some(start);
         return fields.push(key, scan.since(start)?).ok();
     }
@@ -172,11 +174,13 @@ fn read_field<'a>(
 }
 
 /// Reads the history array's elements from after its `[` (`first`) or after an element, through
-/// its `]`. Every element must be an object.
+/// its `]`. Every element must be an object. Past `most` elements the read stops: the parse would
+/// take more memory than the request may ([`work::messages_allowed`]).
 fn scan_elements<'a>(
     scan: &mut json::Scanner<'a>,
     first: bool,
     elements: &mut Vec<(&'a str, RawObject<'a>)>,
+    most: usize,
 ) -> Option<()> {
     if scan.eat(b']') {
         return Some(());
@@ -185,6 +189,10 @@ fn scan_elements<'a>(
         return None;
     }
     loop {
+        if elements.len() >= most {
+            work::refuse_parse();
+            return None;
+        }
         elements.push(scan.object()?);
         if scan.eat(b']') {
             return Some(());
@@ -227,6 +235,9 @@ impl<'a> ParsedRequest<'a> {
         let mut history_start = None;
         let mut scan;
         let mut reused = prefix::Head::default();
+        // Memory a parse holds grows with its messages, not its bytes: a body of one-letter
+        // messages would take 30 times its size. Past the request's bound it goes as it came.
+        let allowed = work::messages_allowed();
         match head {
             Some(mut head) => {
                 for (key, value) in std::mem::take(&mut head.fields) {
@@ -234,7 +245,11 @@ impl<'a> ParsedRequest<'a> {
                 }
                 scan = json::Scanner::new(text, head.resume);
                 let start = head.history_start;
-                scan_elements(&mut scan, head.messages.is_empty(), &mut elements)?;
+                let most = allowed.checked_sub(head.messages.len()).or_else(|| {
+                    work::refuse_parse();
+                    None
+                })?;
+                scan_elements(&mut scan, head.messages.is_empty(), &mut elements, most)?;
                 let key = std::mem::take(&mut head.history_key);
                 fields.push(key, text.get(start..scan.at())?).ok()?;
                 history_start = Some(start);
@@ -248,14 +263,14 @@ impl<'a> ParsedRequest<'a> {
                 if scan.eat(b'}') {
                     return None;
                 }
-                read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start)?;
+                read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start, allowed)?;
             }
         }
         while !scan.eat(b'}') {
             if !scan.eat(b',') {
                 return None;
             }
-            read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start)?;
+            read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start, allowed)?;
         }
         if !scan.at_end() {
             return None;
@@ -471,4 +486,37 @@ pub(crate) fn only_text_and_media(parts: &[&str], media: &[&str]) -> bool {
         matches!(kind.as_deref(), Some("text") | Some("input_text") | Some("output_text"))
             || kind.is_some_and(|k| media.contains(&k.as_ref()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::work::{Budget, PARSE_BYTES_PER_MESSAGE};
+
+    fn messages(n: usize) -> String {
+        let each = r#"{"role":"user","content":"a"}"#;
+        format!(r#"{{"model":"m","messages":[{}]}}"#, vec![each; n].join(","))
+    }
+
+    /// Parses `body` as a request whose parse may take `bound` bytes: whether it parsed, and
+    /// whether the request's budget says the bound refused it.
+    async fn parse_within(body: &str, bound: usize) -> (bool, bool) {
+        let budget = Budget::new(Duration::from_secs(60), body.len());
+        budget.bound_parse(bound);
+        let parsed =
+            budget.scope(async { ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).is_some() }).await;
+        (parsed, budget.parse_refused())
+    }
+
+    #[tokio::test]
+    async fn a_parse_stops_at_the_messages_its_memory_bound_allows() {
+        let body = messages(100);
+        assert_eq!(parse_within(&body, 100 * PARSE_BYTES_PER_MESSAGE).await, (true, false));
+        assert_eq!(parse_within(&body, 99 * PARSE_BYTES_PER_MESSAGE).await, (false, true));
+        // Outside a request nothing bounds it; a body that is not JSON is no refusal.
+        assert!(ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).is_some());
+        assert_eq!(parse_within("{\"messages\":[", 100 * PARSE_BYTES_PER_MESSAGE).await, (false, false));
+    }
 }

@@ -166,6 +166,8 @@ impl Proxy {
         if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
             return fail(error, route, finish);
         }
+        // Bounded by the body as decoded: what the parse reads.
+        budget.bound_parse(limits.parse_memory(body.len()));
         let decoded = encoded.as_ref().map(|_| body.clone());
         let head = RequestHead::new(route, parts);
 

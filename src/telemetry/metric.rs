@@ -64,7 +64,7 @@ pub fn describe() {
 fn describe_rewrite() {
     describe_counter!(
         "compactor_rewrites_total",
-        "Rewritable requests by route and outcome (changed, unchanged, unparsed)."
+        "Rewritable requests by route and outcome (changed, unchanged, unparsed, over_parse_memory, stateful, agent_compaction, over_budget)."
     );
     describe_counter!(
         "compactor_tokens_saved_total",
@@ -337,7 +337,9 @@ pub fn present_at_start() {
         let _registered = histogram!("compactor_upstream_duration_seconds", "route" => route);
     }
     for route in REWRITABLE_ROUTES {
-        for outcome in ["changed", "unchanged", "unparsed", "stateful", "agent_compaction", "over_budget"] {
+        for outcome in
+            ["changed", "unchanged", "unparsed", "over_parse_memory", "stateful", "agent_compaction", "over_budget"]
+        {
             counter!("compactor_rewrites_total", "route" => route, "outcome" => outcome).absolute(0);
         }
         counter!("compactor_overflows_total", "route" => route).absolute(0);
