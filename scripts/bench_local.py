@@ -55,13 +55,20 @@ PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
 
 class Server:
-    def __init__(self, gguf, n_ctx):
+    """llama-cpp-python's server (one request at a time), or llama.cpp's own `llama-server` when
+    `binary` names one: `parallel` slots of `n_ctx` tokens each, serving requests at once."""
+
+    def __init__(self, gguf, n_ctx, binary=None, parallel=1):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--n_ctx", str(n_ctx),
-             "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(self.port), "--verbose", "true"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        if binary:
+            command = [binary, "--model", gguf, "--ctx-size", str(n_ctx * parallel), "--parallel", str(parallel),
+                       "--no-kv-unified", "--alias", "smollm2", "--host", "127.0.0.1", "--port", str(self.port),
+                       "--threads", str(os.cpu_count() or 2)]
+        else:
+            command = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--n_ctx", str(n_ctx),
+                       "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(self.port), "--verbose", "true"]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         wait_http(f"http://127.0.0.1:{self.port}/v1/models")
 
     def prompt_evals(self):
@@ -158,10 +165,14 @@ def main():
     parser.add_argument("--extra", default="")
     parser.add_argument("--think", type=float, default=0.0,
                         help="seconds the agent's tool takes between turns, through compactor")
+    parser.add_argument("--server-bin", default="", help="llama.cpp's llama-server instead of llama-cpp-python's")
+    parser.add_argument("--parallel", type=int, default=1, help="llama-server's slots")
     args = parser.parse_args()
+    print(f"server: {args.server_bin or 'llama_cpp.server'}" + (f", {args.parallel} slots" if args.server_bin else "")
+          + f"; tool time {args.think} s; extra {args.extra!r}")
     for run in args.runs.split(","):
         n_ctx, turns = (int(x) for x in run.split(":"))
-        server = Server(args.gguf, n_ctx)
+        server = Server(args.gguf, n_ctx, args.server_bin or None, args.parallel)
         try:
             direct = run_loop(f"http://127.0.0.1:{server.port}", server, turns, "direct")
             compactor = Compactor(args.compactor, f"http://127.0.0.1:{server.port}", args.extra)
