@@ -446,6 +446,27 @@ async fn a_body_of_tiny_messages_goes_as_it_came_in_memory_of_a_few_bodies() {
     assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {:.0} MiB", mib(peak));
 }
 
+#[tokio::test]
+async fn counting_a_body_of_tiny_messages_stays_within_a_few_bodies() {
+    // The same 30 MiB of one-letter messages to Anthropic's count endpoint (which compactor
+    // counts as the session's next request would go): 870 MiB before the parse's bound; now the
+    // count goes upstream as it came.
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, "");
+    let body = one_letter_messages(1_040_000);
+    let (_, before) = memory(proxy.pid());
+    let answer =
+        send(request("POST", &proxy.url("/v1/messages/count_tokens"), &[("x-api-key", "k")], body.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let (peak, _) = memory(proxy.pid());
+    let uploads = upstream.uploads();
+    assert_eq!(uploads[0].path, "/v1/messages/count_tokens");
+    assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(&body)), "the body went as it came");
+    let body_bytes = body.len() as u64;
+    eprintln!("count: peak +{:.2}x body", (peak - before) as f64 / body_bytes as f64);
+    assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {} MiB", peak >> 20);
+}
+
 /// Memory a request may take whatever its body: the parse's floor (16 MiB) and buffers.
 const FIXED_MEMORY: u64 = 32 * 1024 * 1024;
 
