@@ -24,6 +24,11 @@ pub const OFFLOAD_BYTES: usize = 256 * 1024;
 /// one-letter message, `scripts/measure-memory` with the bound off; docs/limits.md).
 pub const PARSE_BYTES_PER_MESSAGE: usize = 1024;
 
+/// What a parse holds per content part or tool call beyond a message's first: its entry in the
+/// message's blocks, its item and its counts (measured: ~290 bytes for a one-letter text part,
+/// `MEASURE_SHAPE=parts scripts/measure-memory` with the bound off).
+pub const PARSE_BYTES_PER_ITEM: usize = 320;
+
 tokio::task_local! {
     static BUDGET: Arc<Budget>;
 }
@@ -149,6 +154,20 @@ pub async fn step<T>(work: impl FnOnce() -> T) -> Result<T, Stopped> {
 /// outside a request.
 pub fn messages_allowed() -> usize {
     current().map_or(usize::MAX, |budget| budget.parse_memory.load(Ordering::Relaxed) / PARSE_BYTES_PER_MESSAGE)
+}
+
+/// Whether the current request's parse may hold `messages` and `items` (a message's first item
+/// is in its own weight); a refusal is noted ([`refuse_parse`]).
+pub fn parse_holds(messages: usize, items: usize) -> bool {
+    let Some(budget) = current() else { return true };
+    let more = items.saturating_sub(messages);
+    let weight =
+        messages.saturating_mul(PARSE_BYTES_PER_MESSAGE).saturating_add(more.saturating_mul(PARSE_BYTES_PER_ITEM));
+    let holds = weight <= budget.parse_memory.load(Ordering::Relaxed);
+    if !holds {
+        budget.parse_refused.store(true, Ordering::Relaxed);
+    }
+    holds
 }
 
 /// Notes that the current request's parse stopped at its memory bound.

@@ -225,9 +225,9 @@ pub struct LimitsConfig {
     #[serde(rename = "allocator_purge_delay_ms", serialize_with = "millis")]
     pub allocator_purge_delay: Duration,
     /// Memory a request's parse may take, per byte of its body, above
-    /// `parse_memory_floor_bytes`: a parse holds about 1 KiB per message whatever the message's
-    /// size, so a body of many tiny messages (30 times its size for one-letter ones) is forwarded
-    /// as it came instead. 0 with a floor of 0 parses nothing.
+    /// `parse_memory_floor_bytes`: a parse holds about 1 KiB per message and 320 bytes per further
+    /// part or tool call whatever their size, so a body of many tiny messages (30 times its size
+    /// for one-letter ones) is forwarded as it came instead. 0 with a floor of 0 parses nothing.
     pub parse_memory_per_body_byte: u64,
     /// Memory any request's parse may take, whatever its body's size (16 MiB: about 16,000
     /// messages of any size).

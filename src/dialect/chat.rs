@@ -28,6 +28,7 @@ pub(super) fn parse_message<'a>(
         "tool" | "function" => Role::Tool,
         _ => return None,
     };
+    let messages = parsed.messages.len();
     let items = &mut parsed.conversation.items;
     let item = |block, kind| Item::new(index, block, kind);
     match role {
@@ -45,6 +46,7 @@ pub(super) fn parse_message<'a>(
         Role::User | Role::Assistant => {
             match (&blocks, content) {
                 (Some(parts), _) => {
+                    super::admit_items(messages, items.len(), parts.len())?;
                     for (b, part) in parts.iter().enumerate() {
                         items.push(item(Some(b), part_kind(role, part)));
                     }
@@ -58,7 +60,9 @@ pub(super) fn parse_message<'a>(
                 items.push(item(None, Kind::Text { role, text: refusal }));
             }
             if let Some(calls) = object.get("tool_calls").filter(|c| *c != "null") {
-                for (b, call) in json::as_array(calls)?.into_iter().enumerate() {
+                let calls = json::as_array(calls)?;
+                super::admit_items(messages, items.len(), calls.len())?;
+                for (b, call) in calls.into_iter().enumerate() {
                     let call = RawObject::parse(call)?;
                     // A function call's name and arguments, or a custom tool's name and input.
                     let (spec, input) = match call.get("custom") {

@@ -146,6 +146,13 @@ pub struct Layout {
     pub system_ends: Vec<usize>,
 }
 
+/// Whether a parse holding `messages` messages before the one being read and `held` items may
+/// add `more` (that message's parts or tool calls): `None` past the request's bound
+/// ([`work::parse_holds`]), before they are built.
+fn admit_items(messages: usize, held: usize, more: usize) -> Option<()> {
+    work::parse_holds(messages + 1, held + more).then_some(())
+}
+
 /// Reads one top-level `"key": value`; the history array is read element by element, each
 /// message once, as an object.
 fn read_field<'a>(
@@ -325,6 +332,9 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::AnthropicMessages => anthropic::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::Responses => responses::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
+            }
+            if !work::parse_holds(parsed.messages.len(), parsed.conversation.items.len()) {
+                return None;
             }
             parsed.layout.system_ends.push(parsed.system.len() - top_system);
             let read = parsed.messages.get(index..).unwrap_or_default();
@@ -508,6 +518,37 @@ mod tests {
         let parsed =
             budget.scope(async { ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).is_some() }).await;
         (parsed, budget.parse_refused())
+    }
+
+    /// Two messages of 100 one-letter text parts each, in `dialect`'s shape.
+    fn parts(dialect: Dialect) -> String {
+        let (part, field, list) = match dialect {
+            Dialect::ChatCompletions => (r#"{"type":"text","text":"a"}"#, "content", "messages"),
+            Dialect::AnthropicMessages => (r#"{"type":"text","text":"a"}"#, "content", "messages"),
+            Dialect::Responses => (r#"{"type":"input_text","text":"a"}"#, "content", "input"),
+            Dialect::Gemini => (r#"{"text":"a"}"#, "parts", "contents"),
+        };
+        let message = format!(r#"{{"role":"user","{field}":[{}]}}"#, vec![part; 100].join(","));
+        format!(r#"{{"model":"m","max_tokens":8,"{list}":[{message},{message}]}}"#)
+    }
+
+    async fn parse_in(dialect: Dialect, body: &str, bound: usize) -> (bool, bool) {
+        let budget = Budget::new(Duration::from_secs(60), body.len());
+        budget.bound_parse(bound);
+        let parsed = budget.scope(async { ParsedRequest::parse(dialect, body.as_bytes()).is_some() }).await;
+        (parsed, budget.parse_refused())
+    }
+
+    #[tokio::test]
+    async fn a_parse_counts_the_parts_of_its_messages_against_the_bound() {
+        use crate::work::PARSE_BYTES_PER_ITEM;
+        // Two messages and 200 parts (198 beyond each message's first): what the parse would hold.
+        let weight = 2 * PARSE_BYTES_PER_MESSAGE + 198 * PARSE_BYTES_PER_ITEM;
+        for dialect in [Dialect::ChatCompletions, Dialect::AnthropicMessages, Dialect::Responses, Dialect::Gemini] {
+            let body = parts(dialect);
+            assert_eq!(parse_in(dialect, &body, weight).await, (true, false), "{dialect:?}");
+            assert_eq!(parse_in(dialect, &body, weight - 1).await, (false, true), "{dialect:?}");
+        }
     }
 
     #[tokio::test]

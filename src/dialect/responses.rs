@@ -64,7 +64,9 @@ pub(super) fn parse_message<'a>(
             let content = object.get("content")?;
             let first_part = items.len();
             if content.starts_with('[') {
-                for (b, part) in json::as_array(content)?.into_iter().enumerate() {
+                let parts = json::as_array(content)?;
+                super::admit_items(parsed.messages.len(), items.len(), parts.len())?;
+                for (b, part) in parts.into_iter().enumerate() {
                     items.push(item(Some(b), part_kind(role, part)));
                 }
             } else {

@@ -398,10 +398,14 @@ fn one_letter_messages(messages: usize) -> Bytes {
 /// of a million tokens, so nothing else changes it.
 fn messages_then_a_long_output(messages: usize, each: usize) -> Bytes {
     let message = format!(r#"{{"role":"user","content":"{}"}}"#, "a".repeat(each));
+    history_then_a_long_output(&vec![message; messages].join(","))
+}
+
+/// `history` (messages, comma-separated), then the tool call and its long output.
+fn history_then_a_long_output(history: &str) -> Bytes {
     let output = "word ".repeat(20_000);
     let call = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"read","arguments":"{}"}}]}"#;
     let result = format!(r#"{{"role":"tool","tool_call_id":"call_1","content":"{output}"}}"#);
-    let history = vec![message; messages].join(",");
     Bytes::from(format!(r#"{{"model":"gpt-4.1","messages":[{history},{call},{result}]}}"#))
 }
 
@@ -464,6 +468,30 @@ async fn counting_a_body_of_tiny_messages_stays_within_a_few_bodies() {
     assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(&body)), "the body went as it came");
     let body_bytes = body.len() as u64;
     eprintln!("count: peak +{:.2}x body", (peak - before) as f64 / body_bytes as f64);
+    assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {} MiB", peak >> 20);
+}
+
+#[tokio::test]
+async fn a_message_of_tiny_parts_goes_as_it_came_in_memory_of_a_few_bodies() {
+    // One message of 1,100,000 one-letter text parts (28 MiB), then the long tool output: each
+    // part an item of the parse (11x the body for parts like these before the bound counted
+    // them); the parse stops before it builds them, and the body goes as it came.
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, TRUNCATING);
+    let part = r#"{"type":"text","text":"a"}"#;
+    let message = format!(r#"{{"role":"user","content":[{}]}}"#, vec![part; 1_100_000].join(","));
+    let body = history_then_a_long_output(&message);
+    let (_, before) = memory(proxy.pid());
+    let answer =
+        send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], body.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let (peak, _) = memory(proxy.pid());
+    let uploads = upstream.uploads();
+    assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(&body)), "the body went as it came");
+    let outcomes = rewrite_outcomes(&proxy).await;
+    assert!(outcomes.contains(r#"outcome="over_parse_memory"} 1"#), "{outcomes}");
+    let body_bytes = body.len() as u64;
+    eprintln!("parts: body {} MiB, peak +{:.2}x body", body_bytes >> 20, (peak - before) as f64 / body_bytes as f64);
     assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {} MiB", peak >> 20);
 }
 
