@@ -480,6 +480,34 @@ fn check(dialect: Dialect, body: Value, escaped: bool) {
     }
 }
 
+/// Where the provider's seen prefix (`seen` messages of `body`) ends in `out`, the rewritten body
+/// the second pass reads as its client's. compactor counts the seen prefix in the client's messages
+/// and the client's next body never holds the synthetic results repair added, nor the orphans it
+/// dropped; read as a client body, `out` does, and in Responses each is an input item of its own:
+/// counted in `out`'s items, the prefix is the same one.
+fn seen_in(dialect: Dialect, body: &Value, out: &Value, seen: usize) -> usize {
+    if dialect != Dialect::Responses {
+        return seen;
+    }
+    let (body, out) = (body["input"].as_array().unwrap(), out["input"].as_array().unwrap());
+    let key = |item: &Value| format!("{}|{}|{}|{}", item["type"], item["role"], item["call_id"], item["id"]);
+    let answered: BTreeSet<String> =
+        body.iter().filter(|i| i["type"] == "function_call_output").map(|i| i["call_id"].to_string()).collect();
+    let added =
+        |item: &Value| item["type"] == "function_call_output" && !answered.contains(&item["call_id"].to_string());
+    let (mut i, mut j) = (0, 0);
+    while i < seen.min(body.len()) {
+        if j < out.len() && key(&body[i]) == key(&out[j]) {
+            (i, j) = (i + 1, j + 1);
+        } else if j < out.len() && added(&out[j]) {
+            j += 1;
+        } else {
+            i += 1;
+        }
+    }
+    j
+}
+
 fn check_with(
     dialect: Dialect,
     body: &Value,
@@ -505,7 +533,9 @@ fn check_with(
     let allowance = first.report.repaired as u32 * 12;
     assert!(first.report.tokens_after <= first.report.tokens_before + allowance, "{:?}", first.report);
     let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
-    let second = rewriter.rewrite_body_in(dialect, &out_bytes, &again(&pruned)).unwrap();
+    let mut next = again(&pruned);
+    next.seen_messages = seen_in(dialect, &body, &out, history.seen_messages);
+    let second = rewriter.rewrite_body_in(dialect, &out_bytes, &next).unwrap();
     assert!(
         second.body.is_none(),
         "rewriting the rewritten request must change nothing:\n{}\n---\n{}",
