@@ -420,34 +420,49 @@ async fn rewrite_outcomes(proxy: &ProxyProcess) -> String {
     metrics.lines().filter(|l| l.starts_with("compactor_rewrites_total")).collect::<Vec<_>>().join("\n")
 }
 
+/// Sends `body` to `path` of a proxy (configured with `extra`) in front of an upstream that
+/// hashes what it receives; asserts the answer, that the body reached the upstream byte for byte,
+/// and that the proxy's peak memory stayed within four bodies plus a fixed amount. The proxy is
+/// returned for the test's own checks.
+async fn goes_as_it_came_within_a_few_bodies(
+    extra: &str,
+    path: &str,
+    header: (&str, &str),
+    body: &Bytes,
+) -> ProxyProcess {
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, extra);
+    let (_, before) = memory(proxy.pid());
+    let answer = send(request("POST", &proxy.url(path), &[header], body.clone())).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let (peak, _) = memory(proxy.pid());
+    let uploads = upstream.uploads();
+    assert_eq!(uploads[0].path, path);
+    assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(body)), "the body went as it came");
+    let body_bytes = body.len() as u64;
+    eprintln!(
+        "{path}: body {:.1} MiB, RSS before {} MiB, peak {} MiB (+{:.2}x body)",
+        body_bytes as f64 / 1048576.0,
+        before >> 20,
+        peak >> 20,
+        (peak - before) as f64 / body_bytes as f64
+    );
+    assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {} MiB", peak >> 20);
+    proxy
+}
+
+const BEARER: (&str, &str) = ("authorization", "Bearer k");
+
 #[tokio::test]
 async fn a_body_of_tiny_messages_goes_as_it_came_in_memory_of_a_few_bodies() {
     // The issue's request: 30 MiB of one-letter messages (1,040,000 of them), here with a long
     // tool output at the end that a parsed body would have cut. Parsed, it took 1 GiB (+32x the
     // body); past the parse's memory bound it goes as it came, in a few bodies' worth of memory.
-    let upstream = UploadUpstream::start().await;
-    let proxy = proxy_for(&upstream, TRUNCATING);
     let body = messages_then_a_long_output(1_040_000, 1);
-    let (_, before) = memory(proxy.pid());
-    let answer =
-        send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], body.clone())).await;
-    assert_eq!(answer.status, 200, "{}", answer.text());
-    let (peak, _) = memory(proxy.pid());
-    let uploads = upstream.uploads();
-    assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(&body)), "the body went as it came");
+    let proxy = goes_as_it_came_within_a_few_bodies(TRUNCATING, "/v1/chat/completions", BEARER, &body).await;
     let outcomes = rewrite_outcomes(&proxy).await;
     assert!(outcomes.contains(r#"outcome="over_parse_memory"} 1"#), "{outcomes}");
     proxy.wait_for_log("too many messages for the parse's memory bound").await;
-    let mib = |bytes: u64| bytes as f64 / 1048576.0;
-    let body_bytes = body.len() as u64;
-    eprintln!(
-        "body {:.1} MiB: RSS before {:.0} MiB, peak {:.0} MiB (+{:.2}x body)",
-        mib(body_bytes),
-        mib(before),
-        mib(peak),
-        (peak - before) as f64 / body_bytes as f64
-    );
-    assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {:.0} MiB", mib(peak));
 }
 
 #[tokio::test]
@@ -455,20 +470,8 @@ async fn counting_a_body_of_tiny_messages_stays_within_a_few_bodies() {
     // The same 30 MiB of one-letter messages to Anthropic's count endpoint (which compactor
     // counts as the session's next request would go): 870 MiB before the parse's bound; now the
     // count goes upstream as it came.
-    let upstream = UploadUpstream::start().await;
-    let proxy = proxy_for(&upstream, "");
     let body = one_letter_messages(1_040_000);
-    let (_, before) = memory(proxy.pid());
-    let answer =
-        send(request("POST", &proxy.url("/v1/messages/count_tokens"), &[("x-api-key", "k")], body.clone())).await;
-    assert_eq!(answer.status, 200, "{}", answer.text());
-    let (peak, _) = memory(proxy.pid());
-    let uploads = upstream.uploads();
-    assert_eq!(uploads[0].path, "/v1/messages/count_tokens");
-    assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(&body)), "the body went as it came");
-    let body_bytes = body.len() as u64;
-    eprintln!("count: peak +{:.2}x body", (peak - before) as f64 / body_bytes as f64);
-    assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {} MiB", peak >> 20);
+    goes_as_it_came_within_a_few_bodies("", "/v1/messages/count_tokens", ("x-api-key", "k"), &body).await;
 }
 
 #[tokio::test]
@@ -476,23 +479,12 @@ async fn a_message_of_tiny_parts_goes_as_it_came_in_memory_of_a_few_bodies() {
     // One message of 1,100,000 one-letter text parts (28 MiB), then the long tool output: each
     // part an item of the parse (11x the body for parts like these before the bound counted
     // them); the parse stops before it builds them, and the body goes as it came.
-    let upstream = UploadUpstream::start().await;
-    let proxy = proxy_for(&upstream, TRUNCATING);
     let part = r#"{"type":"text","text":"a"}"#;
     let message = format!(r#"{{"role":"user","content":[{}]}}"#, vec![part; 1_100_000].join(","));
     let body = history_then_a_long_output(&message);
-    let (_, before) = memory(proxy.pid());
-    let answer =
-        send(request("POST", &proxy.url("/v1/chat/completions"), &[("authorization", "Bearer k")], body.clone())).await;
-    assert_eq!(answer.status, 200, "{}", answer.text());
-    let (peak, _) = memory(proxy.pid());
-    let uploads = upstream.uploads();
-    assert_eq!((uploads[0].bytes, &uploads[0].hash), (body.len() as u64, &hash(&body)), "the body went as it came");
+    let proxy = goes_as_it_came_within_a_few_bodies(TRUNCATING, "/v1/chat/completions", BEARER, &body).await;
     let outcomes = rewrite_outcomes(&proxy).await;
     assert!(outcomes.contains(r#"outcome="over_parse_memory"} 1"#), "{outcomes}");
-    let body_bytes = body.len() as u64;
-    eprintln!("parts: body {} MiB, peak +{:.2}x body", body_bytes >> 20, (peak - before) as f64 / body_bytes as f64);
-    assert!(peak - before < 4 * body_bytes + FIXED_MEMORY, "peak {} MiB", peak >> 20);
 }
 
 /// Memory a request may take whatever its body: the parse's floor (16 MiB) and buffers.
@@ -507,9 +499,7 @@ async fn three_large_bodies_at_once_stay_within_four_bodies_each_admitted() {
     let body = messages_then_a_long_output(1_040_000, 1);
     let (_, before) = memory(proxy.pid());
     let url = proxy.url("/v1/chat/completions");
-    let sending: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(send(request("POST", &url, &[("authorization", "Bearer k")], body.clone()))))
-        .collect();
+    let sending: Vec<_> = (0..3).map(|_| tokio::spawn(send(request("POST", &url, &[BEARER], body.clone())))).collect();
     let mut answers = Vec::new();
     for answer in sending {
         answers.push(answer.await.unwrap());
@@ -545,10 +535,10 @@ async fn a_body_is_parsed_while_its_messages_fit_the_parse_bound() {
     let proxy = proxy_for(&upstream, &format!("{TRUNCATING}{bound}"));
     let url = proxy.url("/v1/chat/completions");
     let roomy = messages_then_a_long_output(1_000, 450);
-    let answer = send(request("POST", &url, &[("authorization", "Bearer k")], roomy.clone())).await;
+    let answer = send(request("POST", &url, &[BEARER], roomy.clone())).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     let dense = messages_then_a_long_output(1_000, 1);
-    let answer = send(request("POST", &url, &[("authorization", "Bearer k")], dense.clone())).await;
+    let answer = send(request("POST", &url, &[BEARER], dense.clone())).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     let uploads = upstream.uploads();
     assert_eq!(uploads.len(), 2, "{uploads:?}");
@@ -578,7 +568,7 @@ async fn memory_goes_back_to_the_system_after_a_large_request() {
     let mib = |bytes: u64| bytes as f64 / 1048576.0;
     let (_, before) = memory(proxy.pid());
     let url = proxy.url("/v1/chat/completions");
-    let answer = send(request("POST", &url, &[("authorization", "Bearer k")], body.clone())).await;
+    let answer = send(request("POST", &url, &[BEARER], body.clone())).await;
     assert_eq!(answer.status, 200);
     let (peak, _) = memory(proxy.pid());
     let body_bytes = body.len() as u64;
