@@ -214,7 +214,7 @@ impl Compactor {
                 if refused {
                     tracing::warn!(
                         body_bytes = body.len(),
-                        "too many messages for the parse's memory bound (limits.parse_memory_*): forwarded as it came"
+                        "too many messages or parts for the parse's memory bound (limits.parse_memory_*): forwarded as it came"
                     );
                 }
                 metric::rewrite_skipped(route, if refused { "over_parse_memory" } else { "unparsed" });

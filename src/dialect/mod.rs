@@ -510,13 +510,12 @@ mod tests {
         format!(r#"{{"model":"m","messages":[{}]}}"#, vec![each; n].join(","))
     }
 
-    /// Parses `body` as a request whose parse may take `bound` bytes: whether it parsed, and
-    /// whether the request's budget says the bound refused it.
-    async fn parse_within(body: &str, bound: usize) -> (bool, bool) {
+    /// Parses `body` in `dialect` as a request whose parse may take `bound` bytes: whether it
+    /// parsed, and whether the request's budget says the bound refused it.
+    async fn parse_within(dialect: Dialect, body: &str, bound: usize) -> (bool, bool) {
         let budget = Budget::new(Duration::from_secs(60), body.len());
         budget.bound_parse(bound);
-        let parsed =
-            budget.scope(async { ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).is_some() }).await;
+        let parsed = budget.scope(async { ParsedRequest::parse(dialect, body.as_bytes()).is_some() }).await;
         (parsed, budget.parse_refused())
     }
 
@@ -532,13 +531,6 @@ mod tests {
         format!(r#"{{"model":"m","max_tokens":8,"{list}":[{message},{message}]}}"#)
     }
 
-    async fn parse_in(dialect: Dialect, body: &str, bound: usize) -> (bool, bool) {
-        let budget = Budget::new(Duration::from_secs(60), body.len());
-        budget.bound_parse(bound);
-        let parsed = budget.scope(async { ParsedRequest::parse(dialect, body.as_bytes()).is_some() }).await;
-        (parsed, budget.parse_refused())
-    }
-
     #[tokio::test]
     async fn a_parse_counts_the_parts_of_its_messages_against_the_bound() {
         use crate::work::PARSE_BYTES_PER_ITEM;
@@ -546,18 +538,21 @@ mod tests {
         let weight = 2 * PARSE_BYTES_PER_MESSAGE + 198 * PARSE_BYTES_PER_ITEM;
         for dialect in [Dialect::ChatCompletions, Dialect::AnthropicMessages, Dialect::Responses, Dialect::Gemini] {
             let body = parts(dialect);
-            assert_eq!(parse_in(dialect, &body, weight).await, (true, false), "{dialect:?}");
-            assert_eq!(parse_in(dialect, &body, weight - 1).await, (false, true), "{dialect:?}");
+            assert_eq!(parse_within(dialect, &body, weight).await, (true, false), "{dialect:?}");
+            assert_eq!(parse_within(dialect, &body, weight - 1).await, (false, true), "{dialect:?}");
         }
     }
 
     #[tokio::test]
     async fn a_parse_stops_at_the_messages_its_memory_bound_allows() {
         let body = messages(100);
-        assert_eq!(parse_within(&body, 100 * PARSE_BYTES_PER_MESSAGE).await, (true, false));
-        assert_eq!(parse_within(&body, 99 * PARSE_BYTES_PER_MESSAGE).await, (false, true));
+        assert_eq!(parse_within(Dialect::ChatCompletions, &body, 100 * PARSE_BYTES_PER_MESSAGE).await, (true, false));
+        assert_eq!(parse_within(Dialect::ChatCompletions, &body, 99 * PARSE_BYTES_PER_MESSAGE).await, (false, true));
         // Outside a request nothing bounds it; a body that is not JSON is no refusal.
         assert!(ParsedRequest::parse(Dialect::ChatCompletions, body.as_bytes()).is_some());
-        assert_eq!(parse_within("{\"messages\":[", 100 * PARSE_BYTES_PER_MESSAGE).await, (false, false));
+        assert_eq!(
+            parse_within(Dialect::ChatCompletions, "{\"messages\":[", 100 * PARSE_BYTES_PER_MESSAGE).await,
+            (false, false)
+        );
     }
 }

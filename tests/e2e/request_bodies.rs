@@ -462,7 +462,7 @@ async fn a_body_of_tiny_messages_goes_as_it_came_in_memory_of_a_few_bodies() {
     let proxy = goes_as_it_came_within_a_few_bodies(TRUNCATING, "/v1/chat/completions", BEARER, &body).await;
     let outcomes = rewrite_outcomes(&proxy).await;
     assert!(outcomes.contains(r#"outcome="over_parse_memory"} 1"#), "{outcomes}");
-    proxy.wait_for_log("too many messages for the parse's memory bound").await;
+    proxy.wait_for_log("too many messages or parts for the parse's memory bound").await;
 }
 
 #[tokio::test]
