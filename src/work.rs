@@ -150,24 +150,35 @@ pub async fn step<T>(work: impl FnOnce() -> T) -> Result<T, Stopped> {
     Ok(value)
 }
 
-/// The most messages the current request's parse may hold ([`Budget::bound_parse`]); no bound
-/// outside a request.
-pub fn messages_allowed() -> usize {
-    current().map_or(usize::MAX, |budget| budget.parse_memory.load(Ordering::Relaxed) / PARSE_BYTES_PER_MESSAGE)
+/// The memory the current request's parse may take ([`Budget::bound_parse`]), read once when the
+/// parse starts; no bound outside a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseBound {
+    bytes: usize,
 }
 
-/// Whether the current request's parse may hold `messages` and `items` (a message's first item
-/// is in its own weight); a refusal is noted ([`refuse_parse`]).
-pub fn parse_holds(messages: usize, items: usize) -> bool {
-    let Some(budget) = current() else { return true };
-    let more = items.saturating_sub(messages);
-    let weight =
-        messages.saturating_mul(PARSE_BYTES_PER_MESSAGE).saturating_add(more.saturating_mul(PARSE_BYTES_PER_ITEM));
-    let holds = weight <= budget.parse_memory.load(Ordering::Relaxed);
-    if !holds {
-        budget.parse_refused.store(true, Ordering::Relaxed);
+impl ParseBound {
+    pub fn current() -> Self {
+        Self { bytes: current().map_or(usize::MAX, |budget| budget.parse_memory.load(Ordering::Relaxed)) }
     }
-    holds
+
+    /// The most messages a parse within the bound may hold.
+    pub fn messages(self) -> usize {
+        self.bytes / PARSE_BYTES_PER_MESSAGE
+    }
+
+    /// Whether a parse may hold `messages` and `items` (a message's first item is in its own
+    /// weight); a refusal is noted on the request's budget ([`Budget::parse_refused`]).
+    pub fn holds(self, messages: usize, items: usize) -> bool {
+        let more = items.saturating_sub(messages);
+        let weight =
+            messages.saturating_mul(PARSE_BYTES_PER_MESSAGE).saturating_add(more.saturating_mul(PARSE_BYTES_PER_ITEM));
+        let holds = weight <= self.bytes;
+        if !holds {
+            refuse_parse();
+        }
+        holds
+    }
 }
 
 /// Notes that the current request's parse stopped at its memory bound.

@@ -4,9 +4,9 @@
 //! prompt (the summary and the recent turns): seconds on a small machine, 2x a plain turn
 //! (docs/local-server.md). Once the record is ready and the agent's last request answered,
 //! compactor sends that rebuilt prompt itself with a one-token answer, while the agent's tool
-//! runs; the next request extends a prefix the server holds. The server's cache then no longer holds the conversation as the
-//! client sent it, so the conversation's state says the record was prefilled and the next
-//! request applies it whether or not it needs the room yet.
+//! runs; the next request extends a prefix the server holds. The server's cache then no longer
+//! holds the conversation as the client sent it, so the conversation's state says the record was
+//! prefilled and the next request applies it whether or not it needs the room yet.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -57,7 +57,7 @@ pub(super) fn parse_message<'a>(
             items.push(Item::new(index, None, kind));
         }
         Some(blocks) => {
-            super::admit_items(parsed.messages.len(), items.len(), blocks.len())?;
+            super::admit_items(parsed.bound, parsed.messages.len(), items.len(), blocks.len())?;
             for (b, block) in blocks.iter().enumerate() {
                 items.push(block_item(index, b, role, block)?);
             }

@@ -28,7 +28,7 @@ pub(super) fn parse_message<'a>(
         "tool" | "function" => Role::Tool,
         _ => return None,
     };
-    let messages = parsed.messages.len();
+    let (messages, bound) = (parsed.messages.len(), parsed.bound);
     let items = &mut parsed.conversation.items;
     let item = |block, kind| Item::new(index, block, kind);
     match role {
@@ -46,7 +46,7 @@ pub(super) fn parse_message<'a>(
         Role::User | Role::Assistant => {
             match (&blocks, content) {
                 (Some(parts), _) => {
-                    super::admit_items(messages, items.len(), parts.len())?;
+                    super::admit_items(bound, messages, items.len(), parts.len())?;
                     for (b, part) in parts.iter().enumerate() {
                         items.push(item(Some(b), part_kind(role, part)));
                     }
@@ -61,7 +61,7 @@ pub(super) fn parse_message<'a>(
             }
             if let Some(calls) = object.get("tool_calls").filter(|c| *c != "null") {
                 let calls = json::as_array(calls)?;
-                super::admit_items(messages, items.len(), calls.len())?;
+                super::admit_items(bound, messages, items.len(), calls.len())?;
                 for (b, call) in calls.into_iter().enumerate() {
                     let call = RawObject::parse(call)?;
                     // A function call's name and arguments, or a custom tool's name and input.

@@ -65,7 +65,7 @@ pub(super) fn parse_message<'a>(
         None | Some("null") => Vec::new(),
         Some(_) => return None,
     };
-    super::admit_items(parsed.messages.len(), parsed.conversation.items.len(), parts.len())?;
+    super::admit_items(parsed.bound, parsed.messages.len(), parsed.conversation.items.len(), parts.len())?;
     let mut naming = Naming {
         // The model turns before this content: a model content's own turn.
         turn: parsed.assistant_turns,

@@ -106,6 +106,8 @@ pub struct ParsedRequest<'a> {
     /// Messages whose replaced content the last render could not write: their original bytes
     /// went instead, so nothing may count as saved in them ([`ParsedRequest::render`]).
     pub unapplied: Unapplied,
+    /// The memory the parse may take, read once when it started.
+    bound: work::ParseBound,
 }
 
 /// Messages whose replaced content a render could not write (a lock only so the parse can move
@@ -147,10 +149,10 @@ pub struct Layout {
 }
 
 /// Whether a parse holding `messages` messages before the one being read and `held` items may
-/// add `more` (that message's parts or tool calls): `None` past the request's bound
-/// ([`work::parse_holds`]), before they are built.
-fn admit_items(messages: usize, held: usize, more: usize) -> Option<()> {
-    work::parse_holds(messages + 1, held + more).then_some(())
+/// add `more` (that message's parts or tool calls): `None` past its `bound`, before they are
+/// built.
+fn admit_items(bound: work::ParseBound, messages: usize, held: usize, more: usize) -> Option<()> {
+    bound.holds(messages + 1, held + more).then_some(())
 }
 
 /// Reads one top-level `"key": value`; the history array is read element by element, each
@@ -182,7 +184,7 @@ fn read_field<'a>(
 
 /// Reads the history array's elements from after its `[` (`first`) or after an element, through
 /// its `]`. Every element must be an object. Past `most` elements the read stops: the parse would
-/// take more memory than the request may ([`work::messages_allowed`]).
+/// take more memory than the request may ([`work::ParseBound`]).
 fn scan_elements<'a>(
     scan: &mut json::Scanner<'a>,
     first: bool,
@@ -244,7 +246,8 @@ impl<'a> ParsedRequest<'a> {
         let mut reused = prefix::Head::default();
         // Memory a parse holds grows with its messages, not its bytes: a body of one-letter
         // messages would take 30 times its size. Past the request's bound it goes as it came.
-        let allowed = work::messages_allowed();
+        let bound = work::ParseBound::current();
+        let allowed = bound.messages();
         match head {
             Some(mut head) => {
                 for (key, value) in std::mem::take(&mut head.fields) {
@@ -304,6 +307,7 @@ impl<'a> ParsedRequest<'a> {
             assistant_turns: 0,
             memo: prefix::Memo::default(),
             unapplied: Unapplied::default(),
+            bound,
         };
         match reused.top_system.take() {
             Some(top_system) => {
@@ -333,7 +337,7 @@ impl<'a> ParsedRequest<'a> {
                 Dialect::Responses => responses::parse_message(&mut parsed, index, raw, object)?,
                 Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
             }
-            if !work::parse_holds(parsed.messages.len(), parsed.conversation.items.len()) {
+            if !parsed.bound.holds(parsed.messages.len(), parsed.conversation.items.len()) {
                 return None;
             }
             parsed.layout.system_ends.push(parsed.system.len() - top_system);

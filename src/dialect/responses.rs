@@ -65,7 +65,7 @@ pub(super) fn parse_message<'a>(
             let first_part = items.len();
             if content.starts_with('[') {
                 let parts = json::as_array(content)?;
-                super::admit_items(parsed.messages.len(), items.len(), parts.len())?;
+                super::admit_items(parsed.bound, parsed.messages.len(), items.len(), parts.len())?;
                 for (b, part) in parts.into_iter().enumerate() {
                     items.push(item(Some(b), part_kind(role, part)));
                 }
