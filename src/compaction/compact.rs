@@ -210,7 +210,7 @@ impl Compaction<'_> {
         // learned for the session, not the model table's.
         let own_model = settings.model.is_empty();
         let window = budget::summarizer_window(summarizer, own_model.then_some(&sizing.pressure));
-        let max_tokens = budget::summary_max_tokens(settings, summarizer, window);
+        let max_tokens = budget::summary_max_tokens(settings, summarizer, window, ladder.cache.preset == Some("local"));
         let input = SummaryInput {
             parsed,
             from: *from,

@@ -476,3 +476,35 @@ async fn a_turn_sent_while_the_summary_is_written_has_its_prompt_prefilled_once_
     assert_eq!(&sent[..prefill.len()], &prefill[..], "the turn's prompt starts with the prefilled one");
     assert_eq!(log.summary_calls().len(), 1, "{events:?}");
 }
+
+/// In front of a local server the server the agent waits for generates the summary: it asks for
+/// a twentieth of the window (`local_summary_window_share`), not the eighth a provider gets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_summary_for_a_local_server_asks_for_a_twentieth_of_the_window_not_an_eighth() {
+    // The model's output cap (4,000) is above both shares of its 8,000-token window.
+    let config = CONFIG.replace("max_output_tokens = 500", "max_output_tokens = 4000");
+    let mut asked = Vec::new();
+    for preset in ["local", "openai"] {
+        let (fake, log) = fake_with_slow_summaries().await;
+        let proxy = ProxyProcess::start(
+            &fake,
+            &config.replace("openai_cache = \"local\"", &format!("openai_cache = \"{preset}\"")),
+        );
+        until_a_background_summary_is_ready(&proxy, &log, 1).await;
+        let summary = fake
+            .received()
+            .into_iter()
+            .find(|received| {
+                let text = String::from_utf8_lossy(&received.body);
+                text.contains("context-compaction assistant") || text.contains("Write a detailed handoff summary")
+            })
+            .expect("a summary call");
+        asked.push(summary.json()["max_tokens"].as_u64().expect("the summary call's max_tokens"));
+    }
+    let [local, provider] = asked[..] else { unreachable!() };
+    // The summarizer's window is the learned one in compactor's tokens (calibrated against the
+    // fake's count): about 8,000, so about 400 against about 1,000.
+    assert!((300..=480).contains(&local), "local: {local}");
+    assert!((750..=1_200).contains(&provider), "provider: {provider}");
+    assert!(local * 2 < provider, "local {local}, provider {provider}");
+}
