@@ -587,15 +587,85 @@ pub fn extract(dialect: Dialect, body: &[u8]) -> Option<String> {
             .join(""),
     };
     let text = text.trim();
+    let text = if stopped_at_cap(dialect, &value) { complete_part(text) } else { text };
     (!text.is_empty()).then(|| text.to_string())
+}
+
+/// Whether the summarizer stopped because it reached its output cap, as each dialect says it.
+fn stopped_at_cap(dialect: Dialect, value: &serde_json::Value) -> bool {
+    match dialect {
+        Dialect::ChatCompletions => value["choices"][0]["finish_reason"] == "length",
+        Dialect::AnthropicMessages => value["stop_reason"] == "max_tokens",
+        Dialect::Responses => {
+            value["status"] == "incomplete" && value["incomplete_details"]["reason"] == "max_output_tokens"
+        }
+        Dialect::Gemini => value["candidates"][0]["finishReason"] == "MAX_TOKENS",
+    }
+}
+
+/// A summary cut at its output cap, up to the end of its last complete line or sentence, when that
+/// keeps at least half of it: the rebuilt conversation hands it to the model, and the next summary
+/// reads it, and neither should continue a half sentence.
+fn complete_part(text: &str) -> &str {
+    if text.ends_with(['.', '!', '?']) {
+        return text;
+    }
+    let mut end = text.rfind('\n').unwrap_or(0);
+    for stop in [". ", "! ", "? ", ".\n", "!\n", "?\n"] {
+        if let Some(at) = text.rfind(stop) {
+            end = end.max(at + 1);
+        }
+    }
+    if end >= text.len() / 2 { text[..end].trim_end() } else { text }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn count(text: &str) -> u32 {
         (text.len() / 4) as u32
+    }
+
+    #[test]
+    fn a_summary_cut_at_its_output_cap_ends_at_its_last_complete_sentence_in_every_dialect() {
+        let text = "The parser is done.\nThe codename is ZEPHYR-LANTERN-42. Next the lexer, whose tests";
+        let kept = "The parser is done.\nThe codename is ZEPHYR-LANTERN-42.";
+        let answers = [
+            (
+                Dialect::ChatCompletions,
+                json!({"choices": [{"message": {"content": text}, "finish_reason": "length"}]}),
+                json!({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]}),
+            ),
+            (
+                Dialect::AnthropicMessages,
+                json!({"content": [{"type": "text", "text": text}], "stop_reason": "max_tokens"}),
+                json!({"content": [{"type": "text", "text": text}], "stop_reason": "end_turn"}),
+            ),
+            (
+                Dialect::Responses,
+                json!({"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]}),
+                json!({"status": "completed", "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]}),
+            ),
+            (
+                Dialect::Gemini,
+                json!({"candidates": [{"content": {"parts": [{"text": text}]}, "finishReason": "MAX_TOKENS"}]}),
+                json!({"candidates": [{"content": {"parts": [{"text": text}]}, "finishReason": "STOP"}]}),
+            ),
+        ];
+        for (dialect, cut, finished) in answers {
+            let read = |answer: &serde_json::Value| extract(dialect, &serde_json::to_vec(answer).unwrap());
+            assert_eq!(read(&cut).as_deref(), Some(kept), "{dialect:?}");
+            // An answer the model finished is kept whole, whatever its last words.
+            assert_eq!(read(&finished).as_deref(), Some(text), "{dialect:?}");
+        }
+        // Nothing complete in its second half: kept as it came rather than lose most of it.
+        assert_eq!(
+            complete_part("Done. Then a long list of files that the agent read and changed"),
+            "Done. Then a long list of files that the agent read and changed"
+        );
+        assert_eq!(complete_part("All tests pass."), "All tests pass.");
     }
 
     #[test]
