@@ -234,7 +234,8 @@ pub fn summarizer_window(summarizer: ModelInfo, pressure: Option<&Pressure>) -> 
 /// the server the agent is waiting for (about four prefilled tokens' time on a CPU), and a summary
 /// as long as an eighth of a small window took longer than two of the agent's turns.
 pub fn summary_max_tokens(settings: &CompactionSettings, summarizer: ModelInfo, window: u32, local: bool) -> u32 {
-    let share = if local { settings.local_summary_window_share.min(0.125) } else { 0.125 };
+    const EIGHTH: f64 = 0.125;
+    let share = if local { settings.local_summary_window_share.min(EIGHTH) } else { EIGHTH };
     let of_window = (f64::from(window) * share) as u32;
     settings.summary_max_tokens.min(summarizer.max_output_tokens).min(of_window).max(64)
 }

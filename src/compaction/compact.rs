@@ -210,7 +210,10 @@ impl Compaction<'_> {
         // learned for the session, not the model table's.
         let own_model = settings.model.is_empty();
         let window = budget::summarizer_window(summarizer, own_model.then_some(&sizing.pressure));
-        let max_tokens = budget::summary_max_tokens(settings, summarizer, window, ladder.cache.preset == Some("local"));
+        // A local server (the `local` cache preset: prefill time is the price) generates the
+        // summary while the agent waits, and caches the conversation as it was last sent.
+        let local = ladder.cache.preset == Some("local");
+        let max_tokens = budget::summary_max_tokens(settings, summarizer, window, local);
         let input = SummaryInput {
             parsed,
             from: *from,
@@ -221,15 +224,11 @@ impl Compaction<'_> {
             budget: budget::transcript_budget(window, max_tokens, self.summarizer.prompt_tokens(&count)),
             count: &count,
         };
-        // Prepared in the background for a local server (the `local` cache preset: prefill time
-        // is the price), by the request's own model, in Chat: the conversation as it was last sent, the instruction appended, so the
-        // provider reads it from its cache. A call that fails goes the usual way.
+        // Prepared in the background for a local server, by the request's own model, in Chat: the
+        // conversation as it was last sent, the instruction appended, so the server reads it from
+        // its cache. A call that fails goes the usual way.
         let appended = match &ladder.sent_body {
-            Some(sent)
-                if own_model
-                    && ladder.cache.preset == Some("local")
-                    && parsed.dialect == crate::dialect::Dialect::ChatCompletions =>
-            {
+            Some(sent) if own_model && local && parsed.dialect == crate::dialect::Dialect::ChatCompletions => {
                 self.summarizer.summarize_appended(head, sent, &summary_model, max_tokens).await
             }
             _ => None,

@@ -616,7 +616,7 @@ fn complete_part(text: &str) -> &str {
             end = end.max(at + 1);
         }
     }
-    if end >= text.len() / 2 { text[..end].trim_end() } else { text }
+    if end > 0 && end >= text.len() / 2 { text[..end].trim_end() } else { text }
 }
 
 #[cfg(test)]
@@ -666,6 +666,7 @@ mod tests {
             "Done. Then a long list of files that the agent read and changed"
         );
         assert_eq!(complete_part("All tests pass."), "All tests pass.");
+        assert_eq!(complete_part("x"), "x", "never emptied");
     }
 
     #[test]
