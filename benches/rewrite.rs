@@ -159,6 +159,7 @@ fn bench(c: &mut Criterion) {
             cost: Default::default(),
             started_by: String::new(),
             built_on: 0,
+            us_per_token: 0,
         };
         let records = vec![record];
         let prefix = Config::default().compaction.summary_prefix;

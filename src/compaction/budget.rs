@@ -240,6 +240,21 @@ pub fn summary_max_tokens(settings: &CompactionSettings, summarizer: ModelInfo, 
     settings.summary_max_tokens.min(summarizer.max_output_tokens).min(of_window).max(64)
 }
 
+/// A summary prepared in the background for a local server, sized to the agent's idle time: the
+/// tokens the server generates in `idle_ms` at the conversation's measured `us_per_token`, within
+/// `cap` ([`summary_max_tokens`]) and no shorter than `local_summary_min_window_share` of the window
+/// (nor 64 tokens). The server answers one request at a time: a summary still being written when
+/// the agent's next request comes makes that request wait for its end. Without a measurement
+/// (the conversation's first summary, an agent that never left a gap) it is `cap`.
+pub fn paced_summary_tokens(settings: &CompactionSettings, cap: u32, window: u32, idle_ms: u64, us_per_token: u64) -> u32 {
+    if idle_ms == 0 || us_per_token == 0 {
+        return cap;
+    }
+    let fits = u32::try_from(idle_ms.saturating_mul(1_000) / us_per_token).unwrap_or(u32::MAX);
+    let floor = ((f64::from(window) * settings.local_summary_min_window_share) as u32).max(64).min(cap);
+    fits.clamp(floor, cap)
+}
+
 /// Tokens the transcript may take in one summary call: the summarizer's window (compactor's raw
 /// tokens) less the answer and the prompt, with a tenth to spare.
 pub fn transcript_budget(window: u32, max_tokens: u32, prompt_tokens: u32) -> u32 {
@@ -278,6 +293,29 @@ mod tests {
         assert_eq!(summary_max_tokens(&settings, summarizer, 200_000, true), 4_096);
         let configured = CompactionSettings { local_summary_window_share: 0.1, ..CompactionSettings::default() };
         assert_eq!(summary_max_tokens(&configured, summarizer, 2_048, true), 204);
+    }
+
+    #[test]
+    fn a_background_summary_for_a_local_server_fits_the_agents_idle_time() {
+        let settings = CompactionSettings::default();
+        // 8k window: the share allows 409 tokens, the floor is 204.
+        let cap = 409;
+        // 8 s of idle time at 34 ms a token: 235 tokens, which the server writes before the
+        // agent comes back.
+        assert_eq!(paced_summary_tokens(&settings, cap, 8_192, 8_000, 34_000), 235);
+        // Time for more than the share: the share.
+        assert_eq!(paced_summary_tokens(&settings, cap, 8_192, 60_000, 34_000), cap);
+        // Hardly any idle time: no shorter than the floor.
+        assert_eq!(paced_summary_tokens(&settings, cap, 8_192, 500, 34_000), 204);
+        // Nothing measured yet: the share.
+        assert_eq!(paced_summary_tokens(&settings, cap, 8_192, 0, 34_000), cap);
+        assert_eq!(paced_summary_tokens(&settings, cap, 8_192, 8_000, 0), cap);
+        // A small window's floor is 64 tokens, and never above the cap.
+        assert_eq!(paced_summary_tokens(&settings, 102, 2_048, 100, 23_000), 64);
+        assert_eq!(paced_summary_tokens(&settings, 50, 2_048, 100, 23_000), 50);
+        // A floor configured as high as the share turns the pacing off.
+        let fixed = CompactionSettings { local_summary_min_window_share: 0.05, ..CompactionSettings::default() };
+        assert_eq!(paced_summary_tokens(&fixed, cap, 8_192, 8_000, 34_000), cap);
     }
 
     #[test]

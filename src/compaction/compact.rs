@@ -213,7 +213,13 @@ impl Compaction<'_> {
         // A local server (the `local` cache preset: prefill time is the price) generates the
         // summary while the agent waits, and caches the conversation as it was last sent.
         let local = ladder.cache.preset == Some("local");
-        let max_tokens = budget::summary_max_tokens(settings, summarizer, window, local);
+        let mut max_tokens = budget::summary_max_tokens(settings, summarizer, window, local);
+        if local && trigger == "background" {
+            // Written while the agent's tool runs: no longer than the server writes in that time.
+            let conversation = ctx.conversation();
+            let pace = conversation.summary_pace_us().unwrap_or(0);
+            max_tokens = budget::paced_summary_tokens(settings, max_tokens, window, conversation.idle_ms, pace);
+        }
         let input = SummaryInput {
             parsed,
             from: *from,
@@ -257,6 +263,7 @@ impl Compaction<'_> {
             cost,
             started_by: ladder.request_id.clone(),
             built_on: previous.map_or(0, |r| r.generation),
+            us_per_token: u64::try_from(summary_time.as_micros()).unwrap_or(u64::MAX).checked_div(cost.output).unwrap_or(0),
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
             && let Some(mut after) = ladder.parse(&rebuilt)
@@ -275,6 +282,8 @@ impl Compaction<'_> {
             summary_calls = calls,
             summary_overflows = overflows,
             summary_ms = summary_time.as_millis() as u64,
+            summary_max_tokens = max_tokens,
+            summary_output_tokens = cost.output,
             "compacted"
         );
         metric::summary_calls_per_compaction(calls);

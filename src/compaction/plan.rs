@@ -263,6 +263,7 @@ mod tests {
             cost: Default::default(),
             started_by: String::new(),
             built_on: 0,
+            us_per_token: 0,
         };
         let later = chat(5, false);
         let later = ParsedRequest::parse(Dialect::ChatCompletions, &later).unwrap();

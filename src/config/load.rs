@@ -300,6 +300,11 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
             d.local_summary_window_share,
             |share: f64| if share > 0.0 && share <= 0.125 { Ok(share) } else { Err("must be in (0, 0.125]".into()) },
         ),
+        local_summary_min_window_share: r.parse(
+            "compaction.local_summary_min_window_share",
+            d.local_summary_min_window_share,
+            |share: f64| if share > 0.0 && share <= 0.125 { Ok(share) } else { Err("must be in (0, 0.125]".into()) },
+        ),
         keep_recent_tokens: r.parse("compaction.keep_recent_tokens", d.keep_recent_tokens, positive_u32),
         user_message_max_tokens: r.get("compaction.user_message_max_tokens", d.user_message_max_tokens),
         summary_prefix: r.get("compaction.summary_prefix", d.summary_prefix),

@@ -137,6 +137,7 @@ mod tests {
             cost: SummaryCost { calls: 1, input, cache_read, output: 500, ..SummaryCost::default() },
             started_by: String::new(),
             built_on: 0,
+            us_per_token: 0,
         };
         // Ready after the second request arrived; one before any request; one with no cost.
         let mut free = compaction(2_500, 0, 0);

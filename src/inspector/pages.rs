@@ -451,13 +451,17 @@ fn compactions(
             let c = &record.cost;
             let _ = write!(
                 out,
-                "<p class=\"summary-cost\">Summary calls cost {cost} base-price input tokens: {input} input tokens, {read} of them read from the cache; {output} output tokens{estimated}.</p>",
+                "<p class=\"summary-cost\">Summary calls cost {cost} base-price input tokens: {input} input tokens, {read} of them read from the cache; {output} output tokens{estimated}.{pace}</p>",
                 cost = num(cost::summary(c, &pricing(family)).round() as u64),
                 input = num(c.input),
                 read = num(c.cache_read),
                 output = num(c.output),
                 estimated =
                     if c.estimated { " (in part compactor's estimate: an answer reported no usage)" } else { "" },
+                pace = match record.us_per_token {
+                    0 => String::new(),
+                    us => format!(" They took {:.1} ms per output token.", us as f64 / 1_000.0),
+                },
             );
         }
         let background = record.due_tokens > 0 || record.trigger == "background";

@@ -78,6 +78,9 @@ impl Finish {
             ctx.inspect(&record);
         }
         let _entered = self.span.enter();
+        if let Some((ctx, _)) = self.state.as_mut() {
+            ctx.note_answered();
+        }
         match self.state.take() {
             Some((ctx, Some(sender))) => {
                 // Refused only when the runtime is shutting down and the finisher is gone with it.

@@ -142,8 +142,22 @@ impl SessionCtx {
         let change = &mut self.pending.conversation;
         change.pruned.extend(pruned.iter().filter(|id| !self.conversation.pruned.contains(*id)).cloned());
         change.request_messages = Some(message_count as u64);
-        change.request_at_unix_ms = Some(super::unix_ms());
+        let now = super::unix_ms();
+        change.request_at_unix_ms = Some(now);
+        // The agent's gap since the previous request's answer, when that answer ended before this
+        // request came (a request sent beside another measures nothing).
+        let conversation = &self.conversation;
+        let answered = conversation.answered_unix_ms;
+        if answered > 0 && answered >= conversation.last_request_unix_ms && answered <= now {
+            change.idle_ms = Some(ConversationState::smooth_idle(conversation.idle_ms, now - answered));
+        }
         self.message_count = message_count as u64;
+    }
+
+    /// The request's answer has ended (its last byte sent, or the client gone): the start of the
+    /// agent's idle time, measured when its next request comes.
+    pub fn note_answered(&mut self) {
+        self.pending.conversation.answered_at_unix_ms = Some(super::unix_ms());
     }
 
     /// The model the request names, once known.
@@ -566,6 +580,7 @@ mod tests {
             cost: Default::default(),
             started_by: String::new(),
             built_on: 0,
+            us_per_token: 0,
         }
     }
 

@@ -8,7 +8,8 @@
 //! - `conversations`: sorted set of the session's conversation ids by last use (server time in
 //!   microseconds), at most `max_conversations` long;
 //! - `c:<id>`: hash of one conversation (`requests`, `messages`, `usage` as versioned JSON,
-//!   `breaker_failures`, `breaker_at`, `run`, `prefilled`); `c:<id>:pruned`: set of pruned call ids;
+//!   `breaker_failures`, `breaker_at`, `run`, `prefilled`, `answered_ms`, `idle_ms`);
+//!   `c:<id>:pruned`: set of pruned call ids;
 //!   `c:<id>:compactions`: list of versioned JSON records; `c:<id>:lock`: its compaction lock;
 //!   `c:<id>:requests`: list of the inspector's request summaries (JSON), the newest
 //!   `inspector.requests_per_conversation`.
@@ -269,6 +270,8 @@ fn conversation_state(hash: &Hash, pruned: Vec<String>, compactions: &[String]) 
         last_request_unix_ms: number(hash, "last_request_ms"),
         run: number(hash, "run"),
         prefilled: u32::try_from(number(hash, "prefilled")).unwrap_or(0),
+        answered_unix_ms: number(hash, "answered_ms"),
+        idle_ms: number(hash, "idle_ms"),
     }
 }
 
@@ -505,6 +508,12 @@ impl RedisStore {
         }
         if let Some(generation) = change.prefilled {
             pipeline.hset(&hash, "prefilled", generation).ignore();
+        }
+        if let Some(at) = change.answered_at_unix_ms {
+            pipeline.hset(&hash, "answered_ms", at).ignore();
+        }
+        if let Some(idle) = change.idle_ms {
+            pipeline.hset(&hash, "idle_ms", idle).ignore();
         }
         if let Some(record) = &change.compaction {
             // The newest records are the ones that can still match; keep a bounded lineage.
@@ -811,7 +820,7 @@ impl<T: serde::de::DeserializeOwned> Versioned<T> {
 
 /// Fields of the session's and the conversation's hashes that hold numbers (written with HINCRBY
 /// and HSET): one that does not parse would make every later increment fail.
-const NUMBER_FIELDS: [&str; 20] = [
+const NUMBER_FIELDS: [&str; 22] = [
     "schema",
     "requests",
     "tokens_saved",
@@ -826,6 +835,8 @@ const NUMBER_FIELDS: [&str; 20] = [
     "breaker_at",
     "messages",
     "last_request_ms",
+    "answered_ms",
+    "idle_ms",
     "prompt_tokens",
     "cache_read_tokens",
     "cache_write_tokens",

@@ -73,6 +73,12 @@ pub struct CompactionRecord {
     /// once summarized further is named here, though no request carried it.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub built_on: u32,
+    /// What its summary calls took per token they generated, in microseconds (0: not measured):
+    /// the wall time over the output tokens. A call that read the conversation from a local
+    /// server's cache (the summary prepared in the background) measures the server's generation;
+    /// one that sent a transcript also paid its prefill, so its figure is an upper bound.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub us_per_token: u64,
 }
 
 /// What a compaction's summary calls cost: the provider's usage summed over them, compactor's
@@ -294,9 +300,34 @@ pub struct ConversationState {
     /// request applies the record whether or not it needs the room yet.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub prefilled: u32,
+    /// When the newest answered request's answer ended (Unix ms; 0: never).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub answered_unix_ms: u64,
+    /// The agent's time between an answer and its next request (its tool and its own thinking),
+    /// smoothed towards the shorter gaps ([`ConversationState::smooth_idle`]; 0: not measured):
+    /// the time a local server has for a summary prepared in the background.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle_ms: u64,
 }
 
 impl ConversationState {
+    /// One gap between an answer and the next request folded into [`ConversationState::idle_ms`]:
+    /// a shorter gap pulls it half way down, a longer one a quarter of the way up. A summary sized
+    /// to a gap the agent does not leave lands on its next turn, so the figure leans short.
+    pub fn smooth_idle(old: u64, observed: u64) -> u64 {
+        match old {
+            0 => observed,
+            old if observed < old => old.midpoint(observed),
+            old => old.saturating_mul(3).saturating_add(observed) / 4,
+        }
+    }
+
+    /// What the newest summary call of the conversation took per token it generated
+    /// ([`CompactionRecord::us_per_token`]; `None`: none measured).
+    pub fn summary_pace_us(&self) -> Option<u64> {
+        self.compactions.iter().rev().map(|record| record.us_per_token).find(|&pace| pace > 0)
+    }
+
     /// True when nothing was ever recorded for it (an unknown or expired conversation).
     pub fn is_empty(&self) -> bool {
         self.requests == 0 && self.pruned.is_empty() && self.compactions.is_empty() && self.usage.is_none()
@@ -344,6 +375,10 @@ pub struct ConversationUpdate {
     pub run: Option<u64>,
     /// The record whose rebuilt prompt was sent ahead ([`ConversationState::prefilled`]).
     pub prefilled: Option<u32>,
+    /// When the request's answer ended (Unix ms).
+    pub answered_at_unix_ms: Option<u64>,
+    /// The conversation's idle time with the gap before this request folded in.
+    pub idle_ms: Option<u64>,
     /// The request's summary for the inspector (JSON of [`crate::inspector::RequestRecord`]),
     /// appended to the conversation's bounded request log.
     pub record: Option<String>,
@@ -422,6 +457,12 @@ impl ConversationState {
         if let Some(generation) = update.prefilled {
             self.prefilled = generation;
         }
+        if let Some(at) = update.answered_at_unix_ms {
+            self.answered_unix_ms = at;
+        }
+        if let Some(idle) = update.idle_ms {
+            self.idle_ms = idle;
+        }
         // Fencing: a record of a generation already stored (a holder whose lock lapsed while
         // another took over) is not laid beside the winner's.
         let newest = self.compactions.iter().map(|r| r.generation).max().unwrap_or(0);
@@ -478,6 +519,39 @@ impl ConversationView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_time_leans_to_the_shorter_gaps_and_the_pace_is_the_newest_measured() {
+        // The first gap is taken as it is; a shorter one pulls half way down, a longer one a
+        // quarter of the way up.
+        assert_eq!(ConversationState::smooth_idle(0, 8_000), 8_000);
+        assert_eq!(ConversationState::smooth_idle(8_000, 2_000), 5_000);
+        assert_eq!(ConversationState::smooth_idle(8_000, 12_000), 9_000);
+        let record = |generation: u32, us_per_token: u64| CompactionRecord {
+            generation,
+            summary: String::new(),
+            covered_messages: 0,
+            covered_hash: String::new(),
+            first_kept: 0,
+            user_messages: Vec::new(),
+            truncate_user_tokens: 0,
+            tokens_before: 0,
+            tokens_after: 0,
+            trigger: String::new(),
+            model: String::new(),
+            at_unix_ms: 0,
+            due_tokens: 0,
+            cost: SummaryCost::default(),
+            started_by: String::new(),
+            built_on: 0,
+            us_per_token,
+        };
+        let mut conversation = ConversationState::default();
+        assert_eq!(conversation.summary_pace_us(), None);
+        conversation.compactions = vec![record(1, 90_000), record(2, 34_000), record(3, 0)];
+        // A record stored before the pace was kept measured nothing: the one before it counts.
+        assert_eq!(conversation.summary_pace_us(), Some(34_000));
+    }
 
     #[test]
     fn counters_near_their_limit_stay_at_it_instead_of_wrapping() {

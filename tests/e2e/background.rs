@@ -36,6 +36,12 @@ impl Log {
 /// A fake that answers summary calls after [`SUMMARY_DELAY`] and every other request at once,
 /// with a usage that counts the prompt as 4 bytes a token.
 pub async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
+    fake_with_summaries(None).await
+}
+
+/// [`fake_with_slow_summaries`], or with `per_token`: a summary call generates every token its
+/// `max_tokens` allows, at `per_token` each (a server that writes at a steady pace).
+pub async fn fake_with_summaries(per_token: Option<Duration>) -> (FakeUpstream, Log) {
     let log = Log::default();
     let seen = log.clone();
     let fake = FakeUpstream::builder()
@@ -47,8 +53,12 @@ pub async fn fake_with_slow_summaries() -> (FakeUpstream, Log) {
             if text.contains("context-compaction assistant") || text.contains("Write a detailed handoff summary") {
                 seen.0.lock().unwrap().push(("summary".into(), Instant::now(), false));
                 let summary = "Handoff summary: the parser is half done; the codename is ZEPHYR-LANTERN-42.";
-                let answer = json!({"id": "s", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": summary}, "finish_reason": "stop"}], "usage": {"prompt_tokens": text.len() / 4, "completion_tokens": 20}});
-                return Some(Reply::json(200, answer).after(SUMMARY_DELAY));
+                let (tokens, delay) = match (per_token, body["max_tokens"].as_u64()) {
+                    (Some(pace), Some(asked)) => (asked, pace * asked as u32),
+                    _ => (20, SUMMARY_DELAY),
+                };
+                let answer = json!({"id": "s", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": summary}, "finish_reason": "stop"}], "usage": {"prompt_tokens": text.len() / 4, "completion_tokens": tokens}});
+                return Some(Reply::json(200, answer).after(delay));
             }
             // A prefill ahead: the prompt rebuilt around a prepared summary, one token asked.
             if body["max_tokens"] == 1 && body["stream"] == false {
@@ -507,4 +517,42 @@ async fn a_summary_for_a_local_server_asks_for_a_twentieth_of_the_window_not_an_
     assert!((300..=480).contains(&local), "local: {local}");
     assert!((750..=1_200).contains(&provider), "provider: {provider}");
     assert!(local * 2 < provider, "local {local}, provider {provider}");
+}
+
+/// A summary prepared in the background for a local server is as long as the server writes in
+/// the agent's idle time, at the pace the conversation's previous summary call measured: the
+/// first (nothing measured yet) asks for the window's share, the next for what fits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_summary_for_a_local_server_fits_the_time_the_agent_leaves_between_turns() {
+    // The model's output cap is above the share of its 8,000-token window (about 400 tokens; the
+    // floor is half of it). The fake writes 3 ms a token; the agent's tool takes 0.8 s: about 266.
+    // In memory and in Redis (the gap and the pace are read back from the store).
+    let redis = crate::common::redis_server::RedisServer::start();
+    for store in std::iter::once(String::new()).chain(redis.as_ref().map(|redis| redis.config())) {
+        let config = format!("{}{store}", CONFIG.replace("max_output_tokens = 500", "max_output_tokens = 4000"));
+        paced_by_the_agents_idle_time(&config).await;
+    }
+}
+
+async fn paced_by_the_agents_idle_time(config: &str) {
+    let (fake, log) = fake_with_summaries(Some(Duration::from_millis(3))).await;
+    let proxy = ProxyProcess::start(&fake, config);
+    let idle = Duration::from_millis(800);
+    let asked = || -> Vec<u64> {
+        fake.received()
+            .into_iter()
+            .filter(|received| String::from_utf8_lossy(&received.body).contains("Write a detailed handoff summary"))
+            .map(|received| received.json()["max_tokens"].as_u64().expect("the summary call's max_tokens"))
+            .collect()
+    };
+    let mut turns = 0;
+    while asked().len() < 2 {
+        turns += 1;
+        assert!(turns <= 30, "two background summaries: {:?} {:?}", asked(), log.events());
+        turn(&proxy, turns).await;
+        tokio::time::sleep(idle).await;
+    }
+    let [first, paced] = asked()[..2] else { unreachable!() };
+    assert!((300..=480).contains(&first), "{config}: the first asks for the share: {first}");
+    assert!((220..=320).contains(&paced), "{config}: the next fits 0.8 s at 3 ms a token: {paced} (first {first})");
 }

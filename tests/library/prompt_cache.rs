@@ -319,6 +319,7 @@ fn a_summary_gets_a_marker_when_one_is_free_and_the_same_bytes_every_turn() {
         cost: Default::default(),
         started_by: String::new(),
         built_on: 0,
+        us_per_token: 0,
     };
     let count = |text: &str| text.len() as u32 / 4;
     let rebuilt = |value: &Value| {

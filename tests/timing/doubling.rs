@@ -399,6 +399,7 @@ fn cuts_and_rebuilds(dialect: Dialect, keep_recent_tokens: u32) -> impl Fn(&[u8]
             cost: Default::default(),
             started_by: String::new(),
             built_on: 0,
+            us_per_token: 0,
         };
         let Some(rebuilt) = plan::rebuild(&parsed, &record, "Summary: ", &count) else { return false };
         let records = [record];
