@@ -263,7 +263,10 @@ impl Compaction<'_> {
             cost,
             started_by: ladder.request_id.clone(),
             built_on: previous.map_or(0, |r| r.generation),
-            us_per_token: u64::try_from(summary_time.as_micros()).unwrap_or(u64::MAX).checked_div(cost.output).unwrap_or(0),
+            us_per_token: u64::try_from(summary_time.as_micros())
+                .unwrap_or(u64::MAX)
+                .checked_div(cost.output)
+                .unwrap_or(0),
         };
         if let Some(rebuilt) = plan::rebuild(parsed, &record, &settings.summary_prefix, &count)
             && let Some(mut after) = ladder.parse(&rebuilt)
@@ -284,6 +287,7 @@ impl Compaction<'_> {
             summary_ms = summary_time.as_millis() as u64,
             summary_max_tokens = max_tokens,
             summary_output_tokens = cost.output,
+            idle_ms = ctx.conversation().idle_ms,
             "compacted"
         );
         metric::summary_calls_per_compaction(calls);

@@ -105,7 +105,7 @@ impl Default for CompactionSettings {
             model: String::new(),
             summary_max_tokens: 8_192,
             local_summary_window_share: 0.05,
-            local_summary_min_window_share: 0.025,
+            local_summary_min_window_share: 0.01,
             keep_recent_tokens: 20_000,
             user_message_max_tokens: 20_000,
             summary_prefix: DEFAULT_SUMMARY_PREFIX.into(),

@@ -583,7 +583,10 @@ async fn background_summaries_show_who_started_and_applied_them_and_their_calls_
         assert!(generation(&html, g).contains("Summary calls cost"), "generation {g}");
         assert!(generation(&html, g).contains("; 20 output tokens."), "generation {g}: {}", generation(&html, g));
         // Each took the fake's 3 s for its 20 tokens: 150 ms a token, and a little more.
-        let pace = generation(&html, g).split("They took ").nth(1).and_then(|rest| rest.split(' ').next()?.parse::<f64>().ok());
+        let pace = generation(&html, g)
+            .split("They took ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next()?.parse::<f64>().ok());
         assert!(pace.is_some_and(|ms| (150.0..200.0).contains(&ms)), "generation {g}: {pace:?}");
     }
     // The cost with compactor is the requests' costs (each row's first figure) and the three
