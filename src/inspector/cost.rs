@@ -121,23 +121,10 @@ mod tests {
         let records =
             [record(1_000, 10, 10, 10, 0, 0), record(2_000, 10, 10, 10, 0, 0), record(3_000, 10, 10, 10, 0, 0)];
         let compaction = |at_unix_ms: u64, input: u64, cache_read: u64| CompactionRecord {
-            generation: 1,
-            summary: String::new(),
-            covered_messages: 0,
-            covered_hash: String::new(),
-            first_kept: 0,
-            user_messages: Vec::new(),
-            truncate_user_tokens: 0,
-            tokens_before: 0,
-            tokens_after: 0,
             trigger: "background".into(),
-            model: String::new(),
             at_unix_ms,
-            due_tokens: 0,
             cost: SummaryCost { calls: 1, input, cache_read, output: 500, ..SummaryCost::default() },
-            started_by: String::new(),
-            built_on: 0,
-            us_per_token: 0,
+            ..CompactionRecord::blank(1)
         };
         // Ready after the second request arrived; one before any request; one with no cost.
         let mut free = compaction(2_500, 0, 0);

@@ -564,23 +564,15 @@ mod tests {
 
     fn record(generation: u32) -> CompactionRecord {
         CompactionRecord {
-            generation,
             summary: "summary".into(),
             covered_messages: 4,
             covered_hash: "h".into(),
             first_kept: 4,
-            user_messages: Vec::new(),
-            truncate_user_tokens: 0,
             tokens_before: 100,
             tokens_after: 10,
             trigger: "overflow".into(),
             model: "m".into(),
-            at_unix_ms: 0,
-            due_tokens: 0,
-            cost: Default::default(),
-            started_by: String::new(),
-            built_on: 0,
-            us_per_token: 0,
+            ..CompactionRecord::blank(generation)
         }
     }
 

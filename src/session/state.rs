@@ -123,6 +123,32 @@ impl SummaryCost {
     }
 }
 
+#[cfg(test)]
+impl CompactionRecord {
+    /// A record of `generation` with nothing in it: tests fill in what they look at.
+    pub fn blank(generation: u32) -> Self {
+        Self {
+            generation,
+            summary: String::new(),
+            covered_messages: 0,
+            covered_hash: String::new(),
+            first_kept: 0,
+            user_messages: Vec::new(),
+            truncate_user_tokens: 0,
+            tokens_before: 0,
+            tokens_after: 0,
+            trigger: String::new(),
+            model: String::new(),
+            at_unix_ms: 0,
+            due_tokens: 0,
+            cost: SummaryCost::default(),
+            started_by: String::new(),
+            built_on: 0,
+            us_per_token: 0,
+        }
+    }
+}
+
 fn is_zero(value: &u64) -> bool {
     *value == 0
 }
@@ -528,23 +554,8 @@ mod tests {
         assert_eq!(ConversationState::smooth_idle(8_000, 2_000), 5_000);
         assert_eq!(ConversationState::smooth_idle(8_000, 12_000), 9_000);
         let record = |generation: u32, us_per_token: u64| CompactionRecord {
-            generation,
-            summary: String::new(),
-            covered_messages: 0,
-            covered_hash: String::new(),
-            first_kept: 0,
-            user_messages: Vec::new(),
-            truncate_user_tokens: 0,
-            tokens_before: 0,
-            tokens_after: 0,
-            trigger: String::new(),
-            model: String::new(),
-            at_unix_ms: 0,
-            due_tokens: 0,
-            cost: SummaryCost::default(),
-            started_by: String::new(),
-            built_on: 0,
             us_per_token,
+            ..CompactionRecord::blank(generation)
         };
         let mut conversation = ConversationState::default();
         assert_eq!(conversation.summary_pace_us(), None);
