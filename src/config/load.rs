@@ -298,12 +298,12 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         local_summary_window_share: r.parse(
             "compaction.local_summary_window_share",
             d.local_summary_window_share,
-            |share: f64| if share > 0.0 && share <= 0.125 { Ok(share) } else { Err("must be in (0, 0.125]".into()) },
+            summary_window_share,
         ),
         local_summary_min_window_share: r.parse(
             "compaction.local_summary_min_window_share",
             d.local_summary_min_window_share,
-            |share: f64| if share > 0.0 && share <= 0.125 { Ok(share) } else { Err("must be in (0, 0.125]".into()) },
+            summary_window_share,
         ),
         keep_recent_tokens: r.parse("compaction.keep_recent_tokens", d.keep_recent_tokens, positive_u32),
         user_message_max_tokens: r.get("compaction.user_message_max_tokens", d.user_message_max_tokens),
@@ -350,6 +350,11 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
             OverflowDetector::new(&p).map_err(|e| format!("not a valid pattern: {e}"))
         }),
     }
+}
+
+/// A share of the window a summary may take: at most the eighth a provider gets.
+fn summary_window_share(share: f64) -> Result<f64, String> {
+    if share > 0.0 && share <= 0.125 { Ok(share) } else { Err("must be in (0, 0.125]".into()) }
 }
 
 fn positive_u32(value: u32) -> Result<u32, String> {

@@ -496,24 +496,23 @@ impl RedisStore {
             let fields = [("breaker_failures", breaker.failures), ("breaker_at", breaker.at_messages)];
             pipeline.hset_multiple(&hash, &fields).ignore();
         }
-        if let Some(messages) = change.request_messages {
+        if change.request_messages.is_some() {
             pipeline.hincr(&hash, "requests", 1).ignore();
-            pipeline.hset(&hash, "messages", messages).ignore();
         }
-        if let Some(at) = change.request_at_unix_ms {
-            pipeline.hset(&hash, "last_request_ms", at).ignore();
-        }
-        if let Some(run) = change.run {
-            pipeline.hset(&hash, "run", run).ignore();
-        }
-        if let Some(generation) = change.prefilled {
-            pipeline.hset(&hash, "prefilled", generation).ignore();
-        }
-        if let Some(at) = change.answered_at_unix_ms {
-            pipeline.hset(&hash, "answered_ms", at).ignore();
-        }
-        if let Some(idle) = change.idle_ms {
-            pipeline.hset(&hash, "idle_ms", idle).ignore();
+        // The conversation's numbers a request sets, in one command.
+        let numbers: Vec<(&str, u64)> = [
+            ("messages", change.request_messages),
+            ("last_request_ms", change.request_at_unix_ms),
+            ("run", change.run),
+            ("prefilled", change.prefilled.map(u64::from)),
+            ("answered_ms", change.answered_at_unix_ms),
+            ("idle_ms", change.idle_ms),
+        ]
+        .into_iter()
+        .filter_map(|(field, value)| Some((field, value?)))
+        .collect();
+        if !numbers.is_empty() {
+            pipeline.hset_multiple(&hash, &numbers).ignore();
         }
         if let Some(record) = &change.compaction {
             // The newest records are the ones that can still match; keep a bounded lineage.
