@@ -18,7 +18,7 @@ use crate::telemetry::request::RequestLog;
 
 /// What the finisher commits.
 struct Commit {
-    ctx: SessionCtx,
+    ctx: Box<SessionCtx>,
     usage: Option<Usage>,
 }
 
@@ -28,7 +28,7 @@ pub struct Finish {
     /// The token usage the upstream reported, read by the tap.
     pub usage: Option<Usage>,
     /// The session's state, and the way to its finisher (none for the in-process store).
-    state: Option<(SessionCtx, Option<oneshot::Sender<Commit>>)>,
+    state: Option<(Box<SessionCtx>, Option<oneshot::Sender<Commit>>)>,
     sent: bool,
     /// The request's trace span, ended with the request (after the finisher's write, if any).
     pub span: Span,
@@ -47,7 +47,7 @@ impl Finish {
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
-    pub fn keep(&mut self, tracker: &TaskTracker, ctx: SessionCtx) {
+    pub fn keep(&mut self, tracker: &TaskTracker, ctx: Box<SessionCtx>) {
         if ctx.commits_in_place() {
             self.state = Some((ctx, None));
             return;
@@ -59,7 +59,7 @@ impl Finish {
 
     /// The session's state, while the request still changes it.
     pub fn ctx(&mut self) -> Option<&mut SessionCtx> {
-        self.state.as_mut().map(|(ctx, _)| ctx)
+        self.state.as_mut().map(|(ctx, _)| &mut **ctx)
     }
 
     /// Writes the log line and hands the session's state to the finisher; later calls do nothing.

@@ -78,7 +78,9 @@ pub(super) async fn forward(
         let (original_parts, original_body) = first_error.get_or_insert((error_parts, error_body)).clone();
         let original = Inspected::Buffered { parts: original_parts, body: original_body };
         let Some((ladder, ctx)) = recovery.as_mut() else { return done(original) };
-        match compactor.recover(head, ladder, ctx, &overflow, &body).await {
+        // Boxed: recovery (a summary call inside) is most of this future's size and runs only
+        // after an overflow; held inline, every request's forward was 5 KB, copied as it moved.
+        match Box::pin(compactor.recover(head, ladder, ctx, &overflow, &body)).await {
             Next::Retry { body: next, .. } => {
                 metric::retry(route);
                 body = next;

@@ -204,7 +204,7 @@ impl Proxy {
         let forwarded_at = Instant::now();
         finish.log.overhead = forwarded_at - finish.log.started;
         finish.log.forwarded_at = Some(forwarded_at);
-        let recovery = ladder.as_mut().zip(finish.ctx());
+        let recovery = ladder.as_deref_mut().zip(finish.ctx());
         let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage);
         let forwarded = match budget.scope(tokens::scoped(&tenant, Box::pin(forwarding))).await {
             Ok(forwarded) => forwarded,
