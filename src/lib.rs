@@ -4,6 +4,7 @@
 //! response, record. Each stage is a module of its own.
 
 pub mod allocator;
+pub mod boxed;
 pub mod compaction;
 pub mod config;
 pub mod conversation;

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::boxed::boxed;
 use crate::config::Config;
 use crate::dialect::prefix::{self, PrefixCache, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
@@ -247,14 +248,15 @@ impl Compactor {
             .then(|| self.arrivals.arrived(&session, &conversation));
         // Boxed here, where they are made, as is the ladder: they go out in `Prepared`, and held
         // inline they made this future 2.3 KB larger (a copy of it is made once a request).
-        let mut ctx = Box::new(SessionCtx::load(self.store.clone(), session, conversation).await);
-        ctx.use_model(model_key(head, &parsed)).await;
+        let mut ctx = Box::new(boxed(|| SessionCtx::load(self.store.clone(), session, conversation)).await);
+        boxed(|| ctx.use_model(model_key(head, &parsed))).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let mut ladder = Box::new(self.ladder(head, dialect, &body, &parsed, &ctx));
         ladder.request_id = request_id.to_string();
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
-        let derived = self.first_derivation(&mut ladder, &ctx, parsed).instrument(rewrite.clone()).await;
+        // Boxed where it runs: the derivations' state is most of this future's size (see `crate::boxed`).
+        let derived = boxed(|| self.first_derivation(&mut ladder, &ctx, parsed)).instrument(rewrite.clone()).await;
         let Some((mut sent, mut report)) = derived else {
             if let Some(stopped) = work::current().and_then(|budget| budget.check(None).err()) {
                 return over_budget(route, stopped, body.clone());
@@ -302,21 +304,24 @@ impl Compactor {
                         "compaction ahead of time skipped: it would not leave room for the next turns under the budget"
                     );
                 } else if !requested
-                    && let Some(applied) = self.apply_ready(&mut ladder, &ctx).instrument(rewrite.clone()).await
+                    && let Some(applied) =
+                        boxed(|| self.apply_ready(&mut ladder, &ctx)).instrument(rewrite.clone()).await
                 {
                     (sent, report) = applied;
                     if !self.fits(&ctx, &report)
-                        && let Some(compacted) = self
-                            .compact_ahead(head, &mut ladder, &mut ctx, trigger, &report)
-                            .instrument(rewrite.clone())
-                            .await
+                        && let Some(compacted) =
+                            boxed(|| self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report))
+                                .instrument(rewrite.clone())
+                                .await
                     {
                         // A conversation that jumped past what the ready record was prepared
                         // for: summarized further on top of it now, not after an overflow.
                         (sent, report) = compacted;
                     }
                 } else if let Some(compacted) =
-                    self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report).instrument(rewrite.clone()).await
+                    boxed(|| self.compact_ahead(head, &mut ladder, &mut ctx, trigger, &report))
+                        .instrument(rewrite.clone())
+                        .await
                 {
                     (sent, report) = compacted;
                 }

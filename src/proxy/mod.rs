@@ -22,6 +22,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
 
+use crate::boxed::boxed;
 use crate::compaction::{Compactor, Prepared};
 use crate::config::Config;
 use crate::dialect::Dialect;
@@ -101,7 +102,9 @@ impl Proxy {
         let span = trace::request_span(request.method(), &route, &log.request_id);
         trace::continue_trace(&span, request.headers());
         let finish = Finish::new(log, span.clone());
-        self.handle_traced(request, route, finish).instrument(span).await
+        // Boxed where it runs: held inline, this future and every one around it were copied whole
+        // as they moved (see `crate::boxed`).
+        boxed(|| self.handle_traced(request, route, finish)).instrument(span).await
     }
 
     async fn handle_traced(
@@ -158,7 +161,7 @@ impl Proxy {
         // Boxed: a decoder's state (brotli's above all) is large, and held inline it made every
         // request's future tens of kilobytes, copied at each move (a small request went from
         // 119k to 170k instructions, most of them memcpy: scripts/callgrind-small).
-        let decoding = Box::pin(request_body::decode(&mut parts.headers, body, limits.max_body_bytes));
+        let decoding = boxed(|| request_body::decode(&mut parts.headers, body, limits.max_body_bytes));
         let (body, encoded) = match budget.scope(decoding).await {
             Ok(decoded) => decoded,
             Err(error) => return fail(error, route, finish),
@@ -176,13 +179,13 @@ impl Proxy {
         // Token counts are cached per tenant (see `tokens::scoped`).
         let prepared = match counted {
             Some(dialect) => {
-                budget.scope(tokens::scoped(&tenant, Box::pin(self.compactor.count(&head, dialect, body)))).await
+                budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
             }
             None => {
                 budget
                     .scope(tokens::scoped(
                         &tenant,
-                        Box::pin(self.compactor.prepare(&head, body, &finish.log.request_id)),
+                        boxed(|| self.compactor.prepare(&head, body, &finish.log.request_id)),
                     ))
                     .await
             }
@@ -205,8 +208,9 @@ impl Proxy {
         finish.log.overhead = forwarded_at - finish.log.started;
         finish.log.forwarded_at = Some(forwarded_at);
         let recovery = ladder.as_deref_mut().zip(finish.ctx());
-        let forwarding = forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage);
-        let forwarded = match budget.scope(tokens::scoped(&tenant, Box::pin(forwarding))).await {
+        let forwarding =
+            boxed(|| forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage));
+        let forwarded = match budget.scope(tokens::scoped(&tenant, forwarding)).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),
         };
