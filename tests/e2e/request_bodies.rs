@@ -227,6 +227,25 @@ async fn a_client_that_stalls_mid_body_gets_408_in_its_dialect() {
     drop(stream);
 }
 
+#[tokio::test]
+async fn a_client_that_sends_its_body_slowly_but_never_stalls_is_served() {
+    let upstream = UploadUpstream::start().await;
+    let proxy = proxy_for(&upstream, "[limits]\nclient_body_timeout_ms = 300\n");
+    let body = br#"{"model":"gpt-4o","messages":[{"role":"user","content":"slow and steady, never silent for long"}]}"#;
+    // Six parts 150 ms apart: 900 ms in all, three times the timeout, never 300 ms without a byte.
+    let mut stream = partial_request(proxy.addr, "/v1/chat/completions", body.len(), 0).await;
+    for part in body.chunks(body.len().div_ceil(6)) {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        stream.write_all(part).await.unwrap();
+    }
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer)).await.unwrap().unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "the body was cut as if it had stalled: {answer}");
+    let seen = eventually(async || !upstream.uploads().is_empty()).await;
+    assert!(seen && upstream.uploads()[0].complete, "{:?}", upstream.uploads());
+}
+
 fn compress(coding: &str, data: &[u8]) -> Vec<u8> {
     use std::io::Write;
     match coding {
