@@ -230,12 +230,12 @@ async fn a_client_that_stalls_mid_body_gets_408_in_its_dialect() {
 #[tokio::test]
 async fn a_client_that_sends_its_body_slowly_but_never_stalls_is_served() {
     let upstream = UploadUpstream::start().await;
-    let proxy = proxy_for(&upstream, "[limits]\nclient_body_timeout_ms = 300\n");
+    let proxy = proxy_for(&upstream, "[limits]\nclient_body_timeout_ms = 500\n");
     let body = br#"{"model":"gpt-4o","messages":[{"role":"user","content":"slow and steady, never silent for long"}]}"#;
-    // Six parts 150 ms apart: 900 ms in all, three times the timeout, never 300 ms without a byte.
+    // Eight parts 100 ms apart: 800 ms in all, past the timeout, never near 500 ms without a byte.
     let mut stream = partial_request(proxy.addr, "/v1/chat/completions", body.len(), 0).await;
-    for part in body.chunks(body.len().div_ceil(6)) {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+    for part in body.chunks(body.len().div_ceil(8)) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
         stream.write_all(part).await.unwrap();
     }
     let mut answer = vec![0; 4096];
