@@ -93,6 +93,14 @@ pub struct Prepared {
 /// the summary while the agent runs its tool, not in front of the answer the agent waits for.
 pub struct AnsweredGate(#[allow(dead_code)] tokio::sync::oneshot::Sender<()>);
 
+#[cfg(test)]
+impl AnsweredGate {
+    /// A gate whose drop closes `sender`'s receiver.
+    pub fn of(sender: tokio::sync::oneshot::Sender<()>) -> Self {
+        Self(sender)
+    }
+}
+
 impl Prepared {
     fn untouched(body: Bytes) -> Self {
         Self {

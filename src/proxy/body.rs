@@ -96,11 +96,12 @@ impl TapBody {
     }
 }
 
-/// The body was sent in full: the usage read so far is final.
+/// The body was sent in full: the usage read so far is final (and read with the rest of the
+/// request's recording, once the response is out).
 fn complete(finished: &mut bool, finish: &mut Finish, usage: &mut Option<UsageTap>) {
     *finished = true;
     finish.log.outcome = Outcome::Complete;
-    finish.usage = usage.take().and_then(UsageTap::finish);
+    finish.tap = usage.take();
     finish.send();
 }
 

@@ -5,8 +5,20 @@
 //! the state and waits for the write. Nothing is written to a shared store from `Drop`: a drop
 //! only sends a message. The in-process store is the exception: its write is a map update that
 //! neither waits nor fails, so the request applies it in place and starts no finisher.
+//!
+//! All of that runs after the client has the response's last byte: hyper drops the body (which
+//! finishes the request) before it writes out what it buffered, so [`Finish::send`] only takes
+//! the request's remains and spawns their recording, which the worker runs as soon as the
+//! connection's task yields, after the write (a task spawned from a worker goes to its LIFO slot,
+//! which no other worker steals). On the same connection the next request is read only after the
+//! body ended, so it still finds the state committed; outside a runtime the work runs in place.
+//! A client that reads compactor's own endpoints (metrics, the admin API, the inspector) right
+//! after a response, on another connection, gets them once the recordings then in flight are done
+//! ([`recorded`]); a proxied request on another connection within those microseconds sees the state
+//! as before the response, as it would with the Redis store, whose write also follows the response.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
@@ -15,6 +27,7 @@ use tracing::{Instrument, Span};
 use crate::inspector::{RequestRecord, Rewrite};
 use crate::session::{SessionCtx, Usage};
 use crate::telemetry::request::RequestLog;
+use crate::usage::UsageTap;
 
 /// What the finisher commits.
 struct Commit {
@@ -27,6 +40,8 @@ pub struct Finish {
     pub log: RequestLog,
     /// The token usage the upstream reported, read by the tap.
     pub usage: Option<Usage>,
+    /// The tap of a response read to its end, whose usage is read with the recording.
+    pub tap: Option<UsageTap>,
     /// The session's state, and the way to its finisher (none for the in-process store).
     state: Option<(Box<SessionCtx>, Option<oneshot::Sender<Commit>>)>,
     sent: bool,
@@ -37,13 +52,53 @@ pub struct Finish {
     /// Dropped with the request, after its state is handed to the commit: a summary it started in
     /// the background goes then.
     pub answered: Option<crate::compaction::AnsweredGate>,
+    /// Where the recording runs once the response is out (none: in place).
+    tracker: Option<TaskTracker>,
+}
+
+/// Recordings spawned and finished, for [`recorded`].
+static STARTED: AtomicU64 = AtomicU64::new(0);
+static DONE: AtomicU64 = AtomicU64::new(0);
+
+/// Waits (at most `limit`) until as many recordings have finished as had started when called: what
+/// compactor's own endpoints show then includes every response already sent.
+pub async fn recorded(limit: Duration) {
+    let target = STARTED.load(Ordering::Acquire);
+    let deadline = tokio::time::Instant::now() + limit;
+    // Recordings take microseconds and these reads are rare: a short poll, nothing on the request path.
+    while DONE.load(Ordering::Acquire) < target && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// What [`Finish::send`] takes from the request to record after the response.
+struct Remains {
+    log: RequestLog,
+    usage: Option<Usage>,
+    tap: Option<UsageTap>,
+    state: Option<(Box<SessionCtx>, Option<oneshot::Sender<Commit>>)>,
+    span: Span,
+    rewrite: Option<Rewrite>,
+    /// Held until the recording is done, then dropped (see [`Finish::answered`]).
+    _answered: Option<crate::compaction::AnsweredGate>,
 }
 
 impl Finish {
     /// Boxed: the request's future and its response carry it, and a box moves as one pointer
     /// where the whole (the log line's fields, the session's state) would be copied on each move.
-    pub fn new(log: RequestLog, span: Span) -> Box<Self> {
-        Box::new(Self { log, usage: None, state: None, sent: false, span, rewrite: None, answered: None })
+    /// `tracker` runs the recording after the response (and shutdown waits for it).
+    pub fn new(log: RequestLog, span: Span, tracker: Option<TaskTracker>) -> Box<Self> {
+        Box::new(Self {
+            log,
+            usage: None,
+            tap: None,
+            state: None,
+            sent: false,
+            span,
+            rewrite: None,
+            answered: None,
+            tracker,
+        })
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
@@ -62,42 +117,73 @@ impl Finish {
         self.state.as_mut().map(|(ctx, _)| &mut **ctx)
     }
 
-    /// Writes the log line and hands the session's state to the finisher; later calls do nothing.
+    /// Ends the request: its end time is taken now, and the log line, metrics, trace fields,
+    /// inspector record and the state's commit follow once the response is out (see the module's
+    /// comment); later calls do nothing.
     pub fn send(&mut self) {
         if std::mem::replace(&mut self.sent, true) {
             return;
         }
         self.log.ended_at = Some(Instant::now());
+        let remains = Remains {
+            log: std::mem::replace(&mut self.log, RequestLog::new(String::new(), http::Method::GET, "")),
+            usage: self.usage.take(),
+            tap: self.tap.take(),
+            state: self.state.take(),
+            span: std::mem::replace(&mut self.span, Span::none()),
+            rewrite: self.rewrite.take(),
+            _answered: self.answered.take(),
+        };
+        match (self.tracker.take(), tokio::runtime::Handle::try_current()) {
+            (Some(tracker), Ok(runtime)) => {
+                let remains = Box::new(remains);
+                STARTED.fetch_add(1, Ordering::AcqRel);
+                drop(tracker.spawn_on(
+                    async move {
+                        remains.record();
+                        DONE.fetch_add(1, Ordering::AcqRel);
+                    },
+                    &runtime,
+                ));
+            }
+            _ => remains.record(),
+        }
+    }
+}
+
+impl Remains {
+    /// Writes the log line and hands the session's state to the finisher (or commits it in place).
+    fn record(mut self) {
+        if let Some(tap) = self.tap.take() {
+            self.usage = tap.finish();
+        }
         self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
-        self.log.emit();
-        self.record_span();
+        // The session's state first: the client has the response, and its next request may be
+        // on its way.
         if let Some((ctx, _)) = self.state.as_mut().filter(|(ctx, _)| ctx.records_requests()) {
             let started = crate::session::unix_ms().saturating_sub(self.log.started.elapsed().as_millis() as u64);
             let mut record = RequestRecord::of(&self.log, self.rewrite.as_ref(), self.usage.as_ref(), started);
             record.n = ctx.conversation().requests + 1;
             ctx.inspect(&record);
         }
-        let _entered = self.span.enter();
-        if let Some((ctx, _)) = self.state.as_mut() {
+        if let Some((mut ctx, sender)) = self.state.take() {
+            let _entered = self.span.enter();
             ctx.note_answered();
-        }
-        match self.state.take() {
-            Some((ctx, Some(sender))) => {
+            match sender {
                 // Refused only when the runtime is shutting down and the finisher is gone with it.
-                drop(sender.send(Commit { ctx, usage: self.usage.take() }));
-            }
-            Some((mut ctx, None)) => {
-                if let Some(usage) = self.usage.take() {
-                    ctx.set_usage(usage);
+                Some(sender) => drop(sender.send(Commit { ctx, usage: self.usage })),
+                None => {
+                    if let Some(usage) = self.usage {
+                        ctx.set_usage(usage);
+                    }
+                    ctx.commit_in_place();
                 }
-                ctx.commit_in_place();
             }
-            None => {}
         }
+        self.log.emit();
+        self.record_span();
     }
-}
 
-impl Finish {
     /// What the request did, on its trace span.
     fn record_span(&self) {
         let span = &self.span;
@@ -146,4 +232,67 @@ async fn commit(receiver: oneshot::Receiver<Commit>) {
     }
     // A failed commit is logged and counted by the context itself.
     ctx.commit().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::AnsweredGate;
+    use tokio::sync::oneshot::error::TryRecvError;
+
+    fn finish(tracker: Option<TaskTracker>) -> (Box<Finish>, oneshot::Receiver<()>) {
+        let (gate, answered) = oneshot::channel();
+        let mut finish = Finish::new(RequestLog::new("r1".into(), http::Method::POST, "chat"), Span::none(), tracker);
+        finish.answered = Some(AnsweredGate::of(gate));
+        (finish, answered)
+    }
+
+    /// hyper drops a response's body, which ends the request, before it writes out what it
+    /// buffered: the recording must wait for the task to yield, or the client waits for it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_recording_runs_once_the_task_that_ended_the_request_yields() {
+        let tracker = TaskTracker::new();
+        let (mut finish, mut answered) = finish(Some(tracker.clone()));
+        finish.send();
+        assert!(finish.log.request_id.is_empty(), "the request's remains were taken");
+        assert_eq!(answered.try_recv(), Err(TryRecvError::Empty), "nothing recorded before the task yields");
+        tokio::task::yield_now().await;
+        assert_eq!(answered.try_recv(), Err(TryRecvError::Closed), "recorded (and the gate let go) after it");
+        drop(finish);
+        tracker.close();
+        tracker.wait().await;
+    }
+
+    /// Shutdown waits for the recordings still to run: they are tracked.
+    #[tokio::test(flavor = "current_thread")]
+    async fn shutdown_waits_for_a_recording_still_to_run() {
+        let tracker = TaskTracker::new();
+        let (mut finish, mut answered) = finish(Some(tracker.clone()));
+        finish.send();
+        tracker.close();
+        assert_eq!(tracker.len(), 1);
+        tracker.wait().await;
+        assert_eq!(answered.try_recv(), Err(TryRecvError::Closed));
+    }
+
+    /// compactor's own endpoints wait for the recordings in flight: what they show includes
+    /// every response already sent.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reading_waits_for_the_recordings_in_flight() {
+        let tracker = TaskTracker::new();
+        let (mut finish, mut answered) = finish(Some(tracker.clone()));
+        finish.send();
+        recorded(Duration::from_secs(5)).await;
+        assert_eq!(answered.try_recv(), Err(TryRecvError::Closed), "recorded before the reading goes on");
+    }
+
+    /// With no runtime (or no tracker) there is no later: the request is recorded in place.
+    #[test]
+    fn outside_a_runtime_the_recording_runs_in_place() {
+        for tracker in [Some(TaskTracker::new()), None] {
+            let (finish, mut answered) = finish(tracker);
+            drop(finish);
+            assert_eq!(answered.try_recv(), Err(TryRecvError::Closed));
+        }
+    }
 }

@@ -5,6 +5,7 @@
 
 pub mod body;
 mod finish;
+pub use finish::recorded;
 mod forward;
 mod inflight;
 mod inspect;
@@ -101,7 +102,7 @@ impl Proxy {
         // The request's span lives as long as its Finish: until the response body has ended.
         let span = trace::request_span(request.method(), &route, &log.request_id);
         trace::continue_trace(&span, request.headers());
-        let finish = Finish::new(log, span.clone());
+        let finish = Finish::new(log, span.clone(), Some(self.finishers.clone()));
         // Boxed where it runs: held inline, this future and every one around it were copied whole
         // as they moved (see `crate::boxed`).
         boxed(|| self.handle_traced(request, route, finish)).instrument(span).await

@@ -77,6 +77,12 @@ async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response
             }
         }
     }
+    // compactor's own readings (the inspector, the admin API, metrics) include every response
+    // already sent: its recording follows the response by microseconds (see `proxy::recorded`).
+    let path = request.uri().path();
+    if crate::inspector::owns(path) || path.starts_with("/admin/") || path == "/metrics" {
+        crate::proxy::recorded(RECORDED_WITHIN).await;
+    }
     if crate::inspector::owns(request.uri().path()) {
         // Boxed: the pages' futures are large, and this one is held by every request otherwise.
         return Box::pin(crate::inspector::answer(&state.config, &state.store, request)).await;
@@ -160,6 +166,9 @@ pub async fn serve(
     }
     Ok(())
 }
+
+/// The longest compactor's own readings wait for the recordings in flight.
+const RECORDED_WITHIN: Duration = Duration::from_millis(100);
 
 /// Connections being refused at once; past this a connection over the limit is closed unanswered.
 const MAX_REFUSING: usize = 64;
