@@ -1,23 +1,28 @@
 //! The end of a request. When its response body ends, the client leaves, or the request is
-//! dropped half-way, the request's [`Finish`] writes its log line and metrics (at once, so they
-//! are there when the client has the last byte) and hands the session's state to the request's
-//! finisher: a task started when the request took its state, tracked for shutdown, that commits
-//! the state and waits for the write. Nothing is written to a shared store from `Drop`: a drop
-//! only sends a message. The in-process store is the exception: its write is a map update that
-//! neither waits nor fails, so the request applies it in place and starts no finisher.
+//! dropped half-way, the request's [`Finish`] writes its log line and metrics and hands the
+//! session's state to the request's finisher: a task started when the request took its state,
+//! tracked for shutdown, that commits the state and waits for the write. Nothing is written to a
+//! shared store from `Drop`: a drop only sends a message. The in-process store is the exception:
+//! its write is a map update that neither waits nor fails, so the request applies it in place and
+//! starts no finisher.
 //!
-//! All of that runs after the client has the response's last byte: hyper drops the body (which
+//! All of that runs after the client has the response's last byte. hyper drops the body (which
 //! finishes the request) before it writes out what it buffered, so [`Finish::send`] only takes
-//! the request's remains and spawns their recording, which the worker runs as soon as the
-//! connection's task yields, after the write (a task spawned from a worker goes to its LIFO slot,
-//! which no other worker steals). On the same connection the next request is read only after the
-//! body ended, so it still finds the state committed; outside a runtime the work runs in place.
-//! A client that reads compactor's own endpoints (metrics, the admin API, the inspector) right
-//! after a response, on another connection, gets them once the recordings then in flight are done
-//! ([`recorded`]); a proxied request on another connection within those microseconds sees the state
-//! as before the response, as it would with the Redis store, whose write also follows the response.
+//! the request's remains. The connection's own task records them once hyper's poll, and with it
+//! the write, is done: the server wraps each HTTP/1 connection in [`recording`]. A request ended
+//! elsewhere (an HTTP/2 stream's task) spawns its recording on the finishers' tracker, and outside
+//! a runtime it is recorded in place. On the same connection the next request is read only after
+//! the body ended, so it still finds the state committed. A client that reads compactor's own
+//! endpoints (metrics, the admin API, the inspector) right after a response, on another
+//! connection, gets them once the recordings then in flight are done ([`recorded`]); a proxied
+//! request on another connection within those microseconds sees the state as before the
+//! response, as it would with the Redis store, whose write also follows the response.
 
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -68,6 +73,53 @@ pub async fn recorded(limit: Duration) {
     // Recordings take microseconds and these reads are rare: a short poll, nothing on the request path.
     while DONE.load(Ordering::Acquire) < target && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+thread_local! {
+    /// Whether a [`recording`] connection is being polled on this thread.
+    static POLLING: Cell<bool> = const { Cell::new(false) };
+    /// The recordings of the requests that connection ended during the poll (its capacity kept
+    /// from one poll to the next).
+    static DEFERRED: RefCell<Vec<Box<Remains>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Queues `remains` for the connection being polled, or gives it back when there is none.
+fn defer(remains: Box<Remains>) -> Result<(), Box<Remains>> {
+    if !POLLING.get() {
+        return Err(remains);
+    }
+    DEFERRED.with_borrow_mut(|deferred| deferred.push(remains));
+    Ok(())
+}
+
+pin_project_lite::pin_project! {
+    /// A connection that records the requests it ended once each of its polls is done: after
+    /// hyper wrote out what the poll produced, with no task spawned and no other worker woken.
+    pub struct Recording<F> {
+        #[pin]
+        connection: F,
+    }
+}
+
+/// Wraps a connection's future (see [`Recording`]).
+pub fn recording<F: Future>(connection: F) -> Recording<F> {
+    Recording { connection }
+}
+
+impl<F: Future> Future for Recording<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let outer = POLLING.replace(true);
+        let polled = self.project().connection.poll(cx);
+        POLLING.set(outer);
+        // One at a time: a recording never ends a request, but the queue is not borrowed while
+        // one runs all the same.
+        while let Some(remains) = DEFERRED.with_borrow_mut(Vec::pop) {
+            remains.record();
+        }
+        polled
     }
 }
 
@@ -125,7 +177,7 @@ impl Finish {
             return;
         }
         self.log.ended_at = Some(Instant::now());
-        let remains = Remains {
+        let remains = Box::new(Remains {
             log: std::mem::replace(&mut self.log, RequestLog::new(String::new(), http::Method::GET, "")),
             usage: self.usage.take(),
             tap: self.tap.take(),
@@ -133,18 +185,12 @@ impl Finish {
             span: std::mem::replace(&mut self.span, Span::none()),
             rewrite: self.rewrite.take(),
             _answered: self.answered.take(),
-        };
+        });
+        STARTED.fetch_add(1, Ordering::AcqRel);
+        let Err(remains) = defer(remains) else { return };
         match (self.tracker.take(), tokio::runtime::Handle::try_current()) {
             (Some(tracker), Ok(runtime)) => {
-                let remains = Box::new(remains);
-                STARTED.fetch_add(1, Ordering::AcqRel);
-                drop(tracker.spawn_on(
-                    async move {
-                        remains.record();
-                        DONE.fetch_add(1, Ordering::AcqRel);
-                    },
-                    &runtime,
-                ));
+                drop(tracker.spawn_on(async move { remains.record() }, &runtime));
             }
             _ => remains.record(),
         }
@@ -153,7 +199,12 @@ impl Finish {
 
 impl Remains {
     /// Writes the log line and hands the session's state to the finisher (or commits it in place).
-    fn record(mut self) {
+    fn record(self: Box<Self>) {
+        (*self).record_now();
+        DONE.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn record_now(mut self) {
         if let Some(tap) = self.tap.take() {
             self.usage = tap.finish();
         }
@@ -261,6 +312,24 @@ mod tests {
         drop(finish);
         tracker.close();
         tracker.wait().await;
+    }
+
+    /// A connection's own task records what its poll ended once the poll is done: after hyper
+    /// wrote the response out, with no task spawned.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_recording_connection_records_what_its_poll_ended_once_the_poll_is_done() {
+        let tracker = TaskTracker::new();
+        let (mut finish, answered) = finish(Some(tracker.clone()));
+        let (during, mut answered) = recording(async move {
+            let mut answered = answered;
+            finish.send();
+            drop(finish);
+            (answered.try_recv(), answered)
+        })
+        .await;
+        assert_eq!(during, Err(TryRecvError::Empty), "nothing recorded inside the connection's poll");
+        assert_eq!(answered.try_recv(), Err(TryRecvError::Closed), "recorded when the poll returned");
+        assert!(tracker.is_empty(), "no task spawned");
     }
 
     /// Shutdown waits for the recordings still to run: they are tracked.

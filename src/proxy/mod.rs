@@ -5,7 +5,7 @@
 
 pub mod body;
 mod finish;
-pub use finish::recorded;
+pub use finish::{recorded, recording};
 mod forward;
 mod inflight;
 mod inspect;

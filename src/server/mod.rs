@@ -143,7 +143,9 @@ pub async fn serve(
             async move { Ok::<_, Infallible>(route(state, request).await) }
         });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-        let connection = graceful.watch(connection);
+        // The requests the connection ends are recorded after each poll, once hyper wrote the
+        // responses out (see `proxy::recording`).
+        let connection = crate::proxy::recording(graceful.watch(connection));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, %peer, "connection ended with an error");
