@@ -80,7 +80,8 @@ thread_local! {
     /// Whether a [`recording`] connection is being polled on this thread.
     static POLLING: Cell<bool> = const { Cell::new(false) };
     /// The recordings of the requests that connection ended during the poll (its capacity kept
-    /// from one poll to the next).
+    /// from one poll to the next). Boxed where they are taken: the queue moves pointers.
+    #[allow(clippy::vec_box)]
     static DEFERRED: RefCell<Vec<Box<Remains>>> = const { RefCell::new(Vec::new()) };
 }
 
