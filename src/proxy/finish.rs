@@ -201,8 +201,15 @@ impl Finish {
 impl Remains {
     /// Writes the log line and hands the session's state to the finisher (or commits it in place).
     fn record(self: Box<Self>) {
+        /// Counts the recording done even if it panicked: readings would wait on it otherwise.
+        struct Done;
+        impl Drop for Done {
+            fn drop(&mut self) {
+                DONE.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        let _done = Done;
         (*self).record_now();
-        DONE.fetch_add(1, Ordering::AcqRel);
     }
 
     fn record_now(mut self) {
