@@ -85,6 +85,12 @@ thread_local! {
     static DEFERRED: RefCell<Vec<Box<Remains>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether a [`recording`] connection is being polled here: a request it serves is recorded by
+/// it, and needs no tracker.
+pub fn in_recording_connection() -> bool {
+    POLLING.get()
+}
+
 /// Queues `remains` for the connection being polled, or gives it back when there is none.
 fn defer(remains: Box<Remains>) -> Result<(), Box<Remains>> {
     if !POLLING.get() {

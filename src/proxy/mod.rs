@@ -102,7 +102,10 @@ impl Proxy {
         // The request's span lives as long as its Finish: until the response body has ended.
         let span = trace::request_span(request.method(), &route, &log.request_id);
         trace::continue_trace(&span, request.headers());
-        let finish = Finish::new(log, span.clone(), Some(self.finishers.clone()));
+        // Only a request served outside a recording connection (an HTTP/2 stream's task) spawns
+        // its recording, on the tracked finishers.
+        let tracker = (!finish::in_recording_connection()).then(|| self.finishers.clone());
+        let finish = Finish::new(log, span.clone(), tracker);
         // Boxed where it runs: held inline, this future and every one around it were copied whole
         // as they moved (see `crate::boxed`).
         boxed(|| self.handle_traced(request, route, finish)).instrument(span).await

@@ -80,10 +80,11 @@ async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response
     // compactor's own readings (the inspector, the admin API, metrics) include every response
     // already sent: its recording follows the response by microseconds (see `proxy::recorded`).
     let path = request.uri().path();
-    if crate::inspector::owns(path) || path.starts_with("/admin/") || path == "/metrics" {
+    let page = crate::inspector::owns(path);
+    if page || path.starts_with("/admin/") || path == "/metrics" {
         crate::proxy::recorded(RECORDED_WITHIN).await;
     }
-    if crate::inspector::owns(request.uri().path()) {
+    if page {
         // Boxed: the pages' futures are large, and this one is held by every request otherwise.
         return Box::pin(crate::inspector::answer(&state.config, &state.store, request)).await;
     }
