@@ -4,12 +4,14 @@
 //! recover from, or passed on as it came). Nothing is waited for longer than the upstream's own
 //! timeouts, and an upstream that breaks while held is an error for the client, never a clean end.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
 use http::response;
 use http_body_util::BodyExt;
+use serde_json::value::RawValue;
 
 use crate::error::ProxyError;
 use crate::overflow::{Overflow, OverflowDetector};
@@ -179,6 +181,17 @@ impl FirstEvent {
     }
 }
 
+/// The two fields of a first event the verdict reads; the rest (the answer's first words, a
+/// response object) is skipped, never built: this parse is on the way to the client's first byte.
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    /// `null` reads as absent.
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
 fn event_verdict(event: &sse::Event) -> Verdict {
     if event.error.is_some() {
         return Verdict::Error;
@@ -193,12 +206,25 @@ fn event_verdict(event: &sse::Event) -> Verdict {
     if data == "[DONE]" {
         return Verdict::Release;
     }
-    let value: serde_json::Value = match serde_json::from_str(data) {
-        Ok(value) => value,
-        Err(_) => return Verdict::Release,
+    // Only an object is read as one (serde also reads a struct from an array).
+    let head = if data.starts_with('{') { serde_json::from_str::<Head>(data).ok() } else { None };
+    let (kind, error) = match head {
+        Some(head) => {
+            let kind = head.kind.and_then(|raw| serde_json::from_str::<Cow<str>>(raw.get()).ok());
+            (kind, head.error.is_some())
+        }
+        // Not an object of that shape (an array, a number, a duplicate key): read whole, as any
+        // JSON value, which is rare enough to build.
+        None => match serde_json::from_str::<serde_json::Value>(data) {
+            Ok(value) => (
+                value.get("type").and_then(|t| t.as_str()).map(|t| Cow::Owned(t.to_string())),
+                value.get("error").is_some_and(|e| !e.is_null()),
+            ),
+            Err(_) => return Verdict::Release,
+        },
     };
-    let kind = value.get("type").and_then(|t| t.as_str()).unwrap_or(name);
-    if value.get("error").is_some_and(|e| !e.is_null()) || kind == "error" || kind == "response.failed" {
+    let kind = kind.as_deref().unwrap_or(name);
+    if error || kind == "error" || kind == "response.failed" {
         return Verdict::Error;
     }
     match kind {
@@ -238,6 +264,23 @@ mod tests {
             Verdict::Error
         );
         assert_eq!(first_event_verdict(b"error: {\"code\":400}\n\n"), Verdict::Error);
+    }
+
+    #[test]
+    fn the_verdict_reads_type_and_error_whatever_their_shape() {
+        // An escaped type is still the type.
+        assert_eq!(first_event_verdict(b"data: {\"type\":\"pi\\u006eg\"}\n\n"), Verdict::Wait);
+        assert_eq!(first_event_verdict(b"data: {\"type\":\"response.fail\\u0065d\"}\n\n"), Verdict::Error);
+        // A null error is no error; any other is one, even beside content.
+        assert_eq!(first_event_verdict(b"data: {\"error\":null,\"choices\":[]}\n\n"), Verdict::Release);
+        assert_eq!(first_event_verdict(b"data: {\"choices\":[],\"error\":\"overloaded\"}\n\n"), Verdict::Error);
+        // A type that is not a string falls back to the event's name.
+        assert_eq!(first_event_verdict(b"event: ping\ndata: {\"type\":7}\n\n"), Verdict::Wait);
+        // Not an object: the event's name decides; a duplicate key, the last one, as any JSON reader.
+        assert_eq!(first_event_verdict(b"event: ping\ndata: [1,2]\n\n"), Verdict::Wait);
+        assert_eq!(first_event_verdict(b"data: {\"type\":\"ping\",\"type\":\"error\"}\n\n"), Verdict::Error);
+        // Not JSON at all: content the proxy cannot read, released.
+        assert_eq!(first_event_verdict(b"event: ping\ndata: {oops\n\n"), Verdict::Release);
     }
 
     #[test]
