@@ -505,7 +505,8 @@ fn seen_in(dialect: Dialect, body: &Value, out: &Value, seen: usize) -> usize {
     // A message's shape without the results repair adds or drops, so a turn repair appended a
     // result to, or took an orphan from, still reads as the client's.
     let key = |message: &Value| {
-        let mut key = format!("{}|{}|", message["type"], message["role"]);
+        // A Responses item's own id too (a reasoning item's), as the count matched items before.
+        let mut key = format!("{}|{}|{}|", message["type"], message["role"], message["id"]);
         for (kind, id) in ids(dialect, message) {
             if kind == "call" || (called.contains(&id) && answered.contains(&id)) {
                 key += &format!("{kind}:{id},");
