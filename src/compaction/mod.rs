@@ -18,6 +18,7 @@ pub mod ladder;
 mod lock;
 pub mod plan;
 mod prefill;
+mod quiet;
 pub mod settings;
 pub mod summarizer;
 
@@ -62,6 +63,8 @@ pub struct Compactor {
     summarizer: Arc<Summarizer>,
     /// Requests of each conversation whose summaries are prefilled ahead, as they arrive.
     arrivals: prefill::Arrivals,
+    /// What tells a request with nothing to decide, learned from the windows sessions work with.
+    quiet: quiet::Quiet,
 }
 
 /// How long a background summary waits for the answer of the request that started it.
@@ -179,6 +182,7 @@ impl Compactor {
             store,
             summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
             arrivals: prefill::Arrivals::new(),
+            quiet: quiet::Quiet::default(),
         }
     }
 
@@ -205,6 +209,14 @@ impl Compactor {
     /// The keyed tenant hash of the request's credential (what token counts are cached under).
     pub fn tenant(&self, headers: &http::HeaderMap) -> String {
         self.identifier.tenant(headers)
+    }
+
+    /// Whether `body` can go upstream before [`Compactor::prepare`] has run: a request compactor
+    /// has no reason to touch, told from its bytes (see [`quiet`]). `prepare` still runs, and its
+    /// body is what counts.
+    pub fn nothing_to_decide(&self, head: &RequestHead, body: &[u8]) -> bool {
+        Dialect::of(head.route.endpoint)
+            .is_some_and(|dialect| self.quiet.nothing_to_decide(dialect, body, &self.rewriter.models, &self.settings))
     }
 
     /// `request_id`: the request's own id, which the compaction records it makes carry.
@@ -514,7 +526,9 @@ impl Compactor {
     /// The window pressure of a request of this session whose rewrite is `report`: the window,
     /// the calibration and the output reserve every size decision uses (see [`Pressure`]).
     pub fn pressure(&self, ctx: &SessionCtx, report: &RewriteReport) -> Pressure {
-        Pressure::of(&self.settings, ctx.learned(), report)
+        let pressure = Pressure::of(&self.settings, ctx.learned(), report);
+        self.quiet.note_window(pressure.window, u64::from(report.model.context_window));
+        pressure
     }
 
     /// The part of `report`'s prompt no compaction shrinks (tools, lead system messages, the

@@ -13,6 +13,8 @@ use crate::session::SessionCtx;
 use crate::telemetry::metric;
 use crate::upstream::{RequestHead, Upstreams};
 
+use super::ahead::SentAhead;
+
 /// The result of forwarding with recovery.
 pub(super) struct Forwarded {
     pub inspected: Inspected,
@@ -28,6 +30,8 @@ pub(super) struct Forwarded {
 /// Sends `body`; on overflow, recovers when the request has a ladder. `identity` asks the
 /// upstream for an uncompressed answer, which the usage tap and the inspection read. `encoded`,
 /// the client's compressed bytes of an unchanged `body`, goes instead on the first attempt.
+/// `ahead`, the answer to `body` sent before the request was prepared, is the first attempt's.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn forward(
     upstreams: &Upstreams,
     compactor: &Compactor,
@@ -36,22 +40,28 @@ pub(super) async fn forward(
     mut encoded: Option<Encoded>,
     mut recovery: Option<(&mut Ladder, &mut SessionCtx)>,
     identity: bool,
+    mut ahead: Option<SentAhead>,
 ) -> Result<Forwarded, ProxyError> {
     let route = head.route.label();
     let mut first_error = None;
     loop {
-        let mut request = match encoded.take() {
-            Some(Encoded { original, content_encoding }) => {
-                let mut request = upstreams.build_request(head, original)?;
-                request.headers_mut().insert(header::CONTENT_ENCODING, content_encoding);
-                request
+        let response = match ahead.take() {
+            Some(answer) => answer?,
+            None => {
+                let mut request = match encoded.take() {
+                    Some(Encoded { original, content_encoding }) => {
+                        let mut request = upstreams.build_request(head, original)?;
+                        request.headers_mut().insert(header::CONTENT_ENCODING, content_encoding);
+                        request
+                    }
+                    None => upstreams.build_request(head, body.clone())?,
+                };
+                if identity {
+                    request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+                }
+                upstreams.send(head.route.family, request).await?
             }
-            None => upstreams.build_request(head, body.clone())?,
         };
-        if identity {
-            request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        }
-        let response = upstreams.send(head.route.family, request).await?;
         let inspected = match recovery {
             Some(_) => inspect::inspect(upstreams, &compactor.settings().overflow, head.route.family, response).await?,
             None => Inspected::pass(response),

@@ -3,6 +3,7 @@
 //! says), taps the response on its way to the client, and hands what is left of the request to
 //! its finisher.
 
+mod ahead;
 pub mod body;
 mod finish;
 pub use finish::{recorded, recording};
@@ -33,7 +34,7 @@ use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::{ConversationId, Store};
 use crate::telemetry::request::RequestLog;
-use crate::telemetry::trace;
+use crate::telemetry::{metric, trace};
 use crate::tokens;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
@@ -181,7 +182,25 @@ impl Proxy {
         // Boxed: these futures are large (a summary call lives in them), and a future is copied
         // each time it is moved; a box moves as one pointer.
         // Token counts are cached per tenant (see `tokens::scoped`).
+        // A request compactor has no reason to touch goes upstream now, and is prepared while the
+        // provider reads it (see `ahead`); the preparation's body still decides what is answered.
+        let mut sent_ahead = None;
+        let send_ahead = counted.is_none() && encoded.is_none() && self.compactor.nothing_to_decide(&head, &body);
+        if send_ahead {
+            let forwarded_at = Instant::now();
+            finish.log.overhead = forwarded_at - finish.log.started;
+            finish.log.forwarded_at = Some(forwarded_at);
+        }
         let prepared = match counted {
+            None if send_ahead => {
+                let sending = ahead::send(&self.upstreams, &head, body.clone());
+                let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.log.request_id));
+                let same = |prepared: &Prepared| prepared.body == body;
+                let (answer, prepared) =
+                    budget.scope(tokens::scoped(&tenant, ahead::ahead_of(sending, preparing, same))).await;
+                sent_ahead = Some(answer);
+                prepared
+            }
             Some(dialect) => {
                 budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
             }
@@ -208,12 +227,34 @@ impl Proxy {
         }
         let tap_usage = session.is_some() && counted.is_none();
 
-        let forwarded_at = Instant::now();
-        finish.log.overhead = forwarded_at - finish.log.started;
-        finish.log.forwarded_at = Some(forwarded_at);
+        let ahead = match sent_ahead {
+            Some(Some(answer)) => {
+                metric::sent_ahead("ahead");
+                Some(answer)
+            }
+            Some(None) => {
+                metric::sent_ahead("withdrawn");
+                tracing::info!(
+                    request_id = %finish.log.request_id,
+                    "the request sent ahead of its preparation was dropped: the preparation changed its body"
+                );
+                None
+            }
+            None => None,
+        };
+        let forwarded_at = match (&ahead, finish.log.forwarded_at) {
+            (Some(_), Some(at)) => at,
+            _ => {
+                let now = Instant::now();
+                finish.log.overhead = now - finish.log.started;
+                finish.log.forwarded_at = Some(now);
+                now
+            }
+        };
         let recovery = ladder.as_deref_mut().zip(finish.ctx());
-        let forwarding =
-            boxed(|| forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage));
+        let forwarding = boxed(|| {
+            forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage, ahead)
+        });
         let forwarded = match budget.scope(tokens::scoped(&tenant, forwarding)).await {
             Ok(forwarded) => forwarded,
             Err(error) => return fail(error, route, finish),

@@ -67,6 +67,10 @@ fn describe_rewrite() {
         "Rewritable requests by route and outcome (changed, unchanged, unparsed, over_parse_memory, stateful, agent_compaction, over_budget)."
     );
     describe_counter!(
+        "compactor_sent_ahead_total",
+        "Requests sent upstream before their preparation (ahead), and those whose preparation decided on another body (withdrawn)."
+    );
+    describe_counter!(
         "compactor_tokens_saved_total",
         "Estimated prompt tokens saved, by step (prune, truncate, dedupe)."
     );
@@ -175,6 +179,13 @@ pub fn cache_usage(route: &'static str, read: u64, write: u64) {
 
 pub fn rewrite_skipped(route: &'static str, reason: &'static str) {
     counter!("compactor_rewrites_total", "route" => route, "outcome" => reason).increment(1);
+}
+
+/// A request sent upstream before its preparation (`ahead`), and one whose preparation then
+/// decided on another body (`withdrawn`: the request that went ahead was dropped, the prepared
+/// body sent instead).
+pub fn sent_ahead(outcome: &'static str) {
+    counter!("compactor_sent_ahead_total", "outcome" => outcome).increment(1);
 }
 
 /// A request parse that re-made the last turn's messages (`hit`) or read the whole body (`miss`).
@@ -349,6 +360,9 @@ pub fn present_at_start() {
         }
         counter!("compactor_cache_read_tokens_total", "route" => route).absolute(0);
         counter!("compactor_cache_write_tokens_total", "route" => route).absolute(0);
+    }
+    for outcome in ["ahead", "withdrawn"] {
+        counter!("compactor_sent_ahead_total", "outcome" => outcome).absolute(0);
     }
     for reason in ["pressure", "cold_cache", "pays_back", "no_cache", "summary"] {
         counter!("compactor_prefix_breaks_total", "reason" => reason).absolute(0);

@@ -27,6 +27,7 @@ mod request_bodies;
 mod responses;
 mod rewrite_proxy;
 mod sdk_e2e;
+mod sent_ahead;
 mod sessions;
 mod shared_state;
 mod summaries;

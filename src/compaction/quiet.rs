@@ -1,0 +1,156 @@
+//! A request compactor has no reason to touch, told from its bytes before anything else is done
+//! for it: such a request goes upstream at once, and the request's own preparation (its parse,
+//! session, count and decision) runs while the provider reads it (see `proxy::handle_traced`).
+//!
+//! The test is conservative; what it lets through, the preparation checks after the fact. Nothing
+//! in compactor rewrites a conversation without tool calls or results except a compaction, and a
+//! compaction needs a conversation near its window: so a small Chat Completions or Messages body
+//! with no tool and no function anywhere in its bytes, far under its model's window, is sent as it
+//! came. Where the preparation still decides otherwise (a window learned smaller than the table's
+//! on another replica, an operator's compact request), the request that went ahead is dropped
+//! before its answer is read and the prepared body is sent instead: a wasted request, never a
+//! wrong answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memchr::memmem;
+
+use crate::dialect::Dialect;
+use crate::json;
+use crate::tokens::models::ModelTable;
+
+use super::settings::CompactionSettings;
+
+/// The largest body sent ahead of its preparation. A token is at least a byte, so this bounds the
+/// prompt's tokens too; larger bodies are rare among requests far from every threshold.
+pub const MAX_BYTES: usize = 16 * 1024;
+
+/// Byte strings whose presence means there may be something to decide: tool calls and results
+/// (`tool_calls`, `tool_use`, `tool_result`, `"role":"tool"`, legacy `function_call`), and a
+/// `\u` escape, which could spell any of them.
+const SUSPECT: [&[u8]; 3] = [b"tool", b"function", b"\\u"];
+
+/// What the test knows beyond the model table: the smallest window any session learned below its
+/// model's table entry (a provider's overflow said so). Requests are sent ahead only far under it.
+pub struct Quiet {
+    smallest_learned_window: AtomicU64,
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Self { smallest_learned_window: AtomicU64::new(u64::MAX) }
+    }
+}
+
+impl Quiet {
+    /// Notes the window a session's request works with, when it is below its model's table entry.
+    pub fn note_window(&self, window: u64, table: u64) {
+        if window < table {
+            self.smallest_learned_window.fetch_min(window, Ordering::Relaxed);
+        }
+    }
+
+    /// True when `body` can go upstream before its preparation: a Chat Completions or Messages
+    /// request, uncompressed, at most [`MAX_BYTES`], with none of [`SUSPECT`] in it, whose tokens
+    /// (at most its bytes), doubled, stay under the compaction budget of its model's window (or
+    /// of the smallest learned) less the largest output reserve.
+    pub fn nothing_to_decide(
+        &self,
+        dialect: Dialect,
+        body: &[u8],
+        models: &ModelTable,
+        settings: &CompactionSettings,
+    ) -> bool {
+        decide(dialect, body, models, settings, self.smallest_learned_window.load(Ordering::Relaxed))
+    }
+}
+
+fn decide(
+    dialect: Dialect,
+    body: &[u8],
+    models: &ModelTable,
+    settings: &CompactionSettings,
+    smallest_learned_window: u64,
+) -> bool {
+    if !matches!(dialect, Dialect::ChatCompletions | Dialect::AnthropicMessages) || body.len() > MAX_BYTES {
+        return false;
+    }
+    if SUSPECT.iter().any(|needle| memmem::find(body, needle).is_some()) {
+        return false;
+    }
+    let Some(model) = top_level_model(body) else { return false };
+    let window = u64::from(models.lookup(&model).context_window).min(smallest_learned_window);
+    let budget = window.saturating_sub(u64::from(settings.output_reserve_tokens)) as f64 * settings.threshold;
+    (body.len() as f64) * 2.0 < budget
+}
+
+/// The top-level `model` of a JSON object body; `None` for anything else.
+fn top_level_model(body: &[u8]) -> Option<String> {
+    let text = json::utf8(body).ok()?;
+    let mut scan = json::Scanner::new(text, 0);
+    if !scan.eat(b'{') {
+        return None;
+    }
+    let mut model = None;
+    loop {
+        let key = scan.key()?;
+        if !scan.eat(b':') {
+            return None;
+        }
+        let value = scan.raw()?;
+        if key == "model" {
+            model = Some(json::as_str(value)?.into_owned());
+        }
+        if scan.eat(b',') {
+            continue;
+        }
+        return if scan.eat(b'}') && scan.at_end() { model } else { None };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> CompactionSettings {
+        crate::config::Config::default().compaction
+    }
+
+    fn nothing_to_decide(dialect: Dialect, body: &[u8], models: &ModelTable, settings: &CompactionSettings) -> bool {
+        Quiet::default().nothing_to_decide(dialect, body, models, settings)
+    }
+
+    const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"Say hello."}],"max_tokens":16}"#;
+
+    #[test]
+    fn a_small_plain_chat_goes_ahead_and_anything_with_tools_does_not() {
+        let models = ModelTable::default();
+        assert!(nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
+        assert!(nothing_to_decide(Dialect::AnthropicMessages, CHAT.as_bytes(), &models, &settings()));
+        let with_tools = CHAT.replace(r#","max_tokens":16"#, r#","tools":[{"type":"function"}]"#);
+        assert!(!nothing_to_decide(Dialect::ChatCompletions, with_tools.as_bytes(), &models, &settings()));
+        let escaped = CHAT.replace("Say hello.", r"Say \u0068ello.");
+        assert!(!nothing_to_decide(Dialect::ChatCompletions, escaped.as_bytes(), &models, &settings()));
+        assert!(!nothing_to_decide(Dialect::Responses, CHAT.as_bytes(), &models, &settings()));
+        assert!(!nothing_to_decide(Dialect::Gemini, CHAT.as_bytes(), &models, &settings()));
+    }
+
+    #[test]
+    fn a_body_near_its_model_window_or_malformed_is_prepared_first() {
+        let models = ModelTable::default();
+        let large = CHAT.replace("Say hello.", &"word ".repeat(4_000));
+        assert!(!nothing_to_decide(Dialect::ChatCompletions, large.as_bytes(), &models, &settings()), "over MAX_BYTES");
+        // gpt-4-0613's window is 8,192 tokens: 4,000 bytes may come near its budget.
+        let small_window = CHAT.replace("gpt-4o-mini", "gpt-4-0613").replace("Say hello.", &"word ".repeat(800));
+        assert!(!nothing_to_decide(Dialect::ChatCompletions, small_window.as_bytes(), &models, &settings()));
+        // A window learned below the table's, on any session of the process, holds the same body back.
+        let quiet = Quiet::default();
+        quiet.note_window(200_000, 128_000);
+        assert!(quiet.nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
+        quiet.note_window(4_300, 128_000);
+        assert!(!quiet.nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
+        for broken in [r#"{"messages":[]}"#, r#"[1,2]"#, r#"{"model":"gpt-4o","#, r#"{"model":1}"#, "not json"] {
+            assert!(!nothing_to_decide(Dialect::ChatCompletions, broken.as_bytes(), &models, &settings()), "{broken}");
+        }
+    }
+}
