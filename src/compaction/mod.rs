@@ -214,8 +214,8 @@ impl Compactor {
     /// Whether `body` can go upstream before [`Compactor::prepare`] has run: a request compactor
     /// has no reason to touch, told from its bytes (see [`quiet`]). `prepare` still runs, and its
     /// body is what counts.
-    pub fn nothing_to_decide(&self, head: &RequestHead, body: &[u8]) -> bool {
-        Dialect::of(head.route.endpoint)
+    pub fn nothing_to_decide(&self, endpoint: crate::route::Endpoint, body: &[u8]) -> bool {
+        Dialect::of(endpoint)
             .is_some_and(|dialect| self.quiet.nothing_to_decide(dialect, body, &self.rewriter.models, &self.settings))
     }
 

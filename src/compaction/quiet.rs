@@ -13,8 +13,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memchr::memmem;
-
 use crate::dialect::Dialect;
 use crate::json;
 use crate::tokens::models::ModelTable;
@@ -27,8 +25,18 @@ pub const MAX_BYTES: usize = 16 * 1024;
 
 /// Byte strings whose presence means there may be something to decide: tool calls and results
 /// (`tool_calls`, `tool_use`, `tool_result`, `"role":"tool"`, legacy `function_call`), and a
-/// `\u` escape, which could spell any of them.
+/// `\u` escape, which could spell any of them. Each starts with a different byte.
 const SUSPECT: [&[u8]; 3] = [b"tool", b"function", b"\\u"];
+
+/// Whether one of [`SUSPECT`] is in `body`: one pass over the places where one could start.
+/// Called before the request goes out, so kept to a few lines of code and no tables.
+fn suspect(body: &[u8]) -> bool {
+    let [tool, function, escape] = SUSPECT;
+    memchr::memchr3_iter(tool[0], function[0], escape[0], body).any(|at| {
+        let rest = &body[at..];
+        rest.starts_with(tool) || rest.starts_with(function) || rest.starts_with(escape)
+    })
+}
 
 /// What the test knows beyond the model table: the smallest window any session learned below its
 /// model's table entry (a provider's overflow said so). Requests are sent ahead only far under it.
@@ -75,7 +83,7 @@ fn decide(
     if !matches!(dialect, Dialect::ChatCompletions | Dialect::AnthropicMessages) || body.len() > MAX_BYTES {
         return false;
     }
-    if SUSPECT.iter().any(|needle| memmem::find(body, needle).is_some()) {
+    if suspect(body) {
         return false;
     }
     let Some(model) = top_level_model(body) else { return false };
@@ -84,14 +92,15 @@ fn decide(
     (body.len() as f64) * 2.0 < budget
 }
 
-/// The top-level `model` of a JSON object body; `None` for anything else.
+/// The top-level `model` of a JSON object body, read up to that key; `None` when the body does not
+/// open as an object with one. A body malformed after it goes ahead and is forwarded as it came,
+/// as its preparation (which cannot parse it) would have it.
 fn top_level_model(body: &[u8]) -> Option<String> {
     let text = json::utf8(body).ok()?;
     let mut scan = json::Scanner::new(text, 0);
     if !scan.eat(b'{') {
         return None;
     }
-    let mut model = None;
     loop {
         let key = scan.key()?;
         if !scan.eat(b':') {
@@ -99,12 +108,11 @@ fn top_level_model(body: &[u8]) -> Option<String> {
         }
         let value = scan.raw()?;
         if key == "model" {
-            model = Some(json::as_str(value)?.into_owned());
+            return Some(json::as_str(value)?.into_owned());
         }
-        if scan.eat(b',') {
-            continue;
+        if !scan.eat(b',') {
+            return None;
         }
-        return if scan.eat(b'}') && scan.at_end() { model } else { None };
     }
 }
 
@@ -149,7 +157,9 @@ mod tests {
         assert!(quiet.nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
         quiet.note_window(4_300, 128_000);
         assert!(!quiet.nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
-        for broken in [r#"{"messages":[]}"#, r#"[1,2]"#, r#"{"model":"gpt-4o","#, r#"{"model":1}"#, "not json"] {
+        for broken in
+            [r#"{"messages":[]}"#, r#"[1,2]"#, r#"{"max_tokens":1 "model":"gpt-4o"}"#, r#"{"model":1}"#, "not json"]
+        {
             assert!(!nothing_to_decide(Dialect::ChatCompletions, broken.as_bytes(), &models, &settings()), "{broken}");
         }
     }

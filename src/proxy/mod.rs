@@ -45,7 +45,7 @@ use body::TapBody;
 use finish::Finish;
 use forward::Forwarded;
 use inspect::Inspected;
-use request_body::ClientBody;
+use request_body::{ClientBody, Encoded};
 use usage::{Framing, UsageTap};
 
 /// compactor's response headers, as names (a name given as text is parsed on every insert).
@@ -156,67 +156,60 @@ impl Proxy {
         if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
             return fail(error, route, finish);
         }
-        let (mut parts, body) = (parts, body);
-        // compactor's own work on the request (decoding it included): budgeted, off the async
-        // workers when the body is large, and stopped when the client leaves (hyper drops this
-        // future, and the guard with it).
-        let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
-        let _stop_when_gone = budget.stop_on_drop();
-        let tenant = self.compactor.tenant(&parts.headers);
-        // Boxed: a decoder's state (brotli's above all) is large, and held inline it made every
-        // request's future tens of kilobytes, copied at each move (a small request went from
-        // 119k to 170k instructions, most of them memcpy: scripts/callgrind-small).
-        let decoding = boxed(|| request_body::decode(&mut parts.headers, body, limits.max_body_bytes));
-        let (body, encoded) = match budget.scope(decoding).await {
-            Ok(decoded) => decoded,
-            Err(error) => return fail(error, route, finish),
-        };
-        if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
-            return fail(error, route, finish);
-        }
-        // Bounded by the body as decoded: what the parse reads.
-        budget.bound_parse(limits.parse_memory(body.len()));
-        let decoded = encoded.as_ref().map(|_| body.clone());
-        let head = RequestHead::new(route, parts);
-
-        // Boxed: these futures are large (a summary call lives in them), and a future is copied
-        // each time it is moved; a box moves as one pointer.
-        // Token counts are cached per tenant (see `tokens::scoped`).
         // A request compactor has no reason to touch goes upstream now, and is prepared while the
         // provider reads it (see `ahead`); the preparation's body still decides what is answered.
-        let mut sent_ahead = None;
-        let send_ahead = counted.is_none() && encoded.is_none() && self.compactor.nothing_to_decide(&head, &body);
-        if send_ahead {
-            let forwarded_at = Instant::now();
-            finish.log.overhead = forwarded_at - finish.log.started;
-            finish.log.forwarded_at = Some(forwarded_at);
-        }
-        let prepared = match counted {
-            None if send_ahead => {
-                let sending = ahead::send(&self.upstreams, &head, body.clone());
-                let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.log.request_id));
-                let same = |prepared: &Prepared| prepared.body == body;
-                let (answer, prepared) =
-                    budget.scope(tokens::scoped(&tenant, ahead::ahead_of(sending, preparing, same))).await;
-                sent_ahead = Some(answer);
-                prepared
+        let quiet = counted.is_none()
+            && !parts.headers.contains_key(header::CONTENT_ENCODING)
+            && self.compactor.nothing_to_decide(route.endpoint, &body);
+        let ready = if quiet {
+            self.prepare_ahead(RequestHead::new(route, parts), body, &mut finish).await
+        } else {
+            let mut parts = parts;
+            // compactor's own work on the request (decoding it included): budgeted, off the async
+            // workers when the body is large, and stopped when the client leaves (hyper drops this
+            // future, and the guard with it).
+            let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
+            let stop_when_gone = budget.stop_on_drop();
+            let tenant = self.compactor.tenant(&parts.headers);
+            // Boxed: a decoder's state (brotli's above all) is large, and held inline it made every
+            // request's future tens of kilobytes, copied at each move (a small request went from
+            // 119k to 170k instructions, most of them memcpy: scripts/callgrind-small).
+            let decoding = boxed(|| request_body::decode(&mut parts.headers, body, limits.max_body_bytes));
+            let (body, encoded) = match budget.scope(decoding).await {
+                Ok(decoded) => decoded,
+                Err(error) => return fail(error, route, finish),
+            };
+            if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+                return fail(error, route, finish);
             }
-            Some(dialect) => {
-                budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
-            }
-            None => {
-                budget
-                    .scope(tokens::scoped(
-                        &tenant,
-                        boxed(|| self.compactor.prepare(&head, body, &finish.log.request_id)),
-                    ))
-                    .await
-            }
+            // Bounded by the body as decoded: what the parse reads.
+            budget.bound_parse(limits.parse_memory(body.len()));
+            let encoded = encoded.map(|encoded| (encoded, body.clone()));
+            let head = RequestHead::new(route, parts);
+
+            // Boxed: these futures are large (a summary call lives in them), and a future is copied
+            // each time it is moved; a box moves as one pointer.
+            // Token counts are cached per tenant (see `tokens::scoped`).
+            let prepared = match counted {
+                Some(dialect) => {
+                    budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
+                }
+                None => {
+                    budget
+                        .scope(tokens::scoped(
+                            &tenant,
+                            boxed(|| self.compactor.prepare(&head, body, &finish.log.request_id)),
+                        ))
+                        .await
+                }
+            };
+            Ready { head, budget, stop_when_gone, tenant, prepared, encoded, sent_ahead: None }
         };
+        let Ready { head, budget, stop_when_gone: _stop_when_gone, tenant, prepared, encoded, sent_ahead } = ready;
         let Prepared { body, session, conversation, report, compacted, ctx, mut ladder, answered } = prepared;
         finish.answered = answered;
         // A compressed body compactor did not change goes as the client sent it.
-        let encoded = encoded.filter(|_| decoded.as_ref() == Some(&body));
+        let encoded = encoded.filter(|(_, decoded)| *decoded == body).map(|(encoded, _)| encoded);
         if let Some(report) = &report {
             finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
@@ -262,6 +255,29 @@ impl Proxy {
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
         let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
         self.respond(forwarded, answer, finish)
+    }
+
+    /// A request sent upstream before its preparation (see `ahead`): the send goes first, then
+    /// what the preparation needs (the budget, the tenant) and the preparation itself, while the
+    /// provider reads the request.
+    async fn prepare_ahead(&self, head: RequestHead, body: Bytes, finish: &mut Finish) -> Ready {
+        let forwarded_at = Instant::now();
+        finish.log.overhead = forwarded_at - finish.log.started;
+        finish.log.forwarded_at = Some(forwarded_at);
+        let limits = &self.config.limits;
+        let sending = ahead::send(&self.upstreams, &head, body.clone());
+        let preparing = async {
+            let budget = Budget::new(limits.rewrite_budget, body.len());
+            let stop_when_gone = budget.stop_on_drop();
+            let tenant = self.compactor.tenant(&head.headers);
+            budget.bound_parse(limits.parse_memory(body.len()));
+            let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.log.request_id));
+            let prepared = budget.scope(tokens::scoped(&tenant, preparing)).await;
+            (budget, stop_when_gone, tenant, prepared)
+        };
+        let same = |(.., prepared): &(_, _, _, Prepared)| prepared.body == body;
+        let (answer, (budget, stop_when_gone, tenant, prepared)) = ahead::ahead_of(sending, preparing, same).await;
+        Ready { head, budget, stop_when_gone, tenant, prepared, encoded: None, sent_ahead: Some(answer) }
     }
 
     /// A request compactor never rewrites: its body streams to the upstream as it arrives, with no
@@ -359,6 +375,21 @@ impl Proxy {
             ResponseBody::Upstream { body: TapBody::new(incoming, idle_timeout, last_frame, finish, usage, held) };
         Response::from_parts(response_parts, body)
     }
+}
+
+/// A request as its preparation leaves it for the forward.
+struct Ready {
+    head: RequestHead,
+    budget: Arc<Budget>,
+    /// Stops the request's work when the client leaves (this is dropped with the request).
+    stop_when_gone: tokio_util::sync::DropGuard,
+    tenant: String,
+    prepared: Prepared,
+    /// The client's compressed body and the bytes it decoded to, when it came compressed.
+    encoded: Option<(Encoded, Bytes)>,
+    /// For a request sent ahead of its preparation, the upstream's answer to it; `None` inside
+    /// when the preparation changed the body and the request that went ahead was withdrawn.
+    sent_ahead: Option<Option<ahead::SentAhead>>,
 }
 
 /// What the response tells the client about what compactor did.
