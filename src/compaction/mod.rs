@@ -182,7 +182,7 @@ impl Compactor {
             store,
             summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
             arrivals: prefill::Arrivals::new(),
-            quiet: quiet::Quiet::default(),
+            quiet: quiet::Quiet::new(&config.model_table()),
         }
     }
 

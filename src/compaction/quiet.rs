@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::dialect::Dialect;
 use crate::json;
+#[cfg(test)]
+use crate::tokens::models::ModelInfo;
 use crate::tokens::models::ModelTable;
 
 use super::settings::CompactionSettings;
@@ -38,19 +40,22 @@ fn suspect(body: &[u8]) -> bool {
     })
 }
 
-/// What the test knows beyond the model table: the smallest window any session learned below its
-/// model's table entry (a provider's overflow said so). Requests are sent ahead only far under it.
+/// What the test knows beyond the body: the smallest window the model table gives any model, and
+/// the smallest any session learned below its model's table entry (a provider's overflow said
+/// so). Requests are sent ahead only far under the window that applies.
 pub struct Quiet {
+    smallest_table_window: u64,
     smallest_learned_window: AtomicU64,
 }
 
-impl Default for Quiet {
-    fn default() -> Self {
-        Self { smallest_learned_window: AtomicU64::new(u64::MAX) }
-    }
-}
-
 impl Quiet {
+    pub fn new(models: &ModelTable) -> Self {
+        Self {
+            smallest_table_window: u64::from(models.smallest_window()),
+            smallest_learned_window: AtomicU64::new(u64::MAX),
+        }
+    }
+
     /// Notes the window a session's request works with, when it is below its model's table entry.
     pub fn note_window(&self, window: u64, table: u64) {
         if window < table {
@@ -59,9 +64,10 @@ impl Quiet {
     }
 
     /// True when `body` can go upstream before its preparation: a Chat Completions or Messages
-    /// request, uncompressed, at most [`MAX_BYTES`], with none of [`SUSPECT`] in it, whose tokens
-    /// (at most its bytes), doubled, stay under the compaction budget of its model's window (or
-    /// of the smallest learned) less the largest output reserve.
+    /// request, uncompressed, a JSON object of at most [`MAX_BYTES`], with none of [`SUSPECT`] in
+    /// it, whose tokens (at most its bytes), doubled, stay under the compaction budget of its
+    /// model's window (or of the smallest learned) less the largest output reserve. A body under
+    /// the budget of every window the process knows goes without its model being read.
     pub fn nothing_to_decide(
         &self,
         dialect: Dialect,
@@ -69,27 +75,27 @@ impl Quiet {
         models: &ModelTable,
         settings: &CompactionSettings,
     ) -> bool {
-        decide(dialect, body, models, settings, self.smallest_learned_window.load(Ordering::Relaxed))
+        if !matches!(dialect, Dialect::ChatCompletions | Dialect::AnthropicMessages)
+            || body.len() > MAX_BYTES
+            || !body.trim_ascii_start().starts_with(b"{")
+            || suspect(body)
+        {
+            return false;
+        }
+        let learned = self.smallest_learned_window.load(Ordering::Relaxed);
+        if far_under(body.len(), self.smallest_table_window.min(learned), settings) {
+            return true;
+        }
+        let Some(model) = top_level_model(body) else { return false };
+        far_under(body.len(), u64::from(models.lookup(&model).context_window).min(learned), settings)
     }
 }
 
-fn decide(
-    dialect: Dialect,
-    body: &[u8],
-    models: &ModelTable,
-    settings: &CompactionSettings,
-    smallest_learned_window: u64,
-) -> bool {
-    if !matches!(dialect, Dialect::ChatCompletions | Dialect::AnthropicMessages) || body.len() > MAX_BYTES {
-        return false;
-    }
-    if suspect(body) {
-        return false;
-    }
-    let Some(model) = top_level_model(body) else { return false };
-    let window = u64::from(models.lookup(&model).context_window).min(smallest_learned_window);
+/// Whether a body of `bytes`, doubled, stays under the compaction budget of `window` less the
+/// largest output reserve.
+fn far_under(bytes: usize, window: u64, settings: &CompactionSettings) -> bool {
     let budget = window.saturating_sub(u64::from(settings.output_reserve_tokens)) as f64 * settings.threshold;
-    (body.len() as f64) * 2.0 < budget
+    (bytes as f64) * 2.0 < budget
 }
 
 /// The top-level `model` of a JSON object body, read up to that key; `None` when the body does not
@@ -125,7 +131,14 @@ mod tests {
     }
 
     fn nothing_to_decide(dialect: Dialect, body: &[u8], models: &ModelTable, settings: &CompactionSettings) -> bool {
-        Quiet::default().nothing_to_decide(dialect, body, models, settings)
+        Quiet::new(models).nothing_to_decide(dialect, body, models, settings)
+    }
+
+    /// A table whose smallest window (`tiny`'s) leaves room for no body, so every test reads the
+    /// body's model.
+    fn with_a_tiny_model() -> ModelTable {
+        let tiny = ModelInfo { context_window: 4_100, ..ModelTable::default().lookup("gpt-4o") };
+        ModelTable::new(vec![("tiny".to_string(), tiny)])
     }
 
     const CHAT: &str = r#"{"model":"gpt-4o-mini","messages":[{"role":"system","content":"Be terse."},{"role":"user","content":"Say hello."}],"max_tokens":16}"#;
@@ -152,14 +165,26 @@ mod tests {
         let small_window = CHAT.replace("gpt-4o-mini", "gpt-4-0613").replace("Say hello.", &"word ".repeat(800));
         assert!(!nothing_to_decide(Dialect::ChatCompletions, small_window.as_bytes(), &models, &settings()));
         // A window learned below the table's, on any session of the process, holds the same body back.
-        let quiet = Quiet::default();
+        let quiet = Quiet::new(&models);
         quiet.note_window(200_000, 128_000);
         assert!(quiet.nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
         quiet.note_window(4_300, 128_000);
         assert!(!quiet.nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
-        for broken in
-            [r#"{"messages":[]}"#, r#"[1,2]"#, r#"{"max_tokens":1 "model":"gpt-4o"}"#, r#"{"model":1}"#, "not json"]
-        {
+        for broken in [r#"[1,2]"#, "not json"] {
+            assert!(!nothing_to_decide(Dialect::ChatCompletions, broken.as_bytes(), &models, &settings()), "{broken}");
+        }
+    }
+
+    #[test]
+    fn where_some_model_has_a_small_window_the_body_s_own_model_decides() {
+        let models = with_a_tiny_model();
+        assert!(nothing_to_decide(Dialect::ChatCompletions, CHAT.as_bytes(), &models, &settings()));
+        let tiny = CHAT.replace("gpt-4o-mini", "tiny");
+        assert!(!nothing_to_decide(Dialect::ChatCompletions, tiny.as_bytes(), &models, &settings()));
+        // Under the default table this body is too small to need its model read.
+        let unread = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+        assert!(nothing_to_decide(Dialect::ChatCompletions, unread.as_bytes(), &ModelTable::default(), &settings()));
+        for broken in [unread, r#"{"max_tokens":1 "model":"gpt-4o"}"#, r#"{"model":1}"#, r#"{"model" "gpt-4o"}"#] {
             assert!(!nothing_to_decide(Dialect::ChatCompletions, broken.as_bytes(), &models, &settings()), "{broken}");
         }
     }

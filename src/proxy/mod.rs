@@ -203,22 +203,14 @@ impl Proxy {
                         .await
                 }
             };
-            Ready { head, budget, stop_when_gone, tenant, prepared, encoded, sent_ahead: None }
+            let taken = self.take(prepared, &mut finish, counted.is_some());
+            Ready { head, budget, stop_when_gone, tenant, taken, encoded, sent_ahead: None }
         };
-        let Ready { head, budget, stop_when_gone: _stop_when_gone, tenant, prepared, encoded, sent_ahead } = ready;
-        let Prepared { body, session, conversation, report, compacted, ctx, mut ladder, answered } = prepared;
-        finish.answered = answered;
+        let Ready { head, budget, stop_when_gone: _stop_when_gone, tenant, taken, encoded, sent_ahead } = ready;
+        let Taken { body, mut ladder, answer } = taken;
         // A compressed body compactor did not change goes as the client sent it.
         let encoded = encoded.filter(|(_, decoded)| *decoded == body).map(|(encoded, _)| encoded);
-        if let Some(report) = &report {
-            finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
-        }
-        finish.log.session = session.as_ref().map(|s| s.key.clone());
-        finish.log.conversation = conversation.as_ref().map(|c| c.to_string());
-        if let Some(ctx) = ctx {
-            finish.keep(&self.finishers, ctx);
-        }
-        let tap_usage = session.is_some() && counted.is_none();
+        let tap_usage = answer.tap_usage;
 
         let ahead = match sent_ahead {
             Some(Some(answer)) => {
@@ -253,8 +245,25 @@ impl Proxy {
             Err(error) => return fail(error, route, finish),
         };
         finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
-        let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
         self.respond(forwarded, answer, finish)
+    }
+
+    /// Takes a prepared request apart: its session state and what the log says go to the
+    /// request's finish; the body, the ladder and what the response tells are left.
+    fn take(&self, prepared: Prepared, finish: &mut Finish, counted: bool) -> Taken {
+        let Prepared { body, session, conversation, report, compacted, ctx, ladder, answered } = prepared;
+        finish.answered = answered;
+        if let Some(report) = &report {
+            finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
+        }
+        finish.log.session = session.as_ref().map(|s| s.key.clone());
+        finish.log.conversation = conversation.as_ref().map(|c| c.to_string());
+        if let Some(ctx) = ctx {
+            finish.keep(&self.finishers, ctx);
+        }
+        let tap_usage = session.is_some() && !counted;
+        let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
+        Taken { body, ladder, answer }
     }
 
     /// A request sent upstream before its preparation (see `ahead`): the send goes first, then
@@ -273,11 +282,13 @@ impl Proxy {
             budget.bound_parse(limits.parse_memory(body.len()));
             let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.log.request_id));
             let prepared = budget.scope(tokens::scoped(&tenant, preparing)).await;
-            (budget, stop_when_gone, tenant, prepared)
+            // Taken apart while the provider still works, not after its answer.
+            let taken = self.take(prepared, finish, false);
+            (budget, stop_when_gone, tenant, taken)
         };
-        let same = |(.., prepared): &(_, _, _, Prepared)| prepared.body == body;
-        let (answer, (budget, stop_when_gone, tenant, prepared)) = ahead::ahead_of(sending, preparing, same).await;
-        Ready { head, budget, stop_when_gone, tenant, prepared, encoded: None, sent_ahead: Some(answer) }
+        let same = |(.., taken): &(_, _, _, Taken)| taken.body == body;
+        let (answer, (budget, stop_when_gone, tenant, taken)) = ahead::ahead_of(sending, preparing, same).await;
+        Ready { head, budget, stop_when_gone, tenant, taken, encoded: None, sent_ahead: Some(answer) }
     }
 
     /// A request compactor never rewrites: its body streams to the upstream as it arrives, with no
@@ -384,12 +395,19 @@ struct Ready {
     /// Stops the request's work when the client leaves (this is dropped with the request).
     stop_when_gone: tokio_util::sync::DropGuard,
     tenant: String,
-    prepared: Prepared,
+    taken: Taken,
     /// The client's compressed body and the bytes it decoded to, when it came compressed.
     encoded: Option<(Encoded, Bytes)>,
     /// For a request sent ahead of its preparation, the upstream's answer to it; `None` inside
     /// when the preparation changed the body and the request that went ahead was withdrawn.
     sent_ahead: Option<Option<ahead::SentAhead>>,
+}
+
+/// A prepared request once its finish took what it keeps.
+struct Taken {
+    body: Bytes,
+    ladder: Option<Box<crate::compaction::Ladder>>,
+    answer: Answer,
 }
 
 /// What the response tells the client about what compactor did.

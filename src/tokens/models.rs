@@ -132,6 +132,11 @@ impl ModelTable {
         Self { entries, default, longest }
     }
 
+    /// The smallest window of any entry or the default: no lookup gives less.
+    pub fn smallest_window(&self) -> u32 {
+        self.entries.values().map(|info| info.context_window).fold(self.default.context_window, u32::min)
+    }
+
     /// Exact name, then the longest prefix, then the default. Provider prefixes (`openai/`,
     /// `anthropic/`, Bedrock's `us.anthropic.`) and case are ignored.
     ///
