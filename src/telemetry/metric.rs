@@ -34,7 +34,7 @@ pub fn describe() {
     describe_histogram!(
         "compactor_overhead_seconds",
         Unit::Seconds,
-        "Time spent in compactor itself, excluding the upstream."
+        "Time spent in compactor itself before the request went upstream, and on the response head; a request sent ahead of its preparation counts what came before it went."
     );
     describe_counter!("compactor_recovery_rungs_total", "Overflow recovery rungs tried, by rung and outcome.");
     describe_counter!("compactor_recoveries_total", "Overflow recoveries, by outcome (recovered, gave_up).");
