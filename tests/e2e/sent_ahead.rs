@@ -38,6 +38,15 @@ async fn sent_ahead(proxy: &ProxyProcess, outcome: &str) -> u64 {
     metric(&metrics(proxy).await, "compactor_sent_ahead_total", &[&format!("outcome=\"{outcome}\"")])
 }
 
+/// The admin API's path of the session `answer` names, once the store holds it (a request's state
+/// is written after its answer).
+async fn stored_session(proxy: &ProxyProcess, answer: &Answer) -> String {
+    let session = answer.header("x-compactor-session").expect("the session header");
+    let path = format!("/admin/sessions/{session}");
+    assert!(eventually(async || proxy.get_with_token(&path, "admin").await.status == 200).await);
+    path
+}
+
 /// The requests the fake received that were not summary calls.
 fn turns(fake: &FakeUpstream) -> Vec<String> {
     fake.received()
@@ -58,12 +67,10 @@ async fn a_plain_chat_goes_ahead_byte_for_byte_and_is_answered_and_recorded_as_b
     assert_eq!(fake.last().headers.get("accept-encoding").map(|v| v.to_str().unwrap()), Some("identity"));
     assert_eq!(sent_ahead(&proxy, "ahead").await, 1);
     // The preparation still ran: its headers and its session record are there.
-    let session = answer.header("x-compactor-session").expect("the session header").to_string();
     let before: u64 = answer.header("x-compactor-tokens-before").unwrap().parse().unwrap();
     assert!(before > 100, "{before}");
     assert_eq!(answer.header("x-compactor-tokens-after"), answer.header("x-compactor-tokens-before"));
-    let path = format!("/admin/sessions/{session}");
-    assert!(eventually(async || proxy.get_with_token(&path, "admin").await.status == 200).await);
+    let path = stored_session(&proxy, &answer).await;
     let state = proxy.get_with_token(&path, "admin").await.json();
     assert_eq!(state["state"]["conversations"].as_array().map(Vec::len), Some(1), "{state}");
 
@@ -82,9 +89,7 @@ async fn a_request_its_preparation_changes_is_withdrawn_and_the_prepared_body_an
     let answer = post(&proxy, &body).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(sent_ahead(&proxy, "ahead").await, 1);
-    let key = answer.header("x-compactor-session").unwrap().to_string();
-    let path = format!("/admin/sessions/{key}");
-    assert!(eventually(async || proxy.get_with_token(&path, "admin").await.status == 200).await);
+    let path = stored_session(&proxy, &answer).await;
     // An operator asks for a compaction: the bytes of the next request cannot tell.
     let marked = proxy.call_with_token("POST", &format!("{path}/compact"), "admin").await;
     assert_eq!(marked.status, 202);
