@@ -168,21 +168,22 @@ fn asks_for_compaction_item(parsed: &ParsedRequest) -> bool {
 
 impl Compactor {
     pub fn new(config: &Config, store: Store, upstreams: Arc<Upstreams>) -> Self {
+        let rewriter = Arc::new(Rewriter::new(
+            config.rewrite_settings(),
+            TokenCounter::new(config.tokens.cache_bytes),
+            config.model_table(),
+        ));
         Self {
             settings: Arc::new(config.compaction.clone()),
             agent_markers: agent::AgentMarkers::new(&config.compaction.agent_markers),
-            rewriter: Arc::new(Rewriter::new(
-                config.rewrite_settings(),
-                TokenCounter::new(config.tokens.cache_bytes),
-                config.model_table(),
-            )),
+            quiet: quiet::Quiet::new(&rewriter.models),
+            rewriter,
             identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
             prefixes: PrefixCache::new(config.limits.prefix_cache_bytes)
                 .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,
             summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
             arrivals: prefill::Arrivals::new(),
-            quiet: quiet::Quiet::new(&config.model_table()),
         }
     }
 

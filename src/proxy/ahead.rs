@@ -14,7 +14,6 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use http::Response;
-use http::header::{self, HeaderValue};
 
 use crate::error::ProxyError;
 use crate::upstream::{PooledBody, RequestHead, Upstreams};
@@ -22,12 +21,11 @@ use crate::upstream::{PooledBody, RequestHead, Upstreams};
 /// The upstream's answer to a request sent ahead, or why none came.
 pub(super) type SentAhead = Result<Response<PooledBody>, ProxyError>;
 
-/// Sends `body` as it came. The answer is asked for uncompressed (`identity`), as it is for every
-/// request with a session, whose answer compactor reads for its usage.
+/// Sends `body` as it came, as the first attempt of a forward would. The answer is asked for
+/// uncompressed (`identity`), as it is for every request with a session, whose answer compactor
+/// reads for its usage.
 pub(super) async fn send(upstreams: &Upstreams, head: &RequestHead, body: Bytes) -> SentAhead {
-    let mut request = upstreams.build_request(head, body)?;
-    request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-    upstreams.send(head.route.family, request).await
+    super::forward::send(upstreams, head, body, None, true).await
 }
 
 /// Starts `sending`, lets the upstream connection write it out, then runs `preparing`; finishes

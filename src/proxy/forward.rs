@@ -3,6 +3,7 @@
 //! error unchanged.
 
 use bytes::Bytes;
+use http::Response;
 use http::header::{self, HeaderValue};
 
 use super::inspect::{self, Inspected};
@@ -11,7 +12,7 @@ use crate::compaction::{Compactor, Ladder, Next, Recovery};
 use crate::error::ProxyError;
 use crate::session::SessionCtx;
 use crate::telemetry::metric;
-use crate::upstream::{RequestHead, Upstreams};
+use crate::upstream::{PooledBody, RequestHead, Upstreams};
 
 use super::ahead::SentAhead;
 
@@ -25,6 +26,29 @@ pub(super) struct Forwarded {
     pub tokens_after: Option<u32>,
     /// What the recovery did, when there was an overflow.
     pub recovery: Option<Recovery>,
+}
+
+/// Sends one attempt: `body`, or the client's compressed bytes of it (`encoded`) with their
+/// coding; `identity` asks the upstream for an uncompressed answer.
+pub(super) async fn send(
+    upstreams: &Upstreams,
+    head: &RequestHead,
+    body: Bytes,
+    encoded: Option<Encoded>,
+    identity: bool,
+) -> Result<Response<PooledBody>, ProxyError> {
+    let mut request = match encoded {
+        Some(Encoded { original, content_encoding }) => {
+            let mut request = upstreams.build_request(head, original)?;
+            request.headers_mut().insert(header::CONTENT_ENCODING, content_encoding);
+            request
+        }
+        None => upstreams.build_request(head, body)?,
+    };
+    if identity {
+        request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    }
+    upstreams.send(head.route.family, request).await
 }
 
 /// Sends `body`; on overflow, recovers when the request has a ladder. `identity` asks the
@@ -47,20 +71,7 @@ pub(super) async fn forward(
     loop {
         let response = match ahead.take() {
             Some(answer) => answer?,
-            None => {
-                let mut request = match encoded.take() {
-                    Some(Encoded { original, content_encoding }) => {
-                        let mut request = upstreams.build_request(head, original)?;
-                        request.headers_mut().insert(header::CONTENT_ENCODING, content_encoding);
-                        request
-                    }
-                    None => upstreams.build_request(head, body.clone())?,
-                };
-                if identity {
-                    request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-                }
-                upstreams.send(head.route.family, request).await?
-            }
+            None => send(upstreams, head, body.clone(), encoded.take(), identity).await?,
         };
         let inspected = match recovery {
             Some(_) => inspect::inspect(upstreams, &compactor.settings().overflow, head.route.family, response).await?,
