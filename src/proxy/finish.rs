@@ -65,6 +65,10 @@ pub struct Finish {
 static STARTED: AtomicU64 = AtomicU64::new(0);
 static DONE: AtomicU64 = AtomicU64::new(0);
 
+/// The longest compactor's own readings (the inspector, the admin API, metrics, token counts)
+/// wait for the recordings in flight.
+pub const RECORDED_WITHIN: Duration = Duration::from_millis(100);
+
 /// Waits (at most `limit`) until as many recordings have finished as had started when called: what
 /// compactor's own endpoints show then includes every response already sent.
 pub async fn recorded(limit: Duration) {

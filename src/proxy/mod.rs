@@ -6,7 +6,7 @@
 mod ahead;
 pub mod body;
 mod finish;
-pub use finish::{recorded, recording};
+pub use finish::{RECORDED_WITHIN, recorded, recording};
 mod forward;
 mod inflight;
 mod inspect;
@@ -192,6 +192,9 @@ impl Proxy {
             // Token counts are cached per tenant (see `tokens::scoped`).
             let prepared = match counted {
                 Some(dialect) => {
+                    // A count reads the session as the next request would: with the requests
+                    // already answered recorded (their recording follows the response).
+                    recorded(RECORDED_WITHIN).await;
                     budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
                 }
                 None => {

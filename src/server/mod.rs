@@ -82,7 +82,7 @@ async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response
     let path = request.uri().path();
     let page = crate::inspector::owns(path);
     if page || path.starts_with("/admin/") || path == "/metrics" {
-        crate::proxy::recorded(RECORDED_WITHIN).await;
+        crate::proxy::recorded(crate::proxy::RECORDED_WITHIN).await;
     }
     if page {
         // Boxed: the pages' futures are large, and this one is held by every request otherwise.
@@ -169,9 +169,6 @@ pub async fn serve(
     }
     Ok(())
 }
-
-/// The longest compactor's own readings wait for the recordings in flight.
-const RECORDED_WITHIN: Duration = Duration::from_millis(100);
 
 /// Connections being refused at once; past this a connection over the limit is closed unanswered.
 const MAX_REFUSING: usize = 64;
