@@ -79,10 +79,12 @@ pub(super) async fn forward(
         };
         let (retries, compacted) =
             recovery.as_ref().map_or((0, None), |(ladder, _)| (ladder.retries(), ladder.compacted()));
+        // Cloned only when there is something to tell: most requests had no overflow.
         let trace = recovery
             .as_ref()
-            .map(|(ladder, _)| ladder.recovery().clone())
-            .filter(|t| t.overflow.is_some() || t.summary_calls > 0);
+            .map(|(ladder, _)| ladder.recovery())
+            .filter(|t| t.overflow.is_some() || t.summary_calls > 0)
+            .cloned();
         let tokens_after = trace.as_ref().and_then(|t| t.tokens_after);
         let done = |inspected| Ok(Forwarded { inspected, retries, compacted, tokens_after, recovery: trace });
         let Inspected::Overflow { overflow, parts: error_parts, body: error_body } = inspected else {

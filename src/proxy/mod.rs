@@ -34,7 +34,7 @@ use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::{ConversationId, Store};
 use crate::telemetry::request::RequestLog;
-use crate::telemetry::{metric, trace};
+use crate::telemetry::trace;
 use crate::tokens;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
@@ -217,11 +217,11 @@ impl Proxy {
 
         let ahead = match sent_ahead {
             Some(Some(answer)) => {
-                metric::sent_ahead("ahead");
+                finish.log.sent_ahead = Some("ahead");
                 Some(answer)
             }
             Some(None) => {
-                metric::sent_ahead("withdrawn");
+                finish.log.sent_ahead = Some("withdrawn");
                 tracing::info!(
                     request_id = %finish.log.request_id,
                     "the request sent ahead of its preparation was dropped: the preparation changed its body"

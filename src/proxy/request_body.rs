@@ -63,15 +63,18 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Incoming,
         idle: Duration,
-        deadline: Pin<Box<Sleep>>,
+        // When the last frame came (or the body was taken up): the stall is counted from here.
+        last_frame: Instant,
+        // Made, and armed, only when the body has to be waited for: a body that came with its
+        // request head (most do) is read without touching the runtime's timers.
+        deadline: Option<Pin<Box<Sleep>>>,
         progress: Arc<Progress>,
     }
 }
 
 impl ClientBody {
     pub fn new(inner: Incoming, idle: Duration) -> Self {
-        let deadline = Box::pin(tokio::time::sleep(idle));
-        Self { inner, idle, deadline, progress: Arc::default() }
+        Self { inner, idle, last_frame: Instant::now(), deadline: None, progress: Arc::default() }
     }
 
     pub fn progress(&self) -> Arc<Progress> {
@@ -90,7 +93,7 @@ impl Body for ClientBody {
                 if let Some(data) = frame.data_ref() {
                     this.progress.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 }
-                this.deadline.as_mut().reset(Instant::now() + *this.idle);
+                *this.last_frame = Instant::now();
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
@@ -98,13 +101,20 @@ impl Body for ClientBody {
                 Poll::Ready(Some(Err(Box::new(error))))
             }
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    this.progress.stalled.store(true, Ordering::Relaxed);
-                    Poll::Ready(Some(Err(Box::new(Stalled(*this.idle)))))
+            Poll::Pending => {
+                let deadline = *this.last_frame + *this.idle;
+                let sleep = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if sleep.deadline() != deadline {
+                    sleep.as_mut().reset(deadline);
                 }
-                Poll::Pending => Poll::Pending,
-            },
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.progress.stalled.store(true, Ordering::Relaxed);
+                        Poll::Ready(Some(Err(Box::new(Stalled(*this.idle)))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 

@@ -69,6 +69,9 @@ pub struct RequestLog {
     pub retries: u32,
     /// What the overflow recovery did, when there was one.
     pub recovery: Option<crate::compaction::Recovery>,
+    /// For a request sent upstream ahead of its preparation, `ahead` or `withdrawn`: counted with
+    /// the rest of its metrics, after the response, not on its way.
+    pub sent_ahead: Option<&'static str>,
 }
 
 impl RequestLog {
@@ -95,6 +98,7 @@ impl RequestLog {
             ended_at: None,
             retries: 0,
             recovery: None,
+            sent_ahead: None,
         }
     }
 
@@ -167,6 +171,9 @@ impl RequestLog {
         }
         if let Some((read, write)) = self.cache {
             metric::cache_usage(self.route, read, write);
+        }
+        if let Some(outcome) = self.sent_ahead {
+            metric::sent_ahead(outcome);
         }
         if let Some(code) = self.error {
             counter!("compactor_errors_total", "route" => self.route, "code" => code).increment(1);
