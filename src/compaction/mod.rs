@@ -269,7 +269,7 @@ impl Compactor {
             .then(|| self.arrivals.arrived(&session, &conversation));
         // Boxed here, where they are made, as is the ladder: they go out in `Prepared`, and held
         // inline they made this future 2.3 KB larger (a copy of it is made once a request).
-        let mut ctx = Box::new(boxed(|| SessionCtx::load(self.store.clone(), session, conversation)).await);
+        let mut ctx = boxed(|| SessionCtx::load(self.store.clone(), session, conversation)).await;
         boxed(|| ctx.use_model(model_key(head, &parsed))).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
@@ -440,7 +440,7 @@ impl Compactor {
     }
 
     /// The request's session and conversation, with their stored state.
-    async fn load(&self, head: &RequestHead, parsed: &ParsedRequest<'_>) -> SessionCtx {
+    async fn load(&self, head: &RequestHead, parsed: &ParsedRequest<'_>) -> Box<SessionCtx> {
         let (session, conversation) = self.identifier.identify_conversation(&head.headers, head.uri.query(), parsed);
         SessionCtx::load(self.store.clone(), session, conversation).await
     }

@@ -83,8 +83,16 @@ pub struct SessionCtx {
 impl SessionCtx {
     /// Loads the session's state and the conversation's; when the store fails, the request goes
     /// on with an empty state (the policies still work, they just start afresh).
-    pub async fn load(store: Store, key: SessionKey, conversation_id: ConversationId) -> Self {
-        let mut ctx = Self {
+    ///
+    /// Boxed where it is made, after the store answered: the context is large, and made before
+    /// the load it lived in the load's future and was copied whole at each move on its way out.
+    pub async fn load(store: Store, key: SessionKey, conversation_id: ConversationId) -> Box<Self> {
+        let span = trace::stage("compactor.session.load", key.as_str());
+        let loaded = store.load(key.as_str(), conversation_id.as_str()).instrument(span.clone()).await;
+        if loaded.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        let mut ctx = Box::new(Self {
             key,
             conversation_id,
             store,
@@ -98,12 +106,7 @@ impl SessionCtx {
             foreign_session: false,
             foreign_model: false,
             runs: RunLengths::default(),
-        };
-        let span = trace::stage("compactor.session.load", ctx.key.as_str());
-        let loaded = ctx.store.load(ctx.key.as_str(), ctx.conversation_id.as_str()).instrument(span.clone()).await;
-        if loaded.is_err() {
-            span.record("otel.status_code", "ERROR");
-        }
+        });
         match loaded {
             Ok((session, conversation)) => (ctx.session, ctx.conversation) = (session, conversation),
             Err(StoreError::OtherVersion(version)) => {
@@ -625,7 +628,7 @@ mod tests {
     }
 
     /// A request of conversation `id` of session `name`, to one model.
-    async fn turn(store: &Store, name: &str, id: &str) -> SessionCtx {
+    async fn turn(store: &Store, name: &str, id: &str) -> Box<SessionCtx> {
         let mut ctx = SessionCtx::load(store.clone(), key(name), conversation(id)).await;
         ctx.use_model(ModelKey::new("anthropic", "claude")).await;
         ctx
