@@ -273,7 +273,7 @@ impl Compactor {
         boxed(|| ctx.use_model(model_key(head, &parsed))).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
-        let mut ladder = Box::new(self.ladder(head, dialect, &body, &parsed, &ctx));
+        let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
         ladder.request_id = request_id.to_string();
         let last_generation = ctx.conversation().usage.map_or(0, |usage| usage.generation);
         // Boxed where it runs: the derivations' state is most of this future's size (see `crate::boxed`).
@@ -446,7 +446,8 @@ impl Compactor {
     }
 
     /// The ladder the request climbs: its body, the compaction stored for its conversation (when
-    /// one matches), the cache's pricing and the model its path names.
+    /// one matches), the cache's pricing and the model its path names. Boxed where it is made, and
+    /// filled in the box: it is large, and a request's ladder goes out in `Prepared`.
     fn ladder(
         &self,
         head: &RequestHead,
@@ -454,9 +455,10 @@ impl Compactor {
         body: &Bytes,
         parsed: &ParsedRequest,
         ctx: &SessionCtx,
-    ) -> Ladder {
+    ) -> Box<Ladder> {
         let record = plan::matching_record(parsed, &ctx.conversation().compactions).cloned();
-        let mut ladder = Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder);
+        let mut ladder =
+            Box::new(Ladder::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder));
         ladder.lead = parsed.lead();
         ladder.cache = self.cache_pricing(head.route.family);
         ladder.path_model = head.path_model().map(str::to_string);
