@@ -267,8 +267,9 @@ impl Compactor {
         // sees this request and gives up.
         let arrival = prefill::applies(&self.settings, dialect, self.cache_pricing(head.route.family).preset)
             .then(|| self.arrivals.arrived(&session, &conversation));
-        // Boxed here, where they are made, as is the ladder: they go out in `Prepared`, and held
-        // inline they made this future 2.3 KB larger (a copy of it is made once a request).
+        // The context and the ladder come boxed from where they are made: they go out in
+        // `Prepared`, and held inline they made this future 2.3 KB larger (a copy of it is made
+        // once a request).
         let mut ctx = boxed(|| SessionCtx::load(self.store.clone(), session, conversation)).await;
         boxed(|| ctx.use_model(model_key(head, &parsed))).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
