@@ -190,19 +190,7 @@ pub fn sent_ahead(outcome: &'static str) {
 
 /// A request parse that re-made the last turn's messages (`hit`) or read the whole body (`miss`).
 pub fn prefix_reuse(route: &'static str, outcome: &'static str) {
-    let register = || counter!("compactor_prefix_reuse_total", "route" => route, "outcome" => outcome);
-    // Counted during almost every rewritable request's preparation: its handle is looked up once.
-    static REUSE: [[std::sync::OnceLock<metrics::Counter>; 2]; REWRITABLE_ROUTES.len()] =
-        [const { [const { std::sync::OnceLock::new() }; 2] }; REWRITABLE_ROUTES.len()];
-    let slot = match outcome {
-        "hit" => Some(0),
-        "miss" => Some(1),
-        _ => None,
-    };
-    match (REWRITABLE_ROUTES.iter().position(|known| *known == route), slot) {
-        (Some(at), Some(slot)) => REUSE[at][slot].get_or_init(register).increment(1),
-        _ => register().increment(1),
-    }
+    counter!("compactor_prefix_reuse_total", "route" => route, "outcome" => outcome).increment(1);
 }
 
 pub fn overflow_seen(route: &'static str) {
