@@ -16,16 +16,17 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::error::ProxyError;
-use crate::upstream::{PooledBody, RequestHead, Upstreams};
+use crate::upstream::{Armed, PooledBody, RequestHead, Upstreams};
 
 /// The upstream's answer to a request sent ahead, or why none came.
 pub(super) type SentAhead = Result<Response<PooledBody>, ProxyError>;
 
 /// Sends `body` as it came, as the first attempt of a forward would. The answer is asked for
 /// uncompressed (`identity`), as it is for every request with a session, whose answer compactor
-/// reads for its usage.
+/// reads for its usage. [`ahead_of`] polls it again once the preparation is done, and by then the
+/// answer has most often come: its first-byte timer is made at that poll, if it has to wait.
 pub(super) async fn send(upstreams: &Upstreams, head: &RequestHead, body: Bytes) -> SentAhead {
-    super::forward::send(upstreams, head, body, None, true).await
+    super::forward::send(upstreams, head, body, None, true, Armed::AtSecondWait).await
 }
 
 /// Starts `sending`, lets the upstream connection write it out, then runs `preparing`; finishes

@@ -12,7 +12,7 @@ use crate::compaction::{Compactor, Ladder, Next, Recovery};
 use crate::error::ProxyError;
 use crate::session::SessionCtx;
 use crate::telemetry::metric;
-use crate::upstream::{PooledBody, RequestHead, Upstreams};
+use crate::upstream::{Armed, PooledBody, RequestHead, Upstreams};
 
 use super::ahead::SentAhead;
 
@@ -29,13 +29,15 @@ pub(super) struct Forwarded {
 }
 
 /// Sends one attempt: `body`, or the client's compressed bytes of it (`encoded`) with their
-/// coding; `identity` asks the upstream for an uncompressed answer.
+/// coding; `identity` asks the upstream for an uncompressed answer; `armed` says when the
+/// first-byte timer is made.
 pub(super) async fn send(
     upstreams: &Upstreams,
     head: &RequestHead,
     body: Bytes,
     encoded: Option<Encoded>,
     identity: bool,
+    armed: Armed,
 ) -> Result<Response<PooledBody>, ProxyError> {
     let mut request = match encoded {
         Some(Encoded { original, content_encoding }) => {
@@ -48,7 +50,7 @@ pub(super) async fn send(
     if identity {
         request.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
-    upstreams.send(head.route.family, request).await
+    upstreams.send_armed(head.route.family, request, armed).await
 }
 
 /// Sends `body`; on overflow, recovers when the request has a ladder. `identity` asks the
@@ -71,7 +73,7 @@ pub(super) async fn forward(
     loop {
         let response = match ahead.take() {
             Some(answer) => answer?,
-            None => send(upstreams, head, body.clone(), encoded.take(), identity).await?,
+            None => send(upstreams, head, body.clone(), encoded.take(), identity, Armed::AtFirstWait).await?,
         };
         let inspected = match recovery {
             Some(_) => inspect::inspect(upstreams, &compactor.settings().overflow, head.route.family, response).await?,

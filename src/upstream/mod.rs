@@ -1,6 +1,7 @@
 //! The upstream side: a pool of HTTP/1.1 connections per upstream (hyper-util's client when
 //! HTTP/2 is on) and the building of upstream requests.
 
+mod deadline;
 pub mod headers;
 mod pool;
 
@@ -27,6 +28,8 @@ use crate::error::{Cause, ProxyError};
 use crate::proxy::request_body::ClientBody;
 use crate::route::{ApiFamily, Route};
 use crate::telemetry::trace;
+pub use deadline::Armed;
+use deadline::Deadline;
 pub use pool::PooledBody;
 use pool::{Pool, Sender};
 
@@ -248,14 +251,24 @@ impl Upstreams {
     pub async fn send(
         &self,
         family: ApiFamily,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<PooledBody>, ProxyError> {
+        self.send_armed(family, request, Armed::AtFirstWait).await
+    }
+
+    /// [`Self::send`], with the first-byte timer made as `armed` says (see [`Armed`]).
+    pub async fn send_armed(
+        &self,
+        family: ApiFamily,
         mut request: Request<UpstreamBody>,
+        armed: Armed,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let target = self.upstream(family)?;
         let upstream = || target.base.to_string();
         let span = trace::upstream_span(family, target.base.authority());
         trace::inject(&span, request.headers_mut());
         let sent =
-            tokio::time::timeout(self.first_byte_timeout, self.dispatch(target, request)).instrument(span.clone());
+            Deadline::new(self.dispatch(target, request), self.first_byte_timeout, armed).instrument(span.clone());
         let result = match sent.await {
             Err(_) => Err(ProxyError::UpstreamTimeout { upstream: upstream(), timeout: self.first_byte_timeout }),
             Ok(Err(source)) => Err(ProxyError::UpstreamUnreachable { upstream: upstream(), source }),
