@@ -120,6 +120,20 @@ pub struct OpenResult {
 }
 
 impl OpenResult {
+    /// Adds another run of the same target (a later round): its requests, and its time.
+    pub fn absorb(&mut self, other: OpenResult) {
+        // The histograms share their bounds (`new_histogram`): adding cannot fail.
+        let _ = self.latency.add(&other.latency);
+        let _ = self.first_byte.add(&other.first_byte);
+        let _ = self.lag.add(&other.lag);
+        self.completed += other.completed;
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+        self.elapsed += other.elapsed;
+    }
+
     pub fn throughput(&self) -> f64 {
         self.completed as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }

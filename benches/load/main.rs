@@ -17,6 +17,12 @@
 //!   (never the caller's: run directly, the bench leaves its group alone). Neighbours then get
 //!   almost no CPU during the closed-loop seconds; `LOAD_NICE=0` is the gentle choice. The
 //!   report says how much CPU other processes still took in each phase.
+//! - Rounds: the low-rate phases (`small`, `stream`) run `LOAD_ROUNDS` times, direct first and
+//!   the two proxies taking turns to go second, so each round measures both in the same host
+//!   state. At 50 req/s a proxy's added latency moves by 0.05 ms or more with what the host's other
+//!   work left in the caches, between runs tens of seconds apart: the report gives compactor's
+//!   distance to nginx round by round and judges the median of those paired differences (as
+//!   `scripts/latency-rig` does); the table's absolute figures are all rounds together.
 //! - Open loop (no coordinated omission): request `i` is due at `start + i / rate`; a pacer
 //!   thread dispatches each request at its due time whatever the earlier ones are doing, and
 //!   latency runs from the *due* time to the last byte (and, for streams, the first byte) of the
@@ -50,6 +56,7 @@
 //! | `LOAD_LARGE_RATE`   | `--large-rate N`  | 20 (requests per second, 800 KB conversations) |
 //! | `LOAD_LARGE`        | `--large LIST`    | `claude-code,chat` (also `codex`; `all`, `none`) |
 //! | `LOAD_PHASES`       | `--phases LIST`   | `small,stream,closed,large`                    |
+//! | `LOAD_ROUNDS`       | `--rounds N`      | 5 (rounds of the `small` and `stream` phases)  |
 //! | `LOAD_CONCURRENCY`  | `--concurrency N` | 32 (closed-loop workers)                       |
 //! | `LOAD_BODY`         | `--body FILE`     | a ~300-byte chat completions body              |
 //! | `LOAD_PATH`         | `--path P`        | `/v1/chat/completions`                         |
@@ -85,7 +92,7 @@ use tokio::runtime::Runtime;
 use drive::Target;
 use procfs::{Machine, Memory, TreeCpu};
 use proxies::Proxy;
-use report::{LoadMemory, Outcome, Phase, PhaseKind, Report, Run, StartProbe, fmt_rate};
+use report::{LoadMemory, Outcome, Phase, PhaseKind, Report, RoundFigures, Run, StartProbe, fmt_rate};
 use scenario::{Conversation, LARGE_FIXTURES, LargeFixture, STREAM_PAUSE, Scenario};
 
 /// Open-loop warm-up before each measured run (not recorded).
@@ -93,12 +100,13 @@ const WARMUP: Duration = Duration::from_secs(1);
 /// Requests one by one after a proxy starts.
 const START_REQUESTS: u64 = 100;
 
-const SETTINGS: [(&str, &str); 14] = [
+const SETTINGS: [(&str, &str); 15] = [
     ("--seconds", "LOAD_SECONDS"),
     ("--rate", "LOAD_RATE"),
     ("--large-rate", "LOAD_LARGE_RATE"),
     ("--large", "LOAD_LARGE"),
     ("--phases", "LOAD_PHASES"),
+    ("--rounds", "LOAD_ROUNDS"),
     ("--concurrency", "LOAD_CONCURRENCY"),
     ("--body", "LOAD_BODY"),
     ("--path", "LOAD_PATH"),
@@ -116,6 +124,8 @@ struct Settings {
     large_rate: f64,
     large: Vec<&'static LargeFixture>,
     phases: Vec<String>,
+    /// Rounds of the low-rate phases (`small`, `stream`).
+    rounds: usize,
     concurrency: usize,
     body: Bytes,
     body_source: String,
@@ -216,6 +226,7 @@ impl Settings {
         let rate = number("LOAD_RATE", 50.0)?;
         let large_rate = number("LOAD_LARGE_RATE", 20.0)?;
         let concurrency = number("LOAD_CONCURRENCY", 32.0)?.round().max(1.0) as usize;
+        let rounds = number("LOAD_ROUNDS", 5.0)?.round().max(1.0) as usize;
 
         let large_list = value("LOAD_LARGE").unwrap_or_else(|| scenario::DEFAULT_LARGE.into());
         let large = match large_list.trim() {
@@ -268,6 +279,7 @@ impl Settings {
             large_rate,
             large,
             phases,
+            rounds,
             concurrency,
             body,
             body_source,
@@ -373,7 +385,7 @@ fn run(settings: &Settings) -> Result<Report, String> {
         format!("{} ({})", small_title, settings.body_source)
     };
     if settings.has("small") {
-        phases.push(bench.open_phase(PhaseKind::Small, small_title, None, &small, settings.rate));
+        phases.push(bench.open_phase(PhaseKind::Small, small_title, None, &small, settings.rate, settings.rounds));
     }
     if settings.has("stream") {
         let stream = Arc::new(Scenario::fixed(
@@ -382,7 +394,7 @@ fn run(settings: &Settings) -> Result<Report, String> {
             STREAM_PAUSE,
         ));
         let title = format!("streamed small chat body @{} req/s", fmt_rate(settings.rate));
-        phases.push(bench.open_phase(PhaseKind::Stream, title, None, &stream, settings.rate));
+        phases.push(bench.open_phase(PhaseKind::Stream, title, None, &stream, settings.rate, settings.rounds));
     }
     if settings.has("closed") {
         phases.push(bench.closed_phase(&small));
@@ -393,11 +405,11 @@ fn run(settings: &Settings) -> Result<Report, String> {
             let rate = fmt_rate(settings.large_rate);
             let warm = Arc::new(Scenario::next_turn(fixture, &conversation));
             let title = format!("800 KB {}, warm next turn @{rate} req/s", fixture.label);
-            phases.push(bench.open_phase(PhaseKind::Warm, title, Some(fixture.key), &warm, settings.large_rate));
+            phases.push(bench.open_phase(PhaseKind::Warm, title, Some(fixture.key), &warm, settings.large_rate, 1));
             drop(warm);
             let cold = Arc::new(Scenario::new_session(fixture, &conversation));
             let title = format!("800 KB {}, cold first turn of a new session @{rate} req/s", fixture.label);
-            phases.push(bench.open_phase(PhaseKind::Cold, title, Some(fixture.key), &cold, settings.large_rate));
+            phases.push(bench.open_phase(PhaseKind::Cold, title, Some(fixture.key), &cold, settings.large_rate, 1));
         }
     }
 
@@ -477,6 +489,8 @@ impl Bench<'_> {
         }
     }
 
+    /// Runs an open-loop phase `rounds` times: in each round the stub first, then the proxies,
+    /// whose order turns round by round (whichever goes second meets the host a little later).
     fn open_phase(
         &mut self,
         kind: PhaseKind,
@@ -484,27 +498,44 @@ impl Bench<'_> {
         fixture: Option<&'static str>,
         scenario: &Arc<Scenario>,
         rate: f64,
+        rounds: usize,
     ) -> Phase {
         let total = (rate * self.settings.seconds).round().max(1.0) as u64;
         let warmup = (rate * WARMUP.as_secs_f64()).round().max(1.0) as u64;
-        let mut runs = Vec::new();
-        for (name, addr, proxy) in self.targets() {
-            eprintln!(
-                "load bench: {title}: {name}: {total} requests in {:.1} s (+{:.0} s warm-up), {} B bodies",
-                self.settings.seconds,
-                WARMUP.as_secs_f64(),
-                scenario.body_len()
-            );
-            let target = Target::new(addr);
-            let tag = format!("{name}-{}", fixture.unwrap_or("small"));
-            let _ = drive::open_loop(&self.runtime, &target, scenario, &tag, rate, warmup);
-            let (outcome, proxy_cpu, share) = self.measured(proxy, || {
-                Outcome::Open(drive::open_loop(&self.runtime, &target, scenario, &tag, rate, total))
-            });
-            runs.push(Run { target: name, outcome, proxy_cpu, share });
+        let mut runs: Vec<Run> = Vec::new();
+        let mut by_round = Vec::new();
+        for round in 0..rounds {
+            let mut targets = self.targets();
+            if round % 2 == 1 {
+                targets[1..].reverse();
+            }
+            let mut this_round = Vec::new();
+            for (name, addr, proxy) in targets {
+                eprintln!(
+                    "load bench: {title}: round {} of {rounds}: {name}: {total} requests in {:.1} s (+{:.0} s warm-up), {} B bodies",
+                    round + 1,
+                    self.settings.seconds,
+                    WARMUP.as_secs_f64(),
+                    scenario.body_len()
+                );
+                let target = Target::new(addr);
+                let tag = format!("{name}-{}", fixture.unwrap_or("small"));
+                let _ = drive::open_loop(&self.runtime, &target, scenario, &tag, rate, warmup);
+                let (outcome, proxy_cpu, share) = self.measured(proxy, || {
+                    Outcome::Open(drive::open_loop(&self.runtime, &target, scenario, &tag, rate, total))
+                });
+                let run = Run { target: name, outcome, proxy_cpu, share };
+                this_round.push(RoundFigures::of(&run));
+                match runs.iter_mut().find(|r| r.target == name) {
+                    Some(all) => all.absorb(run, round),
+                    None => runs.push(run),
+                }
+            }
+            by_round.push(this_round);
         }
+        // The table lists the targets in their first round's order.
         self.after_phase();
-        Phase { kind, title, fixture, runs }
+        Phase { kind, title, fixture, runs, rounds: by_round }
     }
 
     fn closed_phase(&mut self, scenario: &Arc<Scenario>) -> Phase {
@@ -521,7 +552,7 @@ impl Bench<'_> {
             runs.push(Run { target: name, outcome, proxy_cpu, share });
         }
         self.after_phase();
-        Phase { kind: PhaseKind::Closed, title, fixture: None, runs }
+        Phase { kind: PhaseKind::Closed, title, fixture: None, runs, rounds: Vec::new() }
     }
 }
 
