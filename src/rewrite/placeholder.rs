@@ -26,12 +26,18 @@ pub struct Template {
     text: String,
     /// Whether the text names anything: a fixed text is used as it is, with no work per output.
     fixed: bool,
+    /// The length of the text before its first name: every placeholder rendered from the template
+    /// starts with that text as it is.
+    head: usize,
 }
+
+/// The names a template may hold.
+const NAMES: [&str; 3] = ["{tool}", "{args}", "{tokens}"];
 
 impl Template {
     pub fn new(text: &str) -> Self {
-        let fixed = !["{tool}", "{args}", "{tokens}"].iter().any(|name| text.contains(name));
-        Self { text: text.to_string(), fixed }
+        let head = NAMES.iter().filter_map(|name| text.find(name)).min();
+        Self { text: text.to_string(), fixed: head.is_none(), head: head.unwrap_or(text.len()) }
     }
 
     /// The template as configured.
@@ -54,6 +60,12 @@ impl Template {
     pub fn rendered(&self, calls: &Calls, call_id: Option<&str>, text: &str) -> bool {
         if self.fixed || text.len() > self.max_len() {
             return self.fixed && text == self.text;
+        }
+        // Most outputs are not placeholders, and their first bytes say so: the call is named only
+        // for those that may be (naming every short output of a long conversation, on every turn,
+        // was about a tenth of an 800 KB turn's instructions).
+        if !text.starts_with(&self.text[..self.head]) {
+            return false;
         }
         let naming = self.naming(calls, call_id);
         let mut pieces = naming.split("{tokens}");
@@ -83,7 +95,7 @@ impl Template {
             return count(&self.text);
         }
         let frame = self.text.replace("{tool}", "").replace("{args}", "").replace("{tokens}", "");
-        let names = ["{tool}", "{args}", "{tokens}"].map(|name| self.text.matches(name).count());
+        let names = NAMES.map(|name| self.text.matches(name).count());
         let bytes = names[0] * (4 * MAX_TOOL_CHARS + 3) + names[1] * (4 * MAX_ARGS_CHARS + 3) + names[2] * 10;
         count(&frame) + u32::try_from(bytes).unwrap_or(u32::MAX)
     }
@@ -201,6 +213,25 @@ mod tests {
             template.render(&calls, Some("call_9"), 10),
             "[cleared: a tool , 6 tokens; call it again to see it]"
         );
+    }
+
+    /// An output is told from a placeholder by its first bytes first; what starts like one is
+    /// still compared whole, and a template that starts with a name has no such bytes to go by.
+    #[test]
+    fn only_the_placeholder_itself_is_recognized_whatever_the_output_starts_with() {
+        let conversation = conversation(r#"{"path":"a.rs"}"#);
+        let calls = Calls::of(&conversation);
+        let default = Template::new(DEFAULT);
+        let text = default.render(&calls, Some("call_1"), 500);
+        assert!(default.rendered(&calls, Some("call_1"), &text));
+        assert!(!default.rendered(&calls, Some("call_1"), "[Old tool result content cleared: something else]"));
+        assert!(!default.rendered(&calls, Some("call_1"), "fn main() {}"));
+
+        let named_first = Template::new("{tool} output cleared ({tokens} tokens)");
+        let text = named_first.render(&calls, Some("call_1"), 500);
+        assert_eq!(text, "read_file output cleared (496 tokens)");
+        assert!(named_first.rendered(&calls, Some("call_1"), &text));
+        assert!(!named_first.rendered(&calls, Some("call_1"), "read_file output kept"));
     }
 
     #[test]
