@@ -526,6 +526,7 @@ impl Bench<'_> {
                 });
                 let run = Run { target: name, outcome, proxy_cpu, share };
                 this_round.push(RoundFigures::of(&run));
+                // Kept in the first round's order, the one the table lists.
                 match runs.iter_mut().find(|r| r.target == name) {
                     Some(all) => all.absorb(run, round),
                     None => runs.push(run),
@@ -533,7 +534,6 @@ impl Bench<'_> {
             }
             by_round.push(this_round);
         }
-        // The table lists the targets in their first round's order.
         self.after_phase();
         Phase { kind, title, fixture, runs, rounds: by_round }
     }

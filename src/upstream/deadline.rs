@@ -35,7 +35,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: F,
         at: Instant,
-        waits_unarmed: u8,
+        // The first wait goes without a timer (`Armed::AtSecondWait`).
+        skip_first_wait: bool,
         #[pin]
         timer: Option<Sleep>,
     }
@@ -44,14 +45,10 @@ pin_project_lite::pin_project! {
 impl<F: Future> Deadline<F> {
     /// `inner`, bounded by `timeout` from now.
     pub fn new(inner: F, timeout: Duration, armed: Armed) -> Self {
-        let waits_unarmed = match armed {
-            Armed::AtFirstWait => 0,
-            Armed::AtSecondWait => 1,
-        };
         // A timeout too large for an instant (configured as "never") waits for about 30 years.
         let now = Instant::now();
         let at = now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
-        Self { inner, at, waits_unarmed, timer: None }
+        Self { inner, at, skip_first_wait: armed == Armed::AtSecondWait, timer: None }
     }
 }
 
@@ -64,8 +61,8 @@ impl<F: Future> Future for Deadline<F> {
             return Poll::Ready(Ok(output));
         }
         if this.timer.is_none() {
-            if *this.waits_unarmed > 0 {
-                *this.waits_unarmed -= 1;
+            if *this.skip_first_wait {
+                *this.skip_first_wait = false;
                 return Poll::Pending;
             }
             this.timer.set(Some(tokio::time::sleep_until(*this.at)));
