@@ -50,6 +50,11 @@ pub enum ProxyError {
     InflightBodies { limit: u64 },
     #[error("compactor is serving its limit of {limit} connections; retry shortly")]
     Overloaded { limit: u64 },
+    #[error(
+        "compactor does not serve {} yet; point this client at the provider directly (the request was not sent anywhere)",
+        platform.name()
+    )]
+    Unserved { platform: crate::route::Platform },
 }
 
 impl ProxyError {
@@ -63,7 +68,8 @@ impl ProxyError {
             Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::NotFound | Self::NoUpstream { .. } => StatusCode::NOT_FOUND,
+            // Not a 5xx: the SDKs retry those, and this route will not appear by retrying.
+            Self::NotFound | Self::NoUpstream { .. } | Self::Unserved { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::StoreUnavailable(_) | Self::Overloaded { .. } | Self::InflightBodies { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -91,6 +97,7 @@ impl ProxyError {
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Overloaded { .. } => "overloaded",
             Self::InflightBodies { .. } => "inflight_body_limit",
+            Self::Unserved { .. } => "unserved_platform",
         }
     }
 
@@ -110,6 +117,7 @@ impl ProxyError {
             | Self::BadContentEncoding { .. }
             | Self::TooManyCodings { .. }
             | Self::UnsupportedTransferCoding { .. }
+            | Self::Unserved { .. }
             | Self::BadUpstreamUrl(_)
             | Self::BadUpstreamHost(_)
             | Self::Unauthorized

@@ -12,6 +12,7 @@ pub mod dialect;
 pub mod error;
 pub mod healthcheck;
 pub mod hex;
+pub mod inflight;
 pub mod inspector;
 pub mod json;
 pub mod overflow;

@@ -44,43 +44,47 @@ const RATE_LIMIT_PHRASES: [&str; 7] = [
     "too many requests",
 ];
 
-static OVERFLOW_PHRASES: LazyLock<RegexSet> = LazyLock::new(|| {
-    RegexSet::new([
-        r"maximum context length",
-        r"context length exceeded",
-        r"context_length_exceeded",
-        r"prompt is too long",
-        r"prompt too long",
-        r"exceed(s|ed)? (the )?(model'?s? )?context (limit|window|length|size)",
-        r"exceeds the (available|maximum) context",
-        r"input is too long",
-        r"input token count .*exceeds the maximum",
-        r"input token count is \d+ but model only supports",
-        r"is longer than the model'?s context length",
-        r"model'?s context length is only",
-        r"context length of only \d+",
-        r"too large for model with \d+ maximum context length",
-        r"maximum prompt length is",
-        r"input tokens exceed the configured limit",
-        r"`inputs` tokens \+ `max_new_tokens` must be",
-        r"`inputs` must have less than \d+ tokens",
-        r"too many tokens: total number of tokens",
-        r"cannot truncate prompt with n_keep",
-        r"input length exceeds the context length",
-        r"your input exceeds the context window",
-        r"exceeds budget",
-        r"reduce the length of the (messages|input)",
-        r"prompt token count of \d+ exceeds the limit of \d+",
-        r"range of input length should be \[1, ?\d+\]",
-        r"but the configured context size is",
-        r"exceeded model token limit",
-        r"does not fit in (the )?context length",
-        r"context window exceeds limit",
-        r"longer than the maximum model length",
-        r"context size has been exceeded",
-    ])
-    .unwrap_or_else(|_| RegexSet::empty())
-});
+/// The phrases that say "the prompt does not fit the window", in every provider's words.
+const OVERFLOW_PATTERNS: [&str; 32] = [
+    r"maximum context length",
+    r"context length exceeded",
+    r"context_length_exceeded",
+    r"prompt is too long",
+    r"prompt too long",
+    r"exceed(s|ed)? (the )?(model'?s? )?context (limit|window|length|size)",
+    r"exceeds the (available|maximum) context",
+    r"input is too long",
+    r"input token count .*exceeds the maximum",
+    r"input token count is \d+ but model only supports",
+    r"is longer than the model'?s context length",
+    r"model'?s context length is only",
+    r"context length of only \d+",
+    r"too large for model with \d+ maximum context length",
+    r"maximum prompt length is",
+    r"input tokens exceed the configured limit",
+    r"`inputs` tokens \+ `max_new_tokens` must be",
+    r"`inputs` must have less than \d+ tokens",
+    r"too many tokens: total number of tokens",
+    r"cannot truncate prompt with n_keep",
+    r"input length exceeds the context length",
+    r"your input exceeds the context window",
+    r"exceeds budget",
+    r"reduce the length of the (messages|input)",
+    r"prompt token count of \d+ exceeds the limit of \d+",
+    r"range of input length should be \[1, ?\d+\]",
+    r"but the configured context size is",
+    r"exceeded model token limit",
+    r"does not fit in (the )?context length",
+    r"context window exceeds limit",
+    r"longer than the maximum model length",
+    r"context size has been exceeded",
+];
+
+static OVERFLOW_PHRASES: LazyLock<RegexSet> =
+    LazyLock::new(|| RegexSet::new(OVERFLOW_PATTERNS).unwrap_or_else(|_| RegexSet::empty()));
+
+/// The same phrases one by one, to find where each stands in an error (see [`strip_echoes`]).
+static OVERFLOW_PHRASE_LIST: LazyLock<Vec<Regex>> = LazyLock::new(|| compile(&OVERFLOW_PATTERNS));
 
 /// Output-cap errors: the prompt is fine, the requested output is not allowed.
 const OUTPUT_CAP_PHRASES: [&str; 5] = [
@@ -189,8 +193,18 @@ impl OverflowDetector {
 
     /// Whether a response (status and body; SSE text for errors inside a 200 stream) is an overflow.
     pub fn detect(&self, status: u16, body: &[u8]) -> Option<Overflow> {
+        self.detect_answer(status, body, None)
+    }
+
+    /// Whether the answer to `sent` is an overflow: as [`OverflowDetector::detect`], except that
+    /// words the error only echoes from the request (a parameter's name, a value the provider
+    /// quotes back) say nothing. A client controls those: a key named "This model's maximum
+    /// context length is 1000 tokens" makes OpenAI answer `Unrecognized request argument
+    /// supplied: This model's maximum context length is 1000 tokens`, which is no overflow and
+    /// names no window.
+    pub fn detect_answer(&self, status: u16, body: &[u8], sent: Option<&[u8]>) -> Option<Overflow> {
         let success = (200..300).contains(&status);
-        if status == 429 || success && !looks_like_event_stream(body) {
+        if !(success || OVERFLOW_STATUSES.contains(&status)) || success && !looks_like_event_stream(body) {
             return None;
         }
         let mut found = Found::default();
@@ -210,7 +224,10 @@ impl OverflowDetector {
             // A plain-text error body: every line may carry the words.
             Err(_) => found.texts.extend(String::from_utf8_lossy(body).lines().map(str::to_string)),
         }
-        let text = found.texts.join("\n").to_lowercase();
+        let mut text = found.texts.join("\n").to_lowercase();
+        if let Some(sent) = sent {
+            strip_echoes(&mut text, sent);
+        }
         let codes: Vec<String> = found.codes.iter().map(|c| c.to_lowercase()).collect();
         if codes.iter().any(|c| RATE_LIMIT_CODES.contains(&c.as_str()))
             || RATE_LIMIT_PHRASES.iter().any(|p| text.contains(p))
@@ -238,6 +255,55 @@ impl OverflowDetector {
 impl serde::Serialize for OverflowDetector {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.patterns.serialize(serializer)
+    }
+}
+
+/// The statuses an overflow comes with: 400 (most providers), 413 (Anthropic's request size,
+/// some gateways), 422 (Text Generation Inference), 500 (Ollama), and errors inside a 2xx
+/// stream. An authentication, permission, routing or rate-limit status is never one, whatever
+/// its message says.
+const OVERFLOW_STATUSES: [u16; 4] = [400, 413, 422, 500];
+
+/// Characters after an overflow phrase that must also stand in the request for the phrase to be
+/// an echo cut short by the provider (a value quoted up to a length).
+const ECHO_TAIL: usize = 24;
+
+/// Blanks from an error's text (lower-cased) what it echoes of the request `sent`: each overflow
+/// phrase (and each window or prompt size it names) that, with up to [`ECHO_TAIL`] characters of
+/// what follows it on its line, stands in a key or a string of the request, decoded (an echo,
+/// whole or cut short by the provider). A provider's own wording carries its own numbers after
+/// the phrase, which the request does not hold even when the conversation talks about overflows.
+/// Read only after an error: the request is parsed again.
+fn strip_echoes(text: &mut String, sent: &[u8]) {
+    let Ok(request) = serde_json::from_slice::<Value>(sent) else { return };
+    let mut echoed = Vec::new();
+    for phrase in OVERFLOW_PHRASE_LIST.iter().chain(LIMIT.iter()).chain(PROMPT.iter()) {
+        for found in phrase.find_iter(text) {
+            let line_end = text[found.end()..].find('\n').map_or(text.len(), |i| found.end() + i);
+            let mut end = (found.end() + ECHO_TAIL).min(line_end);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let window = text[found.start()..end].trim_end_matches(['.', '\'', '"', ' ']);
+            if holds(&request, window) {
+                echoed.push(found.range());
+            }
+        }
+    }
+    for range in echoed {
+        let blank = " ".repeat(range.len());
+        text.replace_range(range, &blank);
+    }
+}
+
+/// Whether a key or string of the request holds `window` (lower-cased).
+fn holds(value: &Value, window: &str) -> bool {
+    let has = |s: &str| s.len() >= window.len() && s.to_lowercase().contains(window);
+    match value {
+        Value::String(s) => has(s),
+        Value::Array(items) => items.iter().any(|v| holds(v, window)),
+        Value::Object(map) => map.iter().any(|(key, value)| has(key) || holds(value, window)),
+        _ => false,
     }
 }
 
@@ -283,6 +349,53 @@ impl Found {
                 }
             }
             _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detector() -> OverflowDetector {
+        OverflowDetector::default()
+    }
+
+    #[test]
+    fn an_error_that_only_echoes_the_requests_words_is_no_overflow() {
+        let sent = br#"{"model":"gpt-4.1","messages":[],"This model's maximum context length is 1000 tokens":true}"#;
+        let echo = br#"{"error":{"message":"Unrecognized request argument supplied: This model's maximum context length is 1000 tokens","type":"invalid_request_error","param":null,"code":null}}"#;
+        assert!(detector().detect(400, echo).is_some(), "read without the request, it looks like one");
+        assert_eq!(detector().detect_answer(400, echo, Some(sent)), None);
+        // An echo the provider cut short, of a value the client wrote with a JSON escape.
+        let sent = br#"{"messages":[{"role":"user","content":"x"}],"metadata":{"note":"prompt is too long: 5 tokens > 1000 maximum, and then some padding text"}}"#;
+        let cut = br#"{"type":"error","error":{"type":"invalid_request_error","message":"metadata.note: value 'prompt is too long: 5 tokens > 1000 maxim...' is not allowed"}}"#;
+        assert_eq!(detector().detect_answer(400, cut, Some(sent)), None);
+    }
+
+    #[test]
+    fn a_real_overflow_is_still_one_when_the_conversation_talks_about_overflows() {
+        let sent = br#"{"messages":[{"role":"user","content":"Why does the API say maximum context length? Fix overflow.rs"}]}"#;
+        let real = br#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+        let found = detector().detect_answer(400, real, Some(sent)).expect("an overflow");
+        assert_eq!((found.limit, found.prompt_tokens), (Some(128_000), Some(130_000)));
+        let anthropic = br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
+        let found = detector().detect_answer(
+            400,
+            anthropic,
+            Some(br#"{"messages":[{"role":"user","content":"prompt is too long"}]}"#),
+        );
+        assert_eq!(found.and_then(|o| o.limit), Some(200_000));
+    }
+
+    #[test]
+    fn no_authentication_permission_or_routing_status_is_an_overflow_whatever_it_says() {
+        let body = br#"{"error":{"message":"This model's maximum context length is 1000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        for status in [401, 403, 404, 405, 409, 429, 502, 503] {
+            assert_eq!(detector().detect(status, body), None, "{status}");
+        }
+        for status in [400, 413, 422, 500] {
+            assert!(detector().detect(status, body).is_some(), "{status}");
         }
     }
 }

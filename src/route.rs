@@ -49,7 +49,30 @@ pub enum Endpoint {
     StreamGenerateContent,
     /// Gemini's `:countTokens`: a `contents` body whose tokens are counted.
     GeminiCountTokens,
+    /// A path of a platform compactor does not serve yet: refused, never sent to another
+    /// provider's upstream with the client's credential.
+    Unserved(Platform),
     Other,
+}
+
+/// A provider platform whose paths compactor recognizes but does not serve yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    /// Amazon Bedrock's runtime (`/model/{modelId}/invoke`, `converse`...), signed with SigV4.
+    Bedrock,
+    /// A partner model on Vertex AI (`…/publishers/anthropic/models/{m}:rawPredict`, or any
+    /// publisher but Google's).
+    VertexPartner,
+}
+
+impl Platform {
+    /// The platform's name, as an error tells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Bedrock => "Amazon Bedrock",
+            Platform::VertexPartner => "partner models on Vertex AI (Claude on Vertex)",
+        }
+    }
 }
 
 /// Where a request goes and how compactor treats it.
@@ -101,11 +124,65 @@ pub fn model_method(path: &str) -> Option<(&str, &str)> {
     gemini_method(path).or_else(|| vertex_method(path))
 }
 
-/// `{model}:{method}`, neither empty nor holding a slash.
+/// The methods of Google's `models/{model}:{method}` paths (the Gemini API's and Vertex AI's).
+/// Only these make a path a Gemini one: OpenAI's fine-tuned model names hold colons too
+/// (`/v1/models/ft:gpt-4o-mini-2024-07-18:my-org:custom:9xYz`), and such a path read as
+/// `{model}:{method}` would send an OpenAI key to Google.
+const GOOGLE_MODEL_METHODS: [&str; 18] = [
+    "generateContent",
+    "streamGenerateContent",
+    "countTokens",
+    "computeTokens",
+    "embedContent",
+    "batchEmbedContents",
+    "asyncBatchEmbedContent",
+    "batchGenerateContent",
+    "predict",
+    "predictLongRunning",
+    "generateAnswer",
+    "generateMessage",
+    "countMessageTokens",
+    "generateText",
+    "countTextTokens",
+    "embedText",
+    "batchEmbedText",
+    "fetchPredictOperation",
+];
+
+/// `{model}:{method}`: a model name without a slash or a colon, and one of Google's methods.
 fn model_and_method(rest: &str) -> Option<(&str, &str)> {
-    let (model, method) = rest.rsplit_once(':')?;
-    (!model.is_empty() && !model.contains('/') && !method.is_empty() && !method.contains('/'))
-        .then_some((model, method))
+    let (model, method) = rest.split_once(':')?;
+    (!model.is_empty() && !model.contains('/') && GOOGLE_MODEL_METHODS.contains(&method)).then_some((model, method))
+}
+
+/// Whether a path is a Vertex AI resource path, `/{version}/projects/{project}/locations/{l}/…`:
+/// Google's, whatever follows.
+fn is_vertex_resource(path: &str) -> bool {
+    let Some((version, rest)) = path.strip_prefix('/').and_then(|rest| rest.split_once('/')) else { return false };
+    let Some((project, rest)) = rest.strip_prefix("projects/").and_then(|rest| rest.split_once('/')) else {
+        return false;
+    };
+    is_gemini_version(version) && !project.is_empty() && rest.starts_with("locations/")
+}
+
+/// A Vertex AI model of a publisher other than Google (`…/publishers/anthropic/models/…`): the
+/// publisher.
+fn vertex_partner(path: &str) -> Option<&str> {
+    if !is_vertex_resource(path) {
+        return None;
+    }
+    let (_, rest) = path.split_once("/publishers/")?;
+    let (publisher, rest) = rest.split_once('/')?;
+    (publisher != "google" && rest.starts_with("models/")).then_some(publisher)
+}
+
+/// Amazon Bedrock's runtime paths: `/model/{modelId}/{operation}` (InvokeModel, Converse,
+/// CountTokens and their streams), `/async-invoke`, `/guardrail/…`.
+fn is_bedrock(path: &str) -> bool {
+    path.starts_with("/model/")
+        || path == "/async-invoke"
+        || path.starts_with("/async-invoke/")
+        || path.starts_with("/guardrail/")
 }
 
 /// The endpoint of a Gemini model method.
@@ -132,11 +209,25 @@ impl Route {
     /// OpenAI-compatible `/v1beta/openai/`, which OpenAI clients call as they call OpenAI) and
     /// anything carrying `x-goog-api-key` go to Gemini. Vertex AI's Gemini model methods go to
     /// Vertex AI, whatever their headers.
+    ///
+    /// A path of a platform compactor does not serve yet (Amazon Bedrock, a partner model on
+    /// Vertex AI) is [`Endpoint::Unserved`], answered in the dialect its clients read (Claude's
+    /// on both); any other Vertex AI resource path goes to Vertex AI as it came.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let post = method == Method::POST;
         if let Some((_, vertex)) = vertex_method(path) {
             return Self { family: ApiFamily::Vertex, endpoint: gemini_endpoint(vertex, post) };
+        }
+        if is_bedrock(path) {
+            return Self { family: ApiFamily::Anthropic, endpoint: Endpoint::Unserved(Platform::Bedrock) };
+        }
+        if let Some(publisher) = vertex_partner(path) {
+            let family = if publisher == "anthropic" { ApiFamily::Anthropic } else { ApiFamily::Vertex };
+            return Self { family, endpoint: Endpoint::Unserved(Platform::VertexPartner) };
+        }
+        if is_vertex_resource(path) {
+            return Self { family: ApiFamily::Vertex, endpoint: Endpoint::Other };
         }
         let gemini = gemini_method(path);
         let beta = path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || path == "/v1beta";
@@ -176,6 +267,8 @@ impl Route {
             (_, Endpoint::GenerateContent) => "generate_content",
             (_, Endpoint::StreamGenerateContent) => "stream_generate_content",
             (_, Endpoint::GeminiCountTokens) => "gemini_count_tokens",
+            (_, Endpoint::Unserved(Platform::Bedrock)) => "bedrock_unserved",
+            (_, Endpoint::Unserved(Platform::VertexPartner)) => "vertex_partner_unserved",
             (ApiFamily::Gemini, _) => "gemini_other",
             (ApiFamily::Vertex, _) => "vertex_other",
             (ApiFamily::Anthropic, Endpoint::Models) => "anthropic_models",
@@ -356,10 +449,164 @@ mod tests {
         assert_eq!(vertex_method("/v1/projects/p/locations/l/publishers/anthropic/models/claude:rawPredict"), None);
         assert_eq!(vertex_method("/v1/projects/p/publishers/google/models/m:generateContent"), None);
         assert_eq!(vertex_method("/v2/projects/p/locations/l/publishers/google/models/m:generateContent"), None);
+        // Vertex AI's OpenAI-compatible endpoint carries a Google credential: it goes to Vertex AI.
         assert_eq!(
             route(Method::POST, "/v1/projects/p/locations/l/endpoints/openapi/chat/completions").family,
-            ApiFamily::OpenAi
+            ApiFamily::Vertex
         );
+    }
+
+    /// Every path shape the SDKs and agents send, and where it goes: a credential only ever
+    /// reaches its own provider's upstream, and a platform compactor does not serve is refused.
+    #[test]
+    fn every_sdk_path_shape_goes_to_its_own_providers_upstream() {
+        use ApiFamily::{Anthropic, Gemini, OpenAi, Vertex};
+        use Endpoint::*;
+        let anthropic = [("anthropic-version", "2023-06-01")];
+        let google = [("x-goog-api-key", "k")];
+        let none: [(&str, &str); 0] = [];
+        let vertex = "/v1/projects/p/locations/us-east5/publishers";
+        type Case<'a> = (Method, String, &'a [(&'static str, &'static str)], ApiFamily, Endpoint);
+        let cases: Vec<Case> = vec![
+            // OpenAI: fine-tuned model names hold colons; files, batches, uploads, vector stores.
+            (Method::GET, "/v1/models/ft:gpt-4o-mini-2024-07-18:my-org:custom:9xYz".into(), &none, OpenAi, Models),
+            (Method::DELETE, "/v1/models/ft:gpt-4o-mini-2024-07-18:my-org:custom:9xYz".into(), &none, OpenAi, Models),
+            (Method::GET, "/v1/models/ft:gpt-3.5-turbo:acme::abc123".into(), &none, OpenAi, Models),
+            (Method::GET, "/v1/models".into(), &none, OpenAi, Models),
+            (Method::GET, "/v1/models/gpt-4o".into(), &none, OpenAi, Models),
+            (Method::POST, "/v1/chat/completions".into(), &none, OpenAi, ChatCompletions),
+            (Method::POST, "/v1/responses".into(), &none, OpenAi, Responses),
+            (Method::GET, "/v1/responses/resp_1/input_items".into(), &none, OpenAi, Other),
+            (Method::POST, "/v1/embeddings".into(), &none, OpenAi, Embeddings),
+            (Method::POST, "/v1/files".into(), &none, OpenAi, Other),
+            (Method::GET, "/v1/files/file-abc:1/content".into(), &none, OpenAi, Other),
+            (Method::POST, "/v1/batches".into(), &none, OpenAi, Other),
+            (Method::POST, "/v1/batches/batch_1/cancel".into(), &none, OpenAi, Other),
+            (Method::POST, "/v1/fine_tuning/jobs".into(), &none, OpenAi, Other),
+            (Method::POST, "/v1/uploads/upload_1/parts".into(), &none, OpenAi, Other),
+            // Azure-style deployments go where `upstream.openai` points (an Azure resource).
+            (Method::POST, "/openai/deployments/gpt-4o/chat/completions".into(), &none, OpenAi, ChatCompletions),
+            (Method::POST, "/openai/v1/responses".into(), &none, OpenAi, Responses),
+            // Anthropic.
+            (Method::POST, "/v1/messages".into(), &none, Anthropic, Messages),
+            (Method::POST, "/v1/messages/count_tokens".into(), &none, Anthropic, CountTokens),
+            (Method::POST, "/v1/messages/batches".into(), &none, Anthropic, Other),
+            (Method::GET, "/v1/models".into(), &anthropic, Anthropic, Models),
+            (Method::GET, "/v1/models/claude-sonnet-4-5".into(), &anthropic, Anthropic, Models),
+            (Method::POST, "/v1/files".into(), &anthropic, Anthropic, Other),
+            // Gemini: model methods, model listing, files and batches under the beta version.
+            (Method::POST, "/v1beta/models/gemini-2.5-pro:generateContent".into(), &none, Gemini, GenerateContent),
+            (
+                Method::POST,
+                "/v1/models/gemini-2.5-pro:streamGenerateContent".into(),
+                &none,
+                Gemini,
+                StreamGenerateContent,
+            ),
+            (Method::POST, "/v1beta/models/gemini-2.5-pro:countTokens".into(), &none, Gemini, GeminiCountTokens),
+            (Method::POST, "/v1beta/models/text-embedding-004:batchEmbedContents".into(), &none, Gemini, Other),
+            (Method::GET, "/v1beta/models".into(), &none, Gemini, Other),
+            (Method::GET, "/v1beta/models/gemini-2.5-pro".into(), &none, Gemini, Other),
+            (Method::GET, "/v1/models/gemini-2.5-pro".into(), &google, Gemini, Other),
+            (Method::POST, "/upload/v1beta/files".into(), &google, Gemini, Other),
+            (Method::POST, "/v1beta/models/gemini-2.5-flash:batchGenerateContent".into(), &none, Gemini, Other),
+            (Method::POST, "/v1beta/openai/chat/completions".into(), &none, OpenAi, ChatCompletions),
+            // Vertex AI: Google's models, express mode, and its other resources.
+            (
+                Method::POST,
+                format!("{vertex}/google/models/gemini-2.5-pro:generateContent"),
+                &none,
+                Vertex,
+                GenerateContent,
+            ),
+            (
+                Method::POST,
+                "/v1/publishers/google/models/gemini-2.5-pro:generateContent".into(),
+                &none,
+                Vertex,
+                GenerateContent,
+            ),
+            (
+                Method::POST,
+                "/v1/projects/p/locations/l/endpoints/openapi/chat/completions".into(),
+                &none,
+                Vertex,
+                Other,
+            ),
+            (Method::GET, "/v1beta1/projects/p/locations/l/cachedContents".into(), &none, Vertex, Other),
+            // Not served yet: Claude on Vertex AI and on Bedrock, another partner model.
+            (
+                Method::POST,
+                format!("{vertex}/anthropic/models/claude-sonnet-4-5@20250929:rawPredict"),
+                &none,
+                Anthropic,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                format!("{vertex}/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict"),
+                &none,
+                Anthropic,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                format!("{vertex}/anthropic/models/count-tokens:rawPredict"),
+                &none,
+                Anthropic,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                format!("{vertex}/meta/models/llama-4:rawPredict"),
+                &none,
+                Vertex,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                "/model/anthropic.claude-sonnet-4-5-20250929-v1:0/invoke".into(),
+                &none,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream".into(),
+                &none,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123%3Ainference-profile%2Fus.anthropic.claude/invoke".into(),
+                &none,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/anthropic.claude-v2/converse-stream".into(),
+                &none,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/anthropic.claude-v2/count-tokens".into(),
+                &none,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+        ];
+        for (method, path, headers, family, endpoint) in cases {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, http::HeaderValue::from_static(value));
+            }
+            let routed = Route::of(&method, &path, &map);
+            assert_eq!((routed.family, routed.endpoint), (family, endpoint), "{method} {path} {headers:?}");
+        }
     }
 
     #[test]

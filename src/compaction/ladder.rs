@@ -84,6 +84,27 @@ pub struct Recovery {
     pub summary_calls: u32,
     /// compactor's estimate of the body that went out last, after a retry.
     pub tokens_after: Option<u32>,
+    /// A summary this request would have prepared in the background but did not: why.
+    pub background_skipped: Option<BackgroundSkip>,
+}
+
+/// Why a summary due to be prepared in the background was not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackgroundSkip {
+    /// `compaction.background_max_inflight` summaries were already being prepared.
+    Capacity,
+    /// `limits.max_inflight_body_bytes` had no room for the conversation's body.
+    BodyBudget,
+}
+
+impl BackgroundSkip {
+    /// The metric label, and what the inspector shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            BackgroundSkip::Capacity => "capacity",
+            BackgroundSkip::BodyBudget => "body_budget",
+        }
+    }
 }
 
 impl Recovery {

@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::dialect::prefix::{self, PrefixCache, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::Chain;
+use crate::inflight::{Held, InflightBodies};
 use crate::overflow::Overflow;
 use crate::rewrite::{CachePricing, Reason, RewriteReport, RewriteSettings, Rewriter};
 use crate::route::ApiFamily;
@@ -44,7 +45,7 @@ use tracing::Instrument;
 pub use budget::Pressure;
 pub use compact::CompactError;
 use compact::{Compacted, Compaction, Sizing};
-use ladder::Rung;
+use ladder::{BackgroundSkip, Rung};
 pub use ladder::{Ladder, Recovery};
 pub use settings::CompactionSettings;
 pub use summarizer::{Summarizer, SummaryError};
@@ -65,6 +66,11 @@ pub struct Compactor {
     arrivals: prefill::Arrivals,
     /// What tells a request with nothing to decide, learned from the windows sessions work with.
     quiet: quiet::Quiet,
+    /// The request body bytes held at once (`limits.max_inflight_body_bytes`): by requests, and
+    /// by the summaries prepared in the background, which outlive theirs.
+    inflight: InflightBodies,
+    /// Places for summaries prepared in the background (`compaction.background_max_inflight`).
+    background_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// How long a background summary waits for the answer of the request that started it.
@@ -150,9 +156,10 @@ fn count_used(record: &crate::session::CompactionRecord) {
     metric::background_summary_tokens("used", &record.cost);
 }
 
-/// The (upstream family, model) a request talks to, what the session learns of.
-fn model_key(head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
-    ModelKey::new(head.route.family.label(), parsed.model.as_deref().unwrap_or(""))
+/// The (tenant, upstream family, model) a request talks to, what the session learns of: the
+/// tenant of its session key, so that what one tenant teaches stays with that tenant.
+fn model_key(session: &SessionKey, head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
+    ModelKey::new(session.tenant(), head.route.family.label(), parsed.model.as_deref().unwrap_or(""))
 }
 
 /// A Responses request whose history is stored upstream.
@@ -184,11 +191,20 @@ impl Compactor {
             store,
             summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
             arrivals: prefill::Arrivals::new(),
+            inflight: InflightBodies::new(config.limits.max_inflight_body_bytes),
+            background_slots: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(config.compaction.background_max_inflight).unwrap_or(usize::MAX),
+            )),
         }
     }
 
     pub fn settings(&self) -> &CompactionSettings {
         &self.settings
+    }
+
+    /// The budget of request body bytes held at once, shared with the background summaries.
+    pub fn inflight(&self) -> &InflightBodies {
+        &self.inflight
     }
 
     /// The in-process caches' estimated sizes, by their gauge label ([`metric::CACHES`]).
@@ -271,7 +287,8 @@ impl Compactor {
         // `Prepared`, and held inline they made this future 2.3 KB larger (a copy of it is made
         // once a request).
         let mut ctx = boxed(|| SessionCtx::load(self.store.clone(), session, conversation)).await;
-        boxed(|| ctx.use_model(model_key(head, &parsed))).await;
+        let model = model_key(ctx.key(), head, &parsed);
+        boxed(|| ctx.use_model(model)).await;
         // The rewrite's span: the derivations and a compaction ahead (with its summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
         let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
@@ -353,7 +370,7 @@ impl Compactor {
             // passed again within a turn or two (a summary started only at the next request would
             // be on that request's path).
             if self.settings.background && ladder.ready.is_none() && !requested {
-                answered = self.prepare_in_background(head, &ladder, &ctx, &report, &sent, arrival);
+                answered = self.prepare_in_background(head, &mut ladder, &ctx, &report, &sent, arrival);
             } else if let Some(arrival) = arrival
                 && let Some(ready) = ladder.ready.clone()
             {
@@ -411,7 +428,8 @@ impl Compactor {
             return Prepared::untouched(body.clone());
         }
         // What the session learned of its model decides the window pressure, as for the next request.
-        ctx.use_model(model_key(head, &parsed)).await;
+        let model = model_key(ctx.key(), head, &parsed);
+        ctx.use_model(model).await;
         let mut ladder = self.ladder(head, dialect, &body, &parsed, &ctx);
         let Some((sent, _)) = self.first_derivation(&mut ladder, &ctx, parsed).await else {
             return Prepared::untouched(body.clone());
@@ -826,6 +844,16 @@ impl Compactor {
         }
     }
 
+    /// A summary due to be prepared in the background that is not started (see
+    /// [`BackgroundSkip`]): counted, and said in the request's record. The request that passes
+    /// the threshold summarizes on its path instead, as with `compaction.background = false`.
+    fn skip_background(&self, ladder: &mut Ladder, ctx: &SessionCtx, skip: BackgroundSkip) -> Option<AnsweredGate> {
+        metric::background_summary_skipped(skip.label());
+        tracing::debug!(session = %ctx.key().as_str(), reason = skip.label(), "background summary not started");
+        ladder.trace.background_skipped = Some(skip);
+        None
+    }
+
     /// Starts the conversation's next summary off the request path when its growth says it will
     /// pass the threshold within `compaction.background_turns_ahead` turns: at the newest turn's
     /// growth, the prompt crosses the size where a compaction ahead of time would happen (the
@@ -837,7 +865,7 @@ impl Compactor {
     fn prepare_in_background(
         &self,
         head: &RequestHead,
-        ladder: &Ladder,
+        ladder: &mut Ladder,
         ctx: &SessionCtx,
         report: &RewriteReport,
         sent: &Bytes,
@@ -855,6 +883,15 @@ impl Compactor {
         let ahead = pressure.calibrated(growth.saturating_mul(u64::from(self.settings.background_turns_ahead)));
         if prompt > target || prompt.saturating_add(ahead) <= target {
             return None;
+        }
+        // Bounded: each job holds its conversation's body and the summary call built from it
+        // until the summary is ready, past the request that started it.
+        let Ok(slot) = self.background_slots.clone().try_acquire_owned() else {
+            return self.skip_background(ladder, ctx, BackgroundSkip::Capacity);
+        };
+        let mut held = Held::default();
+        if self.inflight.hold(&mut held, (sent.len() as u64).saturating_mul(2)).is_err() {
+            return self.skip_background(ladder, ctx, BackgroundSkip::BodyBudget);
         }
         let due_in = pressure.uncalibrated(target - prompt) + 1;
         let due_tokens = u64::from(report.tokens_before) + due_in;
@@ -913,6 +950,7 @@ impl Compactor {
                 }
             };
             metric::background_summary(outcome);
+            drop((slot, held));
         };
         tokio::spawn(async move { crate::tokens::scoped(&tenant, work).await });
         Some(AnsweredGate(gate))

@@ -51,6 +51,10 @@ pub struct CompactionSettings {
     pub background: bool,
     /// How many turns ahead, at the newest turn's growth, a crossing starts a background summary.
     pub background_turns_ahead: u32,
+    /// Most summaries prepared in the background at once, per process; past it a crossing is not
+    /// prepared ahead (the request that passes the threshold summarizes on its path, as with
+    /// `background = false`) and the skip is counted.
+    pub background_max_inflight: u32,
     /// On an upstream priced with the `local` cache preset: the prompt rebuilt around a prepared
     /// summary is sent ahead (a one-token call) once it is ready and the agent's last request
     /// answered, so the server prefills it while the agent's tool runs; the next request applies it.
@@ -122,6 +126,7 @@ impl Default for CompactionSettings {
             max_failures: 3,
             background: true,
             background_turns_ahead: 2,
+            background_max_inflight: 8,
             prefill_ahead: true,
             ladder: DEFAULT_ORDER.to_vec(),
             agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),

@@ -327,6 +327,7 @@ fn compaction_settings(r: &mut Reader, d: CompactionSettings) -> CompactionSetti
         max_failures: r.parse("compaction.max_failures", d.max_failures, positive_u32),
         background: r.get("compaction.background", d.background),
         background_turns_ahead: r.parse("compaction.background_turns_ahead", d.background_turns_ahead, positive_u32),
+        background_max_inflight: r.parse("compaction.background_max_inflight", d.background_max_inflight, positive_u32),
         prefill_ahead: r.get("compaction.prefill_ahead", d.prefill_ahead),
         ladder: r.parse("compaction.ladder", d.ladder, |names: Vec<String>| {
             let mut rungs = Vec::new();

@@ -574,6 +574,14 @@ pub async fn request(
     row("compaction applied", record.compacted.map(|g| format!("generation {g}")).unwrap_or_else(|| "–".into()));
     row("overflow", record.overflow.as_deref().map(esc).unwrap_or_else(|| "–".into()));
     row("rungs", if record.rungs.is_empty() { "–".into() } else { esc(&record.rungs.join(" → ")) });
+    row(
+        "background summary",
+        match record.background_skipped.as_deref() {
+            Some("capacity") => "not prepared: compaction.background_max_inflight reached".into(),
+            Some(other) => format!("not prepared: {}", esc(other)),
+            None => "–".into(),
+        },
+    );
     row("retries", record.retries.to_string());
     row("summary calls", format!("{} ({} ms)", record.summary_calls, num(record.summary_ms)));
     row("provider prompt tokens", num(record.prompt));

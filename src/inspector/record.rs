@@ -67,6 +67,9 @@ pub struct RequestRecord {
     pub overflow: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rungs: Vec<String>,
+    /// Why a summary due to be prepared in the background was not (`capacity`, `body_budget`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_skipped: Option<String>,
     #[serde(skip_serializing_if = "is_zero_u32")]
     pub retries: u32,
     #[serde(skip_serializing_if = "is_zero_u32")]
@@ -177,6 +180,7 @@ impl RequestRecord {
             retries: log.retries,
             overflow: recovery.and_then(|r| r.overflow.clone()),
             rungs: recovery.map(|r| r.rungs.clone()).unwrap_or_default(),
+            background_skipped: recovery.and_then(|r| r.background_skipped).map(|skip| skip.label().to_string()),
             summary_calls: recovery.map_or(0, |r| r.summary_calls),
             summary_ms: recovery.map_or(0, |r| r.summary.as_millis() as u64),
             ..Self::default()

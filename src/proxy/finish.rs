@@ -238,6 +238,7 @@ impl Remains {
         if let Some((mut ctx, sender)) = self.state.take() {
             let _entered = self.span.enter();
             ctx.note_answered();
+            ctx.note_status(self.log.status);
             match sender {
                 // Refused only when the runtime is shutting down and the finisher is gone with it.
                 Some(sender) => drop(sender.send(Commit { ctx, usage: self.usage })),

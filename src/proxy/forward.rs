@@ -76,7 +76,9 @@ pub(super) async fn forward(
             None => send(upstreams, head, body.clone(), encoded.take(), identity, Armed::AtFirstWait).await?,
         };
         let inspected = match recovery {
-            Some(_) => inspect::inspect(upstreams, &compactor.settings().overflow, head.route.family, response).await?,
+            Some(_) => {
+                inspect::inspect(upstreams, &compactor.settings().overflow, head.route.family, response, &body).await?
+            }
             None => Inspected::pass(response),
         };
         let (retries, compacted) =
@@ -85,7 +87,7 @@ pub(super) async fn forward(
         let trace = recovery
             .as_ref()
             .map(|(ladder, _)| ladder.recovery())
-            .filter(|t| t.overflow.is_some() || t.summary_calls > 0)
+            .filter(|t| t.overflow.is_some() || t.summary_calls > 0 || t.background_skipped.is_some())
             .cloned();
         let tokens_after = trace.as_ref().and_then(|t| t.tokens_after);
         let done = |inspected| Ok(Forwarded { inspected, retries, compacted, tokens_after, recovery: trace });

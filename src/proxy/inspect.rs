@@ -48,23 +48,25 @@ impl Inspected {
     }
 }
 
-/// Reads an error body or holds a stream until its first event, and classifies what came.
+/// Reads an error body or holds a stream until its first event, and classifies what came as the
+/// answer to `sent` (what the error merely echoes of it is no overflow).
 pub(super) async fn inspect(
     upstreams: &Upstreams,
     detector: &OverflowDetector,
     family: ApiFamily,
     response: http::Response<PooledBody>,
+    sent: &[u8],
 ) -> Result<Inspected, ProxyError> {
     let (parts, body) = response.into_parts();
     if !parts.status.is_success() {
-        return read_error(upstreams, detector, family, parts, body).await;
+        return read_error(upstreams, detector, family, parts, body, sent).await;
     }
     let streaming =
         parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     if !streaming {
         return Ok(Inspected::Pass { parts, body, held: None, last_frame: Instant::now() });
     }
-    hold_stream(upstreams, detector, family, parts, body).await
+    hold_stream(upstreams, detector, family, parts, body, sent).await
 }
 
 /// Reads an error body, at most [`MAX_INSPECT_BYTES`] and never waiting longer than the idle
@@ -76,6 +78,7 @@ async fn read_error(
     family: ApiFamily,
     parts: response::Parts,
     mut body: PooledBody,
+    sent: &[u8],
 ) -> Result<Inspected, ProxyError> {
     let idle = upstreams.idle_timeout();
     let mut held = BytesMut::new();
@@ -97,7 +100,7 @@ async fn read_error(
         }
     }
     let bytes = held.freeze();
-    Ok(match detector.detect(parts.status.as_u16(), &bytes) {
+    Ok(match detector.detect_answer(parts.status.as_u16(), &bytes, Some(sent)) {
         Some(overflow) => Inspected::Overflow { overflow, parts, body: bytes },
         None => Inspected::Buffered { parts, body: bytes },
     })
@@ -112,6 +115,7 @@ async fn hold_stream(
     family: ApiFamily,
     parts: response::Parts,
     mut body: PooledBody,
+    sent: &[u8],
 ) -> Result<Inspected, ProxyError> {
     let deadline = tokio::time::Instant::now() + upstreams.first_byte_timeout();
     let mut held = BytesMut::new();
@@ -122,7 +126,7 @@ async fn hold_stream(
         match verdict {
             Verdict::Release => return Ok(Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame }),
             Verdict::Error => {
-                return Ok(match detector.detect(200, &held) {
+                return Ok(match detector.detect_answer(200, &held, Some(sent)) {
                     Some(overflow) => Inspected::Overflow { overflow, parts, body: held.freeze() },
                     None => Inspected::Pass { parts, body, held: Some(held.freeze()), last_frame },
                 });

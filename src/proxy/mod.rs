@@ -8,7 +8,6 @@ pub mod body;
 mod finish;
 pub use finish::{RECORDED_WITHIN, recorded, recording};
 mod forward;
-mod inflight;
 mod inspect;
 pub mod request_body;
 /// The usage reader lives at the crate root (the summary calls read it too).
@@ -66,14 +65,12 @@ pub struct Proxy {
     /// The finishers of requests that took session state, so shutdown can wait for their writes.
     finishers: TaskTracker,
     request_ids: RequestIds,
-    inflight: inflight::InflightBodies,
 }
 
 impl Proxy {
     pub fn new(config: Arc<Config>, store: Store) -> Result<Self, std::io::Error> {
         let upstreams = Arc::new(Upstreams::new(&config)?);
         Ok(Self {
-            inflight: inflight::InflightBodies::new(config.limits.max_inflight_body_bytes),
             compactor: Compactor::new(&config, store, upstreams.clone()),
             upstreams,
             config,
@@ -127,6 +124,11 @@ impl Proxy {
         if let Err(error) = self.upstreams.serves(route.family) {
             return fail(error, route, finish);
         }
+        // A platform compactor does not serve yet (Bedrock, a partner model on Vertex AI): its
+        // credential goes nowhere.
+        if let crate::route::Endpoint::Unserved(platform) = route.endpoint {
+            return fail(ProxyError::Unserved { platform }, route, finish);
+        }
         // A token-count request is read and rewritten like the request it counts, never changing
         // the session (see `Compactor::count`).
         let counted = Dialect::counted(route.endpoint);
@@ -138,9 +140,9 @@ impl Proxy {
         // This request's share of the body bytes in flight: taken before the body is read when
         // it declares its length, else once read, and grown to its decoded size; held until the
         // upstream's answer comes (the body, its parse and the rewritten body live until then).
-        let mut held = inflight::Held::default();
+        let mut held = crate::inflight::Held::default();
         if let Some(length) = request_body::declared_length(&parts.headers)
-            && let Err(error) = self.inflight.hold(&mut held, length.min(limits.max_body_bytes))
+            && let Err(error) = self.compactor.inflight().hold(&mut held, length.min(limits.max_body_bytes))
         {
             request_body::discard(body, limits.max_body_bytes, limits.client_body_timeout).await;
             return fail(error, route, finish);
@@ -153,7 +155,7 @@ impl Proxy {
                 Err(error) => return fail(error, route, finish),
             };
         finish.log.bytes_in = body.len() as u64;
-        if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+        if let Err(error) = self.compactor.inflight().hold(&mut held, body.len() as u64) {
             return fail(error, route, finish);
         }
         // A request compactor has no reason to touch goes upstream now, and is prepared while the
@@ -179,7 +181,7 @@ impl Proxy {
                 Ok(decoded) => decoded,
                 Err(error) => return fail(error, route, finish),
             };
-            if let Err(error) = self.inflight.hold(&mut held, body.len() as u64) {
+            if let Err(error) = self.compactor.inflight().hold(&mut held, body.len() as u64) {
                 return fail(error, route, finish);
             }
             // Bounded by the body as decoded: what the parse reads.

@@ -29,8 +29,11 @@ static STORE_WARNINGS: LazyLock<RateLimited> = LazyLock::new(|| RateLimited::new
 
 pub use super::state::CALIBRATION_MILLI;
 
-/// The (upstream, model) a request talks to: what the session learns of it is also kept under
-/// its own store key, so a new session of the same model starts with it.
+/// The (tenant, upstream, model) a request talks to: what the session learns of it is also kept
+/// under its own store key, so a new session of the same tenant and model starts with it. The
+/// tenant is part of the key so that nothing one tenant's requests teach (a window an error
+/// named, a tokenizer calibration, how long runs last) changes what compactor decides for another
+/// tenant (docs/security.md, "What is learned from whom").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelKey {
     pub tag: u64,
@@ -40,9 +43,12 @@ pub struct ModelKey {
 }
 
 impl ModelKey {
-    pub fn new(upstream: &str, model: &str) -> Self {
-        // The hash of `upstream\0model`, streamed: equal to the one-shot hash of the joined text.
+    pub fn new(tenant: &str, upstream: &str, model: &str) -> Self {
+        // The hash of `tenant\0upstream\0model`, streamed: equal to the one-shot hash of the
+        // joined text.
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(tenant.as_bytes());
+        hasher.update(b"\0");
         hasher.update(upstream.as_bytes());
         hasher.update(b"\0");
         hasher.update(model.as_bytes());
@@ -78,6 +84,9 @@ pub struct SessionCtx {
     foreign_model: bool,
     /// How long conversations of the model run, as the store last said.
     runs: RunLengths,
+    /// Whether the upstream answered the request (a 2xx status): only an answered request
+    /// counts toward its conversation's run and the model's run lengths.
+    answered: bool,
 }
 
 impl SessionCtx {
@@ -106,6 +115,7 @@ impl SessionCtx {
             foreign_session: false,
             foreign_model: false,
             runs: RunLengths::default(),
+            answered: false,
         });
         match loaded {
             Ok((session, conversation)) => (ctx.session, ctx.conversation) = (session, conversation),
@@ -161,6 +171,13 @@ impl SessionCtx {
     /// agent's idle time, measured when its next request comes.
     pub fn note_answered(&mut self) {
         self.pending.conversation.answered_at_unix_ms = Some(super::unix_ms());
+    }
+
+    /// The status the client got. A request the upstream refused (401, 429, a 5xx...) is not a
+    /// turn of the conversation: it counts toward no run ([`SessionCtx::count_turn`]), so
+    /// refused requests cannot lengthen the horizon rewrites are priced over.
+    pub fn note_status(&mut self, status: u16) {
+        self.answered = (200..300).contains(&status);
     }
 
     /// The model the request names, once known.
@@ -456,6 +473,14 @@ impl SessionCtx {
     /// What a commit writes: what the session learned of its model, under the model's key (for
     /// the model's next sessions too), and this request's changes, under the session's; each
     /// `None` when there is nothing to write or another schema version owns the place.
+    /// A request the upstream did not answer takes back its turn ([`SessionCtx::note_status`]).
+    fn uncount_unanswered(&mut self) {
+        if !self.answered {
+            self.pending.conversation.run = None;
+            self.pending.model_run = None;
+        }
+    }
+
     fn commit_writes(&self) -> (Option<(&str, SessionUpdate)>, Option<&Update>) {
         if self.pending.is_empty() {
             return (None, None);
@@ -472,7 +497,8 @@ impl SessionCtx {
 
     /// Writes what this request added, once its response is done. False when the write failed
     /// (reported).
-    pub async fn commit(self) -> bool {
+    pub async fn commit(mut self) -> bool {
+        self.uncount_unanswered();
         let (learned, changes) = self.commit_writes();
         if let Some((model_key, update)) = learned
             && let Err(error) = self.store.update_session(model_key, &update).await
@@ -493,7 +519,8 @@ impl SessionCtx {
     /// [`SessionCtx::commit`] for the in-process store, done at once on this thread (a map update
     /// that neither waits nor fails, so the request needs no finisher task). False, with nothing
     /// written, for any other store.
-    pub fn commit_in_place(self) -> bool {
+    pub fn commit_in_place(mut self) -> bool {
+        self.uncount_unanswered();
         let (learned, changes) = self.commit_writes();
         if let Some((model_key, update)) = learned {
             self.store.update_session_in_place(model_key, &update);
@@ -546,10 +573,10 @@ mod tests {
     use crate::session::SessionSource;
 
     #[test]
-    fn a_models_key_is_the_hash_of_its_upstream_and_name_as_stored_before() {
+    fn a_models_key_is_the_hash_of_its_tenant_upstream_and_name() {
         for (upstream, model) in [("openai", "gpt-4o"), ("anthropic", "claude-sonnet-4-5"), ("openai", "")] {
-            let key = ModelKey::new(upstream, model);
-            let tag = xxhash_rust::xxh3::xxh3_64(format!("{upstream}\0{model}").as_bytes()).max(1);
+            let key = ModelKey::new("tenant", upstream, model);
+            let tag = xxhash_rust::xxh3::xxh3_64(format!("tenant\0{upstream}\0{model}").as_bytes()).max(1);
             assert_eq!((key.tag, key.store_key.as_str()), (tag, format!("model.{tag:016x}").as_str()));
         }
     }
@@ -630,7 +657,7 @@ mod tests {
     /// A request of conversation `id` of session `name`, to one model.
     async fn turn(store: &Store, name: &str, id: &str) -> Box<SessionCtx> {
         let mut ctx = SessionCtx::load(store.clone(), key(name), conversation(id)).await;
-        ctx.use_model(ModelKey::new("anthropic", "claude")).await;
+        ctx.use_model(ModelKey::new("tenant", "anthropic", "claude")).await;
         ctx
     }
 
@@ -646,6 +673,7 @@ mod tests {
                 let mut ctx = turn(&store, &format!("s{session}"), MAIN).await;
                 ctx.record_request(&[], 0, 3);
                 ctx.count_turn(lifetime);
+                ctx.note_status(200);
                 assert!(ctx.commit().await);
             }
         }
@@ -654,6 +682,7 @@ mod tests {
         assert_eq!(ctx.later_turns(lifetime, 0.9, &[]), 16 - 1, "every run so far reached turn 16");
         ctx.record_request(&[], 0, 3);
         ctx.count_turn(lifetime);
+        ctx.note_status(200);
         assert!(ctx.commit().await);
         let ctx = turn(&store, "new", MAIN).await;
         assert_eq!((ctx.run_turn(lifetime), ctx.later_turns(lifetime, 0.9, &[])), (2, 16 - 2));
@@ -661,14 +690,48 @@ mod tests {
         assert_eq!(ctx.run_turn(Duration::ZERO), 1);
         // Another model has measured nothing.
         let mut other = SessionCtx::load(store.clone(), key("new"), conversation(SUBAGENT)).await;
-        other.use_model(ModelKey::new("openai", "gpt")).await;
+        other.use_model(ModelKey::new("tenant", "openai", "gpt")).await;
         assert_eq!(other.later_turns(lifetime, 0.9, &[]), 0);
+    }
+
+    #[tokio::test]
+    async fn refused_requests_count_toward_no_run_and_one_tenants_runs_are_not_anothers() {
+        let store = Store::from_config(&Config::default().session);
+        let lifetime = Duration::from_secs(300);
+        // Ten sessions whose every request the upstream refused (401): no run, no horizon.
+        for session in 0..10 {
+            for _ in 0..20 {
+                let mut ctx = turn(&store, &format!("refused{session}"), MAIN).await;
+                ctx.record_request(&[], 0, 3);
+                ctx.count_turn(lifetime);
+                ctx.note_status(401);
+                assert!(ctx.commit().await);
+            }
+        }
+        let young = turn(&store, "young", MAIN).await;
+        assert_eq!(young.later_turns(lifetime, 0.9, &[]), 0, "refused requests measured no run");
+        let refused = turn(&store, "refused0", MAIN).await;
+        assert_eq!(refused.run_turn(lifetime), 1, "nor a turn of their own conversation");
+        // Ten sessions of another tenant that really ran 20 turns: this tenant still knows nothing.
+        for session in 0..10 {
+            for _ in 0..20 {
+                let key = SessionKey { key: format!("other.s{session}"), source: SessionSource::Header };
+                let mut ctx = SessionCtx::load(store.clone(), key, conversation(MAIN)).await;
+                ctx.use_model(ModelKey::new("other", "anthropic", "claude")).await;
+                ctx.record_request(&[], 0, 3);
+                ctx.count_turn(lifetime);
+                ctx.note_status(200);
+                assert!(ctx.commit().await);
+            }
+        }
+        let young = turn(&store, "young", MAIN).await;
+        assert_eq!(young.later_turns(lifetime, 0.9, &[]), 0, "another tenant's runs are not this tenant's");
     }
 
     #[tokio::test]
     async fn parallel_requests_merge_what_they_learned_and_a_stale_commit_erases_no_overflow() {
         let store = Store::from_config(&Config::default().session);
-        let model = ModelKey::new("openai", "gpt-4o");
+        let model = ModelKey::new("tenant", "openai", "gpt-4o");
         // Both requests load the same session before either commits.
         let mut overflowed = SessionCtx::load(store.clone(), key("p"), conversation(MAIN)).await;
         let mut measured = SessionCtx::load(store.clone(), key("p"), conversation(SUBAGENT)).await;

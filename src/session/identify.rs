@@ -67,6 +67,11 @@ impl SessionKey {
     pub fn as_str(&self) -> &str {
         &self.key
     }
+
+    /// The tenant part of the key: the keyed hash of the request's credential (or `anonymous`).
+    pub fn tenant(&self) -> &str {
+        self.key.split_once('.').map_or(self.key.as_str(), |(tenant, _)| tenant)
+    }
 }
 
 /// Identifies sessions; holds the secret that keys tenant hashes.

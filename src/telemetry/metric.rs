@@ -213,6 +213,13 @@ pub fn background_summary(outcome: &'static str) {
     counter!("compactor_background_summaries_total", "outcome" => outcome).increment(1);
 }
 
+/// A summary due to be prepared in the background that was not started, by why (`capacity`:
+/// `compaction.background_max_inflight` reached; `body_budget`: no room in
+/// `limits.max_inflight_body_bytes`).
+pub fn background_summary_skipped(reason: &'static str) {
+    counter!("compactor_background_summaries_skipped_total", "reason" => reason).increment(1);
+}
+
 /// A prefill ahead of a prepared summary's rebuilt prompt, by outcome.
 pub fn prefill_ahead(outcome: &'static str) {
     counter!("compactor_prefills_ahead_total", "outcome" => outcome).increment(1);

@@ -557,3 +557,43 @@ async fn paced_by_the_agents_idle_time(config: &str) {
     assert!((300..=480).contains(&first), "{config}: the first asks for the share: {first}");
     assert!((190..=290).contains(&paced), "{config}: the next fits 0.72 s at 3 ms a token: {paced} (first {first})");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn background_summaries_in_flight_are_capped_and_the_ones_past_the_cap_are_counted_skipped() {
+    let (fake, log) = fake_with_slow_summaries().await;
+    let proxy = ProxyProcess::start(&fake, &format!("{CONFIG}background_max_inflight = 3\n"));
+    let post = async |session: &str, turns: usize| {
+        let headers = [("authorization", "Bearer k"), ("x-session-id", session)];
+        let answer = proxy.post("/v1/chat/completions", &headers, &conversation(turns)).await;
+        assert_eq!(answer.status, 200, "{session} turn {turns}: {}", answer.text());
+    };
+    // The turn at which a conversation starts its background summary, found on a first session.
+    let mut first = 0;
+    while log.summary_calls().is_empty() {
+        first += 1;
+        assert!(first <= 12, "no summary started before the threshold: {:?}", log.events());
+        post("probe", first).await;
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while log.summary_calls().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // Eight more conversations up to the turn before, then all eight to that turn at once, while
+    // the first one's summary is still being written (the fake takes 3 s).
+    let sessions: Vec<String> = (0..8).map(|i| format!("agent-{i}")).collect();
+    for session in &sessions {
+        for turns in 1..first {
+            post(session, turns).await;
+        }
+    }
+    futures_util::future::join_all(sessions.iter().map(|session| post(session, first))).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let calls = log.summary_calls();
+    assert_eq!(calls.len(), 3, "at most background_max_inflight summaries at once: {:?}", log.events());
+    let text = metrics(&proxy).await;
+    assert_eq!(metric(&text, "compactor_background_summaries_skipped_total", &["reason=\"capacity\""]), 6, "{text}");
+    // Once they are written, a conversation's next crossing may be prepared again.
+    let ready =
+        async || metric(&metrics(&proxy).await, "compactor_background_summaries_total", &["outcome=\"ready\""]) >= 3;
+    assert!(eventually_within(Duration::from_secs(20), ready).await);
+}

@@ -31,4 +31,5 @@ mod sent_ahead;
 mod sessions;
 mod shared_state;
 mod summaries;
+mod tenants;
 mod traces;

@@ -509,7 +509,7 @@ async fn how_long_a_models_conversations_run_is_measured_in_redis_and_read_by_ev
     let request = async |store: &Store, session: &str| {
         let key = SessionKey { key: format!("tenant.{session}"), source: SessionSource::Header };
         let mut ctx = SessionCtx::load(store.clone(), key, ConversationId::parse("00000000000000aa").unwrap()).await;
-        ctx.use_model(ModelKey::new("anthropic", "claude-sonnet-4-5")).await;
+        ctx.use_model(ModelKey::new("tenant", "anthropic", "claude-sonnet-4-5")).await;
         ctx
     };
     assert_eq!(request(&writer, "fresh").await.later_turns(lifetime, 0.9, &[]), 0, "nothing measured yet");
@@ -519,6 +519,7 @@ async fn how_long_a_models_conversations_run_is_measured_in_redis_and_read_by_ev
             let mut ctx = request(&writer, &format!("long-{session}")).await;
             ctx.record_request(&[], 0, 3);
             ctx.count_turn(lifetime);
+            ctx.note_status(200);
             assert!(ctx.commit().await);
         }
     }

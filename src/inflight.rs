@@ -1,7 +1,9 @@
 //! The request body bytes compactor holds at once, across requests (`limits.max_inflight_body_bytes`).
 //! A rewritten request's memory grows with its body (the body, its parse, the rewritten body), and
 //! nothing else bounds it across concurrent requests: past the budget a request is refused with a
-//! 503 in its dialect and `retry-after`, before its body is read when it declares its length.
+//! 503 in its dialect and `retry-after`, before its body is read when it declares its length. A
+//! summary prepared in the background holds its conversation's body (and the summary call built
+//! from it) in the same budget, and is skipped when the budget has no room for it.
 
 use std::sync::Arc;
 
