@@ -210,7 +210,8 @@ pub struct LimitsConfig {
     /// Client connections served at once; one more is answered 503 and closed.
     pub max_connections: u64,
     /// The longest a client may pause while sending a request body: a rewritable route answers
-    /// 408, a streamed one breaks off its upstream request.
+    /// 408, a streamed one breaks off its upstream request. An inspector form must come whole
+    /// within it (else 408).
     #[serde(rename = "client_body_timeout_ms", serialize_with = "millis")]
     pub client_body_timeout: Duration,
     /// Memory, in bytes, for the last parse of each conversation (its body included), so the next

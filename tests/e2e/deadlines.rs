@@ -1,7 +1,8 @@
 //! Every client connection has a deadline from accept (issue 49): one that sends nothing, or
 //! goes quiet between requests, is closed at `limits.client_idle_timeout_ms` and frees its slot;
-//! a request's headers are bounded by `limits.header_read_timeout_ms` (tests/e2e/faults.rs). A
-//! request in progress is never idle, however long its answer.
+//! a request's headers are bounded by `limits.header_read_timeout_ms` (tests/e2e/faults.rs); a
+//! body that stalls gets 408 at `limits.client_body_timeout_ms` on every route that reads one,
+//! the inspector's forms included. A request in progress is never idle, however long its answer.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -15,6 +16,8 @@ use tokio::net::TcpStream;
 use crate::common::*;
 
 const AUTH: (&str, &str) = ("authorization", "Bearer sk-test");
+
+const ADMIN_TOKEN: &str = "deadline-admin-token-7c1e";
 
 /// How long after its deadline a connection may take to be seen closed on a loaded machine.
 const SLACK: Duration = Duration::from_millis(2_000);
@@ -150,4 +153,38 @@ async fn a_request_in_progress_is_never_idle_however_long_its_answer_takes() {
     assert_eq!(response.status(), 200);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains("\"slow\""));
+}
+
+/// A POST of `path` declaring a 200-byte body and sending 6 bytes of it, then nothing.
+async fn stalled_form(addr: SocketAddr, path: &str, headers: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 200\r\n{headers}\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(b"token=").await.unwrap();
+    stream
+}
+
+#[tokio::test]
+async fn a_stalled_inspector_form_gets_408_at_the_body_timeout() {
+    let config = format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[limits]\nclient_body_timeout_ms = 300\n");
+    let (_fake, proxy) = ProxyProcess::with_fake(&config).await;
+    let bearer = format!("authorization: Bearer {ADMIN_TOKEN}\r\n");
+    for (path, headers) in [("/ui/login", ""), ("/ui/sessions/0a1b.2c3d/forget", bearer.as_str())] {
+        let mut stream = stalled_form(proxy.addr, path, headers).await;
+        let sent = Instant::now();
+        let (answer, closed) = until_closed(&mut stream, Duration::from_millis(300) + SLACK).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(closed.is_some(), "{path}: the stalled form still held after {:?}: {answer:?}", sent.elapsed());
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(answer.contains("text/html"), "{path}: the inspector's own page: {answer}");
+        assert!(sent.elapsed() >= Duration::from_millis(250), "{path}: answered before the body timeout");
+    }
+    // The admin API reads no body: a stalled one is answered at once and the connection closed.
+    let mut stream = stalled_form(proxy.addr, "/admin/sessions/0a1b.2c3d", &bearer).await;
+    let (answer, closed) = until_closed(&mut stream, SLACK).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(closed.is_some(), "the admin API held a stalled body: {answer:?}");
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
 }
