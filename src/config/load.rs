@@ -88,6 +88,11 @@ impl Config {
             limits: LimitsConfig {
                 max_body_bytes: r.parse("limits.max_body_bytes", d.limits.max_body_bytes, positive),
                 rewrite_budget: r.parse("limits.rewrite_budget_ms", d.limits.rewrite_budget, positive_ms),
+                client_idle_timeout: r.parse(
+                    "limits.client_idle_timeout_ms",
+                    d.limits.client_idle_timeout,
+                    positive_ms,
+                ),
                 header_read_timeout: r.parse(
                     "limits.header_read_timeout_ms",
                     d.limits.header_read_timeout,

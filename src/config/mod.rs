@@ -199,13 +199,19 @@ pub struct LimitsConfig {
     /// and forwards the request as it came.
     #[serde(rename = "rewrite_budget_ms", serialize_with = "millis")]
     pub rewrite_budget: Duration,
+    /// How long a client connection may sit with no request in progress before it is closed:
+    /// from accept until its first byte, and between requests on a kept-alive connection (an
+    /// h2c connection with no stream open included). Clients reconnect; an idle slot is free again.
+    #[serde(rename = "client_idle_timeout_ms", serialize_with = "millis")]
+    pub client_idle_timeout: Duration,
     /// How long a client may take to send a request's headers.
     #[serde(rename = "header_read_timeout_ms", serialize_with = "millis")]
     pub header_read_timeout: Duration,
     /// Client connections served at once; one more is answered 503 and closed.
     pub max_connections: u64,
     /// The longest a client may pause while sending a request body: a rewritable route answers
-    /// 408, a streamed one breaks off its upstream request.
+    /// 408, a streamed one breaks off its upstream request. An inspector form must come whole
+    /// within it (else 408).
     #[serde(rename = "client_body_timeout_ms", serialize_with = "millis")]
     pub client_body_timeout: Duration,
     /// Memory, in bytes, for the last parse of each conversation (its body included), so the next
@@ -395,6 +401,7 @@ impl Default for Config {
                 parse_memory_per_body_byte: 2,
                 parse_memory_floor_bytes: 16 * 1024 * 1024,
                 rewrite_budget: Duration::from_millis(10_000),
+                client_idle_timeout: Duration::from_millis(60_000),
                 header_read_timeout: Duration::from_millis(60_000),
                 max_connections: 4_096,
                 client_body_timeout: Duration::from_millis(60_000),

@@ -13,6 +13,7 @@ pub mod plot;
 pub mod record;
 
 use std::fmt::Write;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -29,6 +30,31 @@ use crate::session::Store;
 
 /// The largest form body read (a token, a CSRF token, an address).
 const FORM_BYTES: usize = 8 * 1024;
+
+/// Why a form's body was not read.
+#[derive(Debug, thiserror::Error)]
+enum FormError {
+    #[error("The form could not be read.")]
+    Unreadable,
+    #[error("The form did not arrive within {} ms.", .0.as_millis())]
+    TimedOut(Duration),
+}
+
+impl FormError {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Unreadable => StatusCode::BAD_REQUEST,
+            Self::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Self::Unreadable => "Bad request",
+            Self::TimedOut(_) => "Request timeout",
+        }
+    }
+}
 
 /// Whether `path` is the inspector's.
 pub fn owns(path: &str) -> bool {
@@ -61,7 +87,7 @@ where
     }
     if path == "/ui/login" {
         return match method {
-            Method::POST => login(&keys, request, now).await,
+            Method::POST => login(&keys, request, now, config.limits.client_body_timeout).await,
             _ => {
                 let next = request.uri().query().and_then(|q| query_value(q, "next")).unwrap_or_default();
                 login_page(StatusCode::OK, &next, "")
@@ -77,16 +103,9 @@ where
     }
     let csrf = access.csrf().to_string();
     if method == Method::POST {
-        let form = match read_form(request).await {
-            Some(form) => form,
-            None => {
-                return html::message(
-                    StatusCode::BAD_REQUEST,
-                    Some(&csrf),
-                    "Bad request",
-                    "The form could not be read.",
-                );
-            }
+        let form = match read_form(request, config.limits.client_body_timeout).await {
+            Ok(form) => form,
+            Err(error) => return html::message(error.status(), Some(&csrf), error.title(), &error.to_string()),
         };
         let presented = query_value(&form, "csrf").unwrap_or_default();
         if !access.allows_change(&presented) {
@@ -174,14 +193,15 @@ async fn change(store: &Store, path: &str) -> Response<ResponseBody> {
 
 /// The login form's POST: the admin token in exchange for a cookie, then back where the caller
 /// was going (an address under `/ui/` only, never another site).
-async fn login<B>(keys: &Keys, request: Request<B>, now: u64) -> Response<ResponseBody>
+async fn login<B>(keys: &Keys, request: Request<B>, now: u64, body_timeout: Duration) -> Response<ResponseBody>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let secure = request.headers().get("x-forwarded-proto").is_some_and(|v| v.as_bytes() == b"https");
-    let Some(form) = read_form(request).await else {
-        return login_page(StatusCode::BAD_REQUEST, "", "The form could not be read.");
+    let form = match read_form(request, body_timeout).await {
+        Ok(form) => form,
+        Err(error) => return login_page(error.status(), "", &error.to_string()),
     };
     let next = query_value(&form, "next").unwrap_or_default();
     let token = query_value(&form, "token").unwrap_or_default();
@@ -219,15 +239,19 @@ fn not_found(csrf: &str) -> Response<ResponseBody> {
     html::message(StatusCode::NOT_FOUND, Some(csrf), "Not found", "No such page.")
 }
 
-/// An `application/x-www-form-urlencoded` body, bounded.
-async fn read_form<B>(request: Request<B>) -> Option<String>
+/// An `application/x-www-form-urlencoded` body, bounded in size and in time: the whole form
+/// within `limits.client_body_timeout_ms` (the longest pause a chat body may take), since a form
+/// of a few hundred bytes has no reason to come in pieces, and one sent a byte at a time would
+/// hold its connection for hours under a timeout between pieces.
+async fn read_form<B>(request: Request<B>, timeout: Duration) -> Result<String, FormError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let limited = http_body_util::Limited::new(request.into_body(), FORM_BYTES);
-    let bytes = limited.collect().await.ok()?.to_bytes();
-    String::from_utf8(bytes.to_vec()).ok()
+    let collected = tokio::time::timeout(timeout, limited.collect()).await.map_err(|_| FormError::TimedOut(timeout))?;
+    let bytes = collected.map_err(|_| FormError::Unreadable)?.to_bytes();
+    String::from_utf8(bytes.to_vec()).map_err(|_| FormError::Unreadable)
 }
 
 /// A session key: `<tenant hash>.<session hash>` (letters, digits and dots).

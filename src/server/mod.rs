@@ -1,6 +1,7 @@
 //! The listening side: accepts HTTP/1.1 and h2c connections, answers compactor's own endpoints,
 //! hands everything else to the proxy pipeline, and drains gracefully on shutdown.
 
+mod idle;
 mod ops;
 
 use std::convert::Infallible;
@@ -97,7 +98,8 @@ async fn route(state: Arc<AppState>, mut request: Request<Incoming>) -> Response
 /// Serves until `shutdown` resolves, then stops accepting, reports not ready, and lets in-flight
 /// requests finish (their log lines written, their session state committed) for up to
 /// `shutdown.drain_timeout_ms`. At most `limits.max_connections` connections are served at once;
-/// one more is refused (see [`refuse`]).
+/// one more is refused (see [`refuse`]). A connection with no request in progress is closed after
+/// `limits.client_idle_timeout_ms` (see [`idle`]), so a silent one cannot keep its slot.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -139,9 +141,15 @@ pub async fn serve(
         };
         metric::connection_opened();
         let state = state.clone();
+        let requests = Arc::new(idle::Requests::default());
+        let stream = idle::IdleDeadline::new(stream, requests.clone(), limits.client_idle_timeout);
         let service = service_fn(move |request| {
+            let in_progress = requests.begin();
             let state = state.clone();
-            async move { Ok::<_, Infallible>(route(state, request).await) }
+            async move {
+                let response = route(state, request).await;
+                Ok::<_, Infallible>(response.map(|body| idle::Answered::new(body, in_progress)))
+            }
         });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         // The requests the connection ends are recorded after each poll, once hyper wrote the

@@ -12,6 +12,7 @@ mod compaction;
 mod connections;
 mod conversations;
 mod count_tokens;
+mod deadlines;
 mod deploy;
 mod docs;
 mod faults;
