@@ -3,9 +3,12 @@
 //! the path, not the body.
 //!
 //! Client tool pairs are a model turn's `functionCall` parts answered by `functionResponse` parts
-//! in the next user turn: by `id` when the model gave one, else by name and order (the k-th call
-//! of a name is answered by the k-th response of that name), under an id made of the model turn's
-//! ordinal among model turns, which neither repair nor a later turn shifts. Pruning and truncation replace a
+//! in the next user turn, paired as the Gemini API pairs them: by `id` when the call and the
+//! response both have one, else by name and order (the k-th remaining response of a name answers
+//! the k-th remaining call of that name), so a call without an id answered by a response carrying
+//! one of its own (older Gemini CLI releases) is a pair, and so is the reverse. A call without an
+//! id goes under an id made of the model turn's ordinal among model turns, which neither repair
+//! nor a later turn shifts; its response takes the same id. Pruning and truncation replace a
 //! response's `response` object with one of the same shape (`{"output": "<placeholder>"}`, or
 //! the one key the response had), keeping `name` and `id`; a response carrying `parts` (inline
 //! data) is never shortened. `thoughtSignature` is never read or written: the part that carries it
@@ -14,9 +17,10 @@
 //! never repaired or shortened. `inlineData` / `fileData` are counted, never touched.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use super::{Message, ParsedRequest};
-use crate::conversation::{Edit, InsertResult, Item, Kind, Role};
+use crate::conversation::{Conversation, Edit, InsertResult, Item, Kind, Role};
 use crate::json::{self, RawObject};
 
 /// The first character of an id compactor made up for a call the model gave none: never one a
@@ -69,35 +73,46 @@ pub(super) fn parse_message<'a>(
     let mut naming = Naming {
         // The model turns before this content: a model content's own turn.
         turn: parsed.assistant_turns,
-        // The model turn a response without an id answers: the last one before this content.
-        calling: parsed.assistant_turns.checked_sub(1),
         by_name: Vec::new(),
         code_runs: (0, 0),
+        responses: Vec::new(),
     };
+    let first_item = parsed.conversation.items.len();
     for (b, part) in parts.iter().enumerate() {
         let item = part_item(index, b, role, part, &mut naming)?;
         parsed.conversation.items.push(item);
+    }
+    if !naming.responses.is_empty() {
+        // The responses answer the calls of the last model turn before this content.
+        pair_responses(&mut parsed.conversation, parsed.last_assistant, index, first_item, &naming.responses);
     }
     parsed.messages.push(Message { raw, object, role, blocks: Some(parts) });
     Some(())
 }
 
-/// What names the calls and responses of one content that carry no id.
-struct Naming {
+/// What names the calls of one content that carry no id, and what its responses need to be paired.
+struct Naming<'a> {
     /// How many model contents come before this one: a model content's calls are named by it.
     /// Not the content's index: repair drops contents that only answer no call, which would name
     /// the same call otherwise in the rewritten body (and a remembered pruned id another call).
     turn: usize,
-    /// The model turn whose calls this content's responses answer (the last before it).
-    calling: Option<usize>,
-    /// Calls (or responses) of each name without id seen so far in this content.
+    /// Calls of each name without id seen so far in this content.
     by_name: Vec<(String, usize)>,
     /// Code runs and their results seen so far in this content.
     code_runs: (usize, usize),
+    /// The function responses of this content, in order, paired once all are read.
+    responses: Vec<Response<'a>>,
 }
 
-impl Naming {
-    /// The ordinal of the next call (or response) of `name` in this content, counted.
+/// A function response waiting for its call.
+struct Response<'a> {
+    /// Its part's index in the content (each part is one item).
+    block: usize,
+    name: Cow<'a, str>,
+}
+
+impl Naming<'_> {
+    /// The ordinal of the next call of `name` in this content, counted.
     fn ordinal(&mut self, name: &str) -> usize {
         match self.by_name.iter_mut().find(|(n, _)| n == name) {
             Some((_, count)) => {
@@ -117,9 +132,102 @@ fn made_up_id(model_turn: usize, name: &str, ordinal: usize) -> String {
     format!("{MADE_UP}{model_turn}:{ordinal}:{name}")
 }
 
+/// The id of a response without one that answers no call: its place, which no call's id is.
+fn unanswered_id(message: usize, block: usize) -> String {
+    format!("{MADE_UP}answers-none:{message}:{block}")
+}
+
+/// Calls of one name in a model turn, in order, and how far the pairing has taken them.
+#[derive(Default)]
+struct Queue {
+    calls: Vec<usize>,
+    next: usize,
+}
+
+impl Queue {
+    /// The first call still unanswered, taken.
+    fn take(&mut self, taken: &mut [bool]) -> Option<usize> {
+        while let Some(&call) = self.calls.get(self.next) {
+            self.next += 1;
+            if !taken[call] {
+                taken[call] = true;
+                return Some(call);
+            }
+        }
+        None
+    }
+}
+
+/// Names the call each function response of content `message` answers, as the Gemini API pairs
+/// them: a response whose id a call of the `calling` model turn has answers that call; every
+/// other one, in order, answers the first unanswered call of its name there (a response with an
+/// id of its own only a call without one, as two ids that differ never pair). A response left
+/// over keeps its own id, which repair moves to its call elsewhere or removes, or without one an
+/// id no call has. Each lookup goes through a map built once: linear in the turn's size.
+fn pair_responses(
+    conversation: &mut Conversation,
+    calling: Option<usize>,
+    message: usize,
+    first_item: usize,
+    responses: &[Response],
+) {
+    let calls_range = calling.map_or(0..0, |calling| conversation.item_range(calling));
+    let (before, here) = conversation.items.split_at_mut(first_item);
+    // (name, id, whether the model gave the id) of each call the client answers.
+    let calls: Vec<(&str, &Cow<str>, bool)> = before
+        .get(calls_range)
+        .unwrap_or_default()
+        .iter()
+        .filter(|item| item.repairable)
+        .filter_map(|item| match &item.kind {
+            Kind::ToolCall { id: Some(id), name, .. } => Some((name.as_ref(), id, !id.starts_with(MADE_UP))),
+            _ => None,
+        })
+        .collect();
+    let mut by_id: HashMap<&str, Queue> = HashMap::new();
+    let mut by_name: HashMap<&str, Queue> = HashMap::new();
+    let mut without_id_by_name: HashMap<&str, Queue> = HashMap::new();
+    for (c, (name, id, own)) in calls.iter().enumerate() {
+        by_name.entry(name).or_default().calls.push(c);
+        match own {
+            true => by_id.entry(id.as_ref()).or_default().calls.push(c),
+            false => without_id_by_name.entry(name).or_default().calls.push(c),
+        }
+    }
+    let mut taken = vec![false; calls.len()];
+    let mut answers: Vec<Option<usize>> = vec![None; responses.len()];
+    {
+        // The id the response itself carries (none was made up for it yet).
+        let read: &[Item] = here;
+        let own_id = |response: &Response| read.get(response.block).and_then(Item::call_id);
+        for (r, response) in responses.iter().enumerate() {
+            if let Some(id) = own_id(response) {
+                answers[r] = by_id.get_mut(id).and_then(|queue| queue.take(&mut taken));
+            }
+        }
+        for (r, response) in responses.iter().enumerate() {
+            if answers[r].is_some() {
+                continue;
+            }
+            let queues = if own_id(response).is_some() { &mut without_id_by_name } else { &mut by_name };
+            answers[r] = queues.get_mut(response.name.as_ref()).and_then(|queue| queue.take(&mut taken));
+        }
+    }
+    for (response, answer) in responses.iter().zip(answers) {
+        let Some(Kind::ToolResult { call_id, .. }) = here.get_mut(response.block).map(|item| &mut item.kind) else {
+            continue;
+        };
+        match answer.and_then(|c| calls.get(c)) {
+            Some((_, id, _)) => *call_id = Some(Cow::clone(id)),
+            None if call_id.is_none() => *call_id = Some(Cow::Owned(unanswered_id(message, response.block))),
+            None => {}
+        }
+    }
+}
+
 /// The neutral item of one part; `None` when a part compactor knows lacks a field it requires
 /// (the request then goes untouched).
-fn part_item<'a>(message: usize, b: usize, role: Role, part: &'a str, naming: &mut Naming) -> Option<Item<'a>> {
+fn part_item<'a>(message: usize, b: usize, role: Role, part: &'a str, naming: &mut Naming<'a>) -> Option<Item<'a>> {
     let item = |kind| Item::new(message, Some(b), kind);
     let Some(object) = RawObject::parse(part) else { return Some(item(Kind::Other { raw: part })) };
     let text_role = if role == Role::Assistant { Role::Assistant } else { Role::User };
@@ -136,17 +244,16 @@ fn part_item<'a>(message: usize, b: usize, role: Role, part: &'a str, naming: &m
     if let Some(response) = object.get("functionResponse") {
         let response = RawObject::parse(response)?;
         let name = response.str("name")?;
-        let call_id = match response.str("id") {
-            Some(id) => id,
-            None => Cow::Owned(made_up_id(naming.calling.unwrap_or(usize::MAX), &name, naming.ordinal(&name))),
-        };
+        // Which call it answers is known once the whole content is read ([`pair_responses`]).
+        let call_id = response.str("id");
+        naming.responses.push(Response { block: b, name });
         let attachments = response.get("parts").and_then(json::as_array).map_or(0, |p| p.len() as u32);
         let body = response.get("response");
         let (text, shortenable) = match body.and_then(RawObject::parse) {
             Some(body) => (response_text(&body).unwrap_or(Cow::Borrowed(body_raw(&response))), attachments == 0),
             None => (Cow::Borrowed(body.unwrap_or("")), false),
         };
-        let kind = Kind::ToolResult { call_id: Some(call_id), text, attachments };
+        let kind = Kind::ToolResult { call_id, text, attachments };
         return Some(item(kind).shortenable(shortenable));
     }
     if object.get("inlineData").is_some() || object.get("fileData").is_some() {
@@ -415,13 +522,119 @@ mod tests {
         let (calls_after, responses_after) = made_up_ids(&repaired);
         // A pruned id remembered from the first pass names the same call in the rewritten body.
         assert_eq!(calls, calls_after);
+        // The orphan's response (the second) pairs by name with the first call, which the first
+        // response answers already: repair drops it as a second answer.
+        assert_eq!(responses[1], calls[0]);
         assert_eq!(
-            responses.iter().filter(|id| *id != "ghost").collect::<Vec<_>>(),
+            responses.iter().enumerate().filter(|(k, _)| *k != 1).map(|(_, id)| id).collect::<Vec<_>>(),
             responses_after.iter().collect::<Vec<_>>()
         );
         assert_eq!(calls, responses_after, "each response names the call it answers");
         // Two identical calls in two model turns keep two names.
         assert_ne!(calls[0], calls[1]);
+    }
+
+    /// Each response's text with the name of the call it answers (by that call's `args.path`).
+    fn answered(parsed: &ParsedRequest) -> Vec<(String, String)> {
+        let calls: Vec<(String, String)> = parsed
+            .conversation
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::ToolCall { id: Some(id), arguments, .. } => Some((id.to_string(), arguments.to_string())),
+                _ => None,
+            })
+            .collect();
+        parsed
+            .conversation
+            .items
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Kind::ToolResult { call_id: Some(id), text, .. } => {
+                    let call = calls.iter().find(|(c, _)| c == id).map_or("no call".to_string(), |(_, a)| a.clone());
+                    Some((text.to_string(), call))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_response_with_an_id_of_its_own_answers_its_call_without_one_and_repair_keeps_its_output() {
+        // Older Gemini CLI releases: the model gave no id, the CLI answered with one it made up.
+        let body = r#"{"contents":[
+            {"role":"user","parts":[{"text":"read it"}]},
+            {"role":"model","parts":[{"functionCall":{"name":"read_file","args":{"path":"a"}},"thoughtSignature":"s1"}]},
+            {"role":"user","parts":[{"functionResponse":{"id":"cli-1","name":"read_file","response":{"output":"PLANTED tool output"}}}]}
+        ]}"#;
+        let mut parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        crate::rewrite::repair::apply(&mut parsed.conversation);
+        assert_eq!(parsed.conversation.inserts, [], "no call is answered \"aborted\"");
+        assert!(parsed.render().is_none(), "the body goes as it came");
+        assert_eq!(answered(&parsed), [("PLANTED tool output".to_string(), r#"{"path":"a"}"#.to_string())]);
+    }
+
+    #[test]
+    fn a_response_without_id_answers_its_call_with_one() {
+        let body = r#"{"contents":[
+            {"role":"model","parts":[{"functionCall":{"id":"m1","name":"run","args":{"path":"a"}}}]},
+            {"role":"user","parts":[{"functionResponse":{"name":"run","response":{"output":"PLANTED run output"}}}]}
+        ]}"#;
+        let mut parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        crate::rewrite::repair::apply(&mut parsed.conversation);
+        assert_eq!(parsed.conversation.inserts, [], "no call is answered \"aborted\"");
+        assert!(parsed.render().is_none(), "the body goes as it came");
+        assert_eq!(answered(&parsed), [("PLANTED run output".to_string(), r#"{"path":"a"}"#.to_string())]);
+    }
+
+    #[test]
+    fn ids_pair_first_then_name_and_order_pairs_the_rest() {
+        // r1 names m1's id: it answers m1 wherever it stands. The responses without an id, or
+        // with one no call has, answer the remaining calls of their name in order; a response
+        // with an id never answers a call with another id.
+        let body = r#"{"contents":[
+            {"role":"model","parts":[
+                {"functionCall":{"id":"m1","name":"run","args":{"path":"1"}}},
+                {"functionCall":{"id":"m2","name":"run","args":{"path":"2"}}},
+                {"functionCall":{"name":"run","args":{"path":"3"}}},
+                {"functionCall":{"name":"read","args":{"path":"4"}}}
+            ]},
+            {"role":"user","parts":[
+                {"functionResponse":{"name":"run","response":{"output":"r0"}}},
+                {"functionResponse":{"id":"cli-x","name":"run","response":{"output":"r3"}}},
+                {"functionResponse":{"id":"m1","name":"run","response":{"output":"r1"}}},
+                {"functionResponse":{"id":"cli-y","name":"read","response":{"output":"r4"}}}
+            ]}
+        ]}"#;
+        let mut parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        let pairs: Vec<(String, String)> = [("r0", "2"), ("r3", "3"), ("r1", "1"), ("r4", "4")]
+            .iter()
+            .map(|(text, path)| (text.to_string(), format!(r#"{{"path":"{path}"}}"#)))
+            .collect();
+        assert_eq!(answered(&parsed), pairs);
+        assert_eq!(crate::rewrite::repair::apply(&mut parsed.conversation), 0, "nothing to repair");
+    }
+
+    #[test]
+    fn a_response_no_call_of_the_turn_takes_is_still_an_orphan() {
+        // More responses of a name than calls, and one whose id another call holds: repair moves
+        // the last to its call, removes the extra one, and no output goes "aborted".
+        let body = r#"{"contents":[
+            {"role":"model","parts":[{"functionCall":{"id":"early","name":"run","args":{}}}]},
+            {"role":"user","parts":[{"text":"no answer here"}]},
+            {"role":"model","parts":[{"functionCall":{"name":"run","args":{}}}]},
+            {"role":"user","parts":[
+                {"functionResponse":{"name":"run","response":{"output":"late"}}},
+                {"functionResponse":{"name":"run","response":{"output":"extra"}}},
+                {"functionResponse":{"id":"early","name":"run","response":{"output":"moved"}}}
+            ]}
+        ]}"#;
+        let mut parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        crate::rewrite::repair::apply(&mut parsed.conversation);
+        let inserted: Vec<&str> = parsed.conversation.inserts.iter().map(|i| i.text.as_str()).collect();
+        assert_eq!(inserted, ["moved"]);
+        let rendered = String::from_utf8(parsed.render().unwrap()).unwrap();
+        assert!(rendered.contains("late") && !rendered.contains("extra"), "{rendered}");
     }
 
     #[test]

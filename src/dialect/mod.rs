@@ -100,6 +100,9 @@ pub struct ParsedRequest<'a> {
     /// no id by the assistant turn it stands in, a count repair never shifts (it removes only
     /// results, never an assistant message) and appended messages never change.
     pub assistant_turns: usize,
+    /// The index of the last assistant message the parse has read: the turn whose calls the
+    /// responses of a Gemini content answer.
+    pub last_assistant: Option<usize>,
     /// Token counts, truncations and rendered messages carried from the last turn and kept for
     /// the next ([`prefix`]).
     pub memo: prefix::Memo,
@@ -305,6 +308,7 @@ impl<'a> ParsedRequest<'a> {
             marker: None,
             layout: Layout { history_start, system_ends: Vec::with_capacity(count) },
             assistant_turns: 0,
+            last_assistant: None,
             memo: prefix::Memo::default(),
             unapplied: Unapplied::default(),
             bound,
@@ -328,6 +332,7 @@ impl<'a> ParsedRequest<'a> {
         parsed.layout.system_ends.append(&mut reused.system_ends);
         // Counted again over the re-made messages, as a fresh parse counts them.
         parsed.assistant_turns = turns_before + parsed.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        parsed.last_assistant = parsed.messages.iter().rposition(|m| m.role == Role::Assistant);
         let first_new = parsed.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
             let index = first_new + offset;
@@ -343,6 +348,9 @@ impl<'a> ParsedRequest<'a> {
             parsed.layout.system_ends.push(parsed.system.len() - top_system);
             let read = parsed.messages.get(index..).unwrap_or_default();
             parsed.assistant_turns += read.iter().filter(|m| m.role == Role::Assistant).count();
+            if let Some(at) = read.iter().rposition(|m| m.role == Role::Assistant) {
+                parsed.last_assistant = Some(index + at);
+            }
         }
         parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
         parsed.conversation.pairing = dialect.pairing();

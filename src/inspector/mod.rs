@@ -2,7 +2,8 @@
 //! show what compactor did to each conversation (what it changed, why, what it kept, what it cost
 //! or saved), from the bounded log of request summaries each request's commit appends
 //! ([`record`]). Off unless `admin.token` is set; every page wants that token (as a bearer, or
-//! through the login form's cookie), and every change is a POST with a CSRF token.
+//! through the login form's cookie, good until its logout), and every change is a POST with a CSRF
+//! token.
 
 pub mod auth;
 pub mod content;
@@ -21,7 +22,7 @@ use http_body_util::BodyExt;
 
 pub use record::{RequestRecord, Rewrite};
 
-use self::auth::{Access, Keys};
+use self::auth::{Access, Keys, Scope};
 use self::html::{esc, page, respond};
 use crate::config::Config;
 use crate::proxy::ResponseBody;
@@ -73,9 +74,10 @@ where
         "/ui/assets/live.js" => return html::asset("text/javascript; charset=utf-8", html::LIVE),
         _ => {}
     }
-    let keys = Keys::new(&config.admin.token);
+    let scope = if store.is_in_process() { Scope::Process } else { Scope::Shared };
+    let keys = Keys::new(&config.admin.token, scope);
     let now = crate::session::unix_ms() / 1000;
-    let access = keys.access(request.headers(), now);
+    let mut access = keys.access(request.headers(), now);
     let method = request.method().clone();
     if access == Access::Off {
         return html::message(
@@ -93,6 +95,24 @@ where
                 login_page(StatusCode::OK, &next, "")
             }
         };
+    }
+    if let Some(login) = access.login() {
+        match store.login_ended(&login.id, login.expires, now).await {
+            Ok(false) => {}
+            Ok(true) => access = Access::Denied,
+            // Fail closed: the pages are an admin tool, and a cookie whose logout cannot be
+            // checked may be one that was stolen and logged out. The bearer token still serves.
+            Err(error) => {
+                return html::message(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    "Session store unavailable",
+                    &format!(
+                        "Whether this login was ended cannot be checked ({error}), so it is not taken. Try again, or use the admin token as a bearer."
+                    ),
+                );
+            }
+        }
     }
     if access == Access::Denied {
         if method != Method::GET && method != Method::HEAD {
@@ -116,7 +136,7 @@ where
                 "The form's CSRF token is missing or wrong; reload the page and try again.",
             );
         }
-        return change(store, &path).await;
+        return change(store, &path, &access, now).await;
     }
     if method != Method::GET && method != Method::HEAD {
         return html::message(
@@ -167,9 +187,21 @@ where
     }
 }
 
-/// A POST that changes state (its CSRF token already checked).
-async fn change(store: &Store, path: &str) -> Response<ResponseBody> {
+/// A POST that changes state (its CSRF token already checked), by `access` at Unix second `now`.
+async fn change(store: &Store, path: &str, access: &Access, now: u64) -> Response<ResponseBody> {
     if path == "/ui/logout" {
+        // The login ends in the store, for every replica; the browser forgetting it is not enough.
+        if let Some(login) = access.login()
+            && let Err(error) = store.end_login(&login.id, login.expires, now).await
+        {
+            // The cookie stays, so the logout can be tried again.
+            return html::message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(access.csrf()),
+                "Session store unavailable",
+                &format!("The login could not be ended ({error}): it stays good until it expires. Try again."),
+            );
+        }
         return html::redirect("/ui/login", Some(auth::clear_cookie()));
     }
     let Some(rest) = path.strip_prefix("/ui/sessions/") else { return not_found("") };

@@ -5,9 +5,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::logouts::Logouts;
 use super::runs::RunLengths;
 use super::state::{
     CompactionRecord, ConversationState, ConversationView, ModelRun, SessionState, SessionUpdate, SessionView, Update,
@@ -40,6 +41,8 @@ pub struct MemoryStore {
     uses: Arc<AtomicU64>,
     /// Request summaries kept per conversation for the inspector (0: none).
     request_log: usize,
+    /// The inspector logins ended by "Log out".
+    logouts: Arc<Mutex<Logouts>>,
 }
 
 /// A session in the cache, and the size it was last weighed at: moka weighs an entry when it is
@@ -119,6 +122,7 @@ impl MemoryStore {
             least_charge,
             uses: Arc::default(),
             request_log: 0,
+            logouts: Arc::default(),
         }
     }
 
@@ -375,6 +379,16 @@ impl MemoryStore {
 
     pub fn forget(&self, key: &str) -> bool {
         self.sessions.remove(key).is_some()
+    }
+
+    /// Ends the inspector login `id`, good until Unix second `expires`.
+    pub fn end_login(&self, id: &str, expires: u64, now: u64) {
+        self.logouts.lock().unwrap_or_else(PoisonError::into_inner).end(id, expires, now);
+    }
+
+    /// Whether the inspector login `id` was ended.
+    pub fn login_ended(&self, id: &str, expires: u64, now: u64) -> bool {
+        self.logouts.lock().unwrap_or_else(PoisonError::into_inner).ended(id, expires, now)
     }
 
     pub fn try_lock(&self, key: &str, conversation: &str, owner: &str, hold: Duration) -> bool {

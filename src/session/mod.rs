@@ -6,6 +6,7 @@ pub mod breaker;
 pub mod ctx;
 pub mod error;
 pub mod identify;
+pub mod logouts;
 pub mod memory;
 pub mod redis;
 pub mod runs;

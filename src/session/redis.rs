@@ -21,6 +21,10 @@
 //! sharing a session part, for the admin API's lookup by agent session id; written with the
 //! session, with its TTL, so no raw agent id or credential is stored.
 //!
+//! Beside them, `<prefix>:ui-logout:<login id>`: an inspector login ended by "Log out" (the id is a
+//! keyed hash of its cookie, never the cookie), with a TTL of the login's remaining lifetime, so
+//! every replica refuses the cookie until it would have expired anyway.
+//!
 //! The previous version's keys (`pruned`, `usage`, `counters`, `compactions`, `lock` right under
 //! the hash tag) are never read: state is a cache, they expire with their TTL, and forgetting a
 //! session deletes them too.
@@ -760,6 +764,29 @@ impl RedisStore {
         cmd.arg(RELEASE_LOCK).arg(1).arg(self.lock_key(session, conversation)).arg(owner);
         let released: u64 = self.bounded(connection.command(&cmd)).await?;
         Ok(released == 1)
+    }
+
+    /// An ended inspector login: `{prefix}:ui-logout:<login id>`.
+    fn logout_key(&self, login: &str) -> String {
+        format!("{}:ui-logout:{login}", self.prefix)
+    }
+
+    /// Ends the inspector login `login` for every replica, for `ttl_secs` (its remaining lifetime).
+    pub async fn end_login(&self, login: &str, ttl_secs: u64) -> Result<(), StoreError> {
+        let connection = self.connection()?;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.logout_key(login)).arg(1).arg("EX").arg(ttl_secs.max(1));
+        let _: RedisValue = self.bounded(connection.command(&cmd)).await?;
+        Ok(())
+    }
+
+    /// Whether the inspector login `login` was ended (on any replica).
+    pub async fn login_ended(&self, login: &str) -> Result<bool, StoreError> {
+        let connection = self.connection()?;
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(self.logout_key(login));
+        let found: u64 = self.bounded(connection.command(&cmd)).await?;
+        Ok(found > 0)
     }
 
     /// Round-trips a PING, for readiness.

@@ -248,6 +248,27 @@ impl Store {
         }
     }
 
+    /// Ends the inspector login `login` (a keyed hash of its cookie), good until Unix second
+    /// `expires`, for every replica of the store: remembered until it would have expired.
+    pub async fn end_login(&self, login: &str, expires: u64, now: u64) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.end_login(login, expires, now);
+                Ok(())
+            }
+            Backend::Redis(store) => self.guarded(store.end_login(login, expires.saturating_sub(now))).await,
+        }
+    }
+
+    /// Whether the inspector login `login` (good until `expires`) was ended; an error when the
+    /// store cannot say (the inspector then refuses the login).
+    pub async fn login_ended(&self, login: &str, expires: u64, now: u64) -> Result<bool, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.login_ended(login, expires, now)),
+            Backend::Redis(store) => self.guarded(store.login_ended(login)).await,
+        }
+    }
+
     /// Takes a conversation's compaction lock for at most `hold`, unless another owner holds it.
     pub async fn try_lock(
         &self,

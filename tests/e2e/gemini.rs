@@ -295,6 +295,40 @@ async fn after_a_compaction_the_newest_output_of_a_call_without_id_is_not_taken_
     assert_eq!(last.as_str(), Some(newest.as_str()), "the newest output goes whole");
 }
 
+/// Tool outputs planted in responses whose id the call does not share: each must reach the model.
+const OUTPUT_A: &str = "PLANTED-OUTPUT-a.rs-4f1c";
+const OUTPUT_B: &str = "PLANTED-OUTPUT-b.rs-8e2d";
+const OUTPUT_SHELL: &str = "PLANTED-OUTPUT-shell-3a9b";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn responses_whose_ids_the_calls_do_not_share_reach_the_model_as_the_client_sent_them() {
+    let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;
+    let proxy = ProxyProcess::start_with(&sim.compactor_config(""), &[]);
+    // Older Gemini CLI releases: calls the model gave no id answered by responses with ids the
+    // CLI made up; and a call with an id answered by a response without one.
+    let turn = [
+        json!({"role": "model", "parts": [
+            {"functionCall": {"name": "read_file", "args": {"path": "a.rs"}}, "thoughtSignature": SIGNATURE},
+            {"functionCall": {"name": "read_file", "args": {"path": "b.rs"}}},
+            {"functionCall": {"id": "model-call-7", "name": "run_shell_command", "args": {"command": "ls"}}}
+        ]}),
+        json!({"role": "user", "parts": [
+            {"functionResponse": {"id": "cli-made-up-1", "name": "read_file", "response": {"output": OUTPUT_A}}},
+            {"functionResponse": {"id": "cli-made-up-2", "name": "read_file", "response": {"output": OUTPUT_B}}},
+            {"functionResponse": {"name": "run_shell_command", "response": {"output": OUTPUT_SHELL}}}
+        ]}),
+    ];
+    let body = serde_json::to_vec(&cli_turn("src/a.rs", "You are an interactive CLI agent.", &turn)).unwrap();
+    let answer = post(&proxy, STREAM, body.clone()).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let forwarded = String::from_utf8_lossy(&sim.last().body).to_string();
+    for output in [OUTPUT_A, OUTPUT_B, OUTPUT_SHELL] {
+        assert!(forwarded.contains(output), "the tool's output {output} reached the model: {forwarded}");
+    }
+    assert!(!forwarded.contains("aborted"), "no output was replaced: {forwarded}");
+    assert_eq!(sim.last().body.as_ref(), &body[..], "every call was answered: the body went as it came");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn count_tokens_counts_the_conversation_as_its_next_request_is_sent() {
     let sim = ProviderSim::start(ProviderSpec { window: 1_000_000, ..ProviderSpec::default() }).await;

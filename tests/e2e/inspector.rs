@@ -331,6 +331,120 @@ async fn a_change_needs_the_pages_csrf_token() {
     assert_eq!(admin_view().await, 404, "forgotten");
 }
 
+/// A form POST with a login cookie.
+async fn post_form(proxy: &ProxyProcess, path: &str, cookie: &str, form: String) -> Answer {
+    let headers = [("content-type", "application/x-www-form-urlencoded"), ("cookie", cookie)];
+    send(request("POST", &proxy.url(path), &headers, form)).await
+}
+
+/// Logs out with `cookie` and its `csrf` token; the answer.
+async fn log_out(proxy: &ProxyProcess, cookie: &str, csrf: &str) -> Answer {
+    post_form(proxy, "/ui/logout", cookie, format!("csrf={csrf}")).await
+}
+
+/// Whether a compaction has been asked for the session (the admin API's view).
+async fn compact_requested(proxy: &ProxyProcess, key: &str) -> bool {
+    let view = proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await.json();
+    view["state"]["counters"]["compact_requested"] == 1
+}
+
+#[tokio::test]
+async fn logging_out_ends_the_login_its_cookie_and_csrf_token_are_refused_after() {
+    for (store, redis) in stores() {
+        let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+        let extra = redis.as_ref().map(|r| r.config()).unwrap_or_default();
+        let proxy = start(&fake, &format!("{}{extra}", config(10)), false);
+        let key = two_turns(&proxy, "logs-out").await;
+        let cookie = log_in(&proxy).await;
+        let session = page(&proxy, &format!("/ui/sessions/{key}"), &[("cookie", &cookie)]).await;
+        assert_eq!(session.status, 200, "{store}");
+        let csrf = csrf_of(&session.text());
+
+        let out = log_out(&proxy, &cookie, &csrf).await;
+        assert_eq!(out.status, 303, "{store}: {}", out.text());
+        assert_eq!(out.header("location"), Some("/ui/login"));
+        assert!(out.header("set-cookie").is_some_and(|c| c.contains("Max-Age=0")), "{store}: the browser forgets it");
+
+        // The same cookie, sent again by whoever kept it: the login form, nothing of the sessions.
+        for path in ["/ui/sessions", &format!("/ui/sessions/{key}")] {
+            let after = page(&proxy, path, &[("cookie", &cookie)]).await;
+            assert_eq!(after.status, 401, "{store}: {path} after logout: {}", after.text());
+            assert!(after.text().contains("name=\"token\""), "{store}: the login form");
+            assert!(!after.text().contains(&csrf), "{store}: no form carries the old CSRF token");
+        }
+        // Its CSRF token no longer changes anything.
+        let compact = post_form(&proxy, &format!("/ui/sessions/{key}/compact"), &cookie, format!("csrf={csrf}")).await;
+        assert_eq!(compact.status, 403, "{store}: {}", compact.text());
+        assert!(!compact_requested(&proxy, &key).await, "{store}: no compaction was asked for");
+        let forget = post_form(&proxy, &format!("/ui/sessions/{key}/forget"), &cookie, format!("csrf={csrf}")).await;
+        assert_eq!(forget.status, 403, "{store}");
+        assert_eq!(proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await.status, 200);
+
+        // A new login, even in the same second, is a new cookie and works.
+        let again = log_in(&proxy).await;
+        assert_ne!(again, cookie, "{store}: a new login is not the ended one");
+        assert_eq!(page(&proxy, "/ui/sessions", &[("cookie", &again)]).await.status, 200, "{store}");
+        drop(redis);
+    }
+}
+
+#[tokio::test]
+async fn a_logout_on_one_replica_is_honored_by_every_other() {
+    let Some(redis) = RedisServer::start() else { return };
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let settings = format!("{}{}", config(10), redis.config());
+    let (a, b) = (start(&fake, &settings, false), start(&fake, &settings, false));
+    let key = two_turns(&a, "two-replicas").await;
+    let cookie = log_in(&a).await;
+    let on_b = page(&b, &format!("/ui/sessions/{key}"), &[("cookie", &cookie)]).await;
+    assert_eq!(on_b.status, 200, "a login made on A is good on B");
+    let csrf = csrf_of(&on_b.text());
+
+    assert_eq!(log_out(&a, &cookie, &csrf).await.status, 303);
+    let after = page(&b, "/ui/sessions", &[("cookie", &cookie)]).await;
+    assert_eq!(after.status, 401, "B honors A's logout: {}", after.text());
+    let compact = post_form(&b, &format!("/ui/sessions/{key}/compact"), &cookie, format!("csrf={csrf}")).await;
+    assert_eq!(compact.status, 403, "B refuses the ended login's CSRF token");
+    assert!(!compact_requested(&b, &key).await);
+    let ttl = {
+        let mut connection = redis.connection();
+        let logouts: Vec<String> = redis.keys().into_iter().filter(|k| k.contains(":ui-logout:")).collect();
+        assert_eq!(logouts.len(), 1, "one revocation, under the store's prefix: {logouts:?}");
+        assert!(!logouts[0].contains(cookie.split_once('=').unwrap().1), "the cookie itself is not stored");
+        redis::cmd("TTL").arg(&logouts[0]).query::<i64>(&mut connection).unwrap()
+    };
+    assert!(ttl > 0 && ttl <= 12 * 3600, "the revocation lasts as long as the cookie would have: {ttl}");
+}
+
+#[tokio::test]
+async fn with_the_store_unreachable_a_login_cookie_is_refused_and_the_admin_token_still_serves() {
+    let Some(mut redis) = RedisServer::restartable() else { return };
+    let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
+    let proxy = start(&fake, &format!("{}{}", config(10), redis.config()), false);
+    let cookie = log_in(&proxy).await;
+    assert_eq!(page(&proxy, "/ui", &[("cookie", &cookie)]).await.status, 303, "logged in");
+    let csrf = csrf_of(&page(&proxy, "/ui/sessions", &[("cookie", &cookie)]).await.text());
+    redis.stop();
+
+    // Whether the login was ended cannot be known: the cookie is not taken (fail closed).
+    let refused = page(&proxy, "/ui", &[("cookie", &cookie)]).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.text().contains("login"), "the page says why: {}", refused.text());
+    // A logout that cannot be recorded says so and keeps the cookie, to try again.
+    let out = log_out(&proxy, &cookie, &csrf).await;
+    assert_eq!(out.status, 503, "{}", out.text());
+    assert!(out.header("set-cookie").is_none(), "the cookie stays for another try");
+    // The admin token needs no store.
+    let (name, value) = bearer();
+    assert_eq!(page(&proxy, "/ui", &[(name, &value)]).await.status, 303);
+
+    redis.restart();
+    assert!(
+        eventually(async || page(&proxy, "/ui", &[("cookie", &cookie)]).await.status == 303).await,
+        "the login serves again once the store answers"
+    );
+}
+
 #[tokio::test]
 async fn what_a_client_sent_is_escaped_on_every_page() {
     let (fake, _) = window_upstream(WindowSpec::window(400_000)).await;
