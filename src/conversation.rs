@@ -3,6 +3,7 @@
 //! inserts; the dialect renders those marks back into its own JSON.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Who a message is from, folded to what the policies need to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,3 +268,11 @@ impl Conversation<'_> {
 
 /// Per-item overhead of the wire format (role markers, block wrappers), in tokens.
 pub const FRAMING_TOKENS: u32 = 4;
+
+/// A tool output cut to its head and tail (`rewrite::truncate`): the item, its new text and that text's count.
+#[derive(Debug, Clone)]
+pub struct Cut {
+    pub item: usize,
+    pub text: Arc<str>,
+    pub tokens: u32,
+}

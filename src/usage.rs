@@ -3,11 +3,28 @@
 //! read by the same reader ([`of_body`]).
 
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::session::Usage;
 use crate::sse;
+
+/// Token usage the upstream reported for the last request of a conversation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    /// Prompt tokens the provider read from its cache.
+    pub cached_tokens: u64,
+    /// Prompt tokens the provider wrote to its cache (Anthropic's `cache_creation_input_tokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    pub output_tokens: u64,
+    /// How many messages (items) that request had, for the hybrid estimate.
+    pub message_count: u64,
+    /// The compaction generation applied to the body it measured (0: none): a request that
+    /// applies another record cannot add to this usage.
+    #[serde(default)]
+    pub generation: u32,
+}
 
 /// Largest body or SSE event the tap looks at; beyond it the usage is simply not read.
 const MAX_BUFFER: usize = 4 << 20;

@@ -5,7 +5,7 @@
 //! estimate, the conversation's circuit breaker, and the sizes the rungs and the summarizer use.
 //! Pure arithmetic, no I/O.
 
-use super::settings::CompactionSettings;
+use crate::config::compaction::CompactionSettings;
 use crate::overflow::Overflow;
 use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
 use crate::session::{Breaker, ConversationState, Learned, Usage};

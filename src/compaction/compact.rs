@@ -8,9 +8,9 @@ use std::time::Duration;
 use super::budget::Pressure;
 use super::ladder::Ladder;
 use super::lock::{self, CompactionLock, Waited};
-use super::settings::CompactionSettings;
 use super::summarizer::{Summarizer, SummaryError, SummaryInput};
 use super::{budget, plan};
+use crate::config::compaction::CompactionSettings;
 use crate::dialect::ParsedRequest;
 use crate::rewrite::Rewriter;
 use crate::session::SessionCtx;
@@ -143,7 +143,7 @@ impl Compaction<'_> {
                     let compactions = &ctx.conversation().compactions;
                     for unneeded in compactions.iter().filter(|r| r.due_tokens > 0 && r.generation > applied) {
                         metric::background_summary("unneeded");
-                        metric::background_summary_tokens("unneeded", &unneeded.cost);
+                        metric::background_summary_tokens("unneeded", unneeded.cost.input, unneeded.cost.output);
                     }
                 }
                 if ctx.publish_compaction(record).await

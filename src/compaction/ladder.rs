@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use crate::config::compaction::{DEFAULT_ORDER, Rung};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::overflow::Overflow;
 use crate::rewrite::{CachePricing, RewriteReport};
@@ -13,27 +14,6 @@ use crate::session::state::CompactionRecord;
 
 /// Tokens left free between prompt and output when `max_tokens` is lowered.
 const MAX_TOKENS_MARGIN: u64 = 64;
-
-/// The rungs after lowering `max_tokens`, in the order `compaction.ladder` gives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Rung {
-    PruneHard,
-    Summarize,
-    SummarizeHarder,
-    Exhausted,
-}
-
-/// The default order: summaries first, so what the older tool outputs said reaches the model; the
-/// prune-harder rung (no model call, but the outputs become the placeholder) when they fail.
-pub const DEFAULT_ORDER: [Rung; 3] = [Rung::Summarize, Rung::SummarizeHarder, Rung::PruneHard];
-
-impl Rung {
-    /// A rung by its name in `compaction.ladder`.
-    pub fn parse(name: &str) -> Option<Rung> {
-        [Rung::PruneHard, Rung::Summarize, Rung::SummarizeHarder].into_iter().find(|rung| rung.name() == name)
-    }
-}
 
 /// One request's climb: created by [`super::Compactor::prepare`], advanced by each
 /// [`super::Compactor::recover`].
@@ -111,17 +91,6 @@ impl Recovery {
     /// The rungs as one log field.
     pub fn rungs(&self) -> String {
         self.rungs.join(",")
-    }
-}
-
-impl Rung {
-    pub fn name(self) -> &'static str {
-        match self {
-            Rung::PruneHard => "prune_hard",
-            Rung::Summarize => "summarize",
-            Rung::SummarizeHarder => "summarize_harder",
-            Rung::Exhausted => "exhausted",
-        }
     }
 }
 

@@ -19,7 +19,6 @@ mod lock;
 pub mod plan;
 mod prefill;
 mod quiet;
-pub mod settings;
 pub mod summarizer;
 
 use std::sync::Arc;
@@ -42,12 +41,12 @@ use crate::upstream::{RequestHead, Upstreams};
 use crate::work;
 use tracing::Instrument;
 
+pub use crate::config::compaction::CompactionSettings;
 pub use budget::Pressure;
 pub use compact::CompactError;
 use compact::{Compacted, Compaction, Sizing};
 use ladder::{BackgroundSkip, Rung};
 pub use ladder::{Ladder, Recovery};
-pub use settings::CompactionSettings;
 pub use summarizer::{Summarizer, SummaryError};
 
 /// What compaction needs, built once at start and shared by every request.
@@ -153,7 +152,7 @@ fn summarized((body, mut report): (Bytes, RewriteReport)) -> (Bytes, RewriteRepo
 /// what its calls cost.
 fn count_used(record: &crate::session::CompactionRecord) {
     metric::background_summary("used");
-    metric::background_summary_tokens("used", &record.cost);
+    metric::background_summary_tokens("used", record.cost.input, record.cost.output);
 }
 
 /// The (tenant, upstream family, model) a request talks to, what the session learns of: the
@@ -921,7 +920,7 @@ impl Compactor {
             let outcome = match compaction.run(&head, &job, &mut ctx, false, "background", sizing, due_tokens).await {
                 Ok(Compacted { record, summary_calls, .. }) => {
                     if summary_calls > 0 {
-                        metric::background_summary_tokens("ready", &record.cost);
+                        metric::background_summary_tokens("ready", record.cost.input, record.cost.output);
                     }
                     if let Some(prefill) = prefill {
                         prefill.run(job.for_background(Some(record))).await;

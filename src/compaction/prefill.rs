@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::compact::Compaction;
 use super::ladder::Ladder;
-use super::settings::CompactionSettings;
 use super::summarizer::Summarizer;
+use crate::config::compaction::CompactionSettings;
 use crate::dialect::Dialect;
 use crate::rewrite::Rewriter;
 use crate::session::{ConversationId, SessionCtx, SessionKey, Store};

@@ -19,7 +19,7 @@ use crate::json;
 use crate::tokens::models::ModelInfo;
 use crate::tokens::models::ModelTable;
 
-use super::settings::CompactionSettings;
+use crate::config::compaction::CompactionSettings;
 
 /// The largest body sent ahead of its preparation. A token is at least a byte, so this bounds the
 /// prompt's tokens too; larger bodies are rare among requests far from every threshold.

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::settings::CompactionSettings;
+use crate::config::compaction::CompactionSettings;
+pub use crate::config::compaction::Transcript;
 use crate::conversation::{Kind, Role};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::ProxyError;
@@ -32,28 +33,6 @@ const MAX_OVERFLOWS: u32 = 4;
 /// The most pieces a whole transcript is read in; a longer one is cut to head and tail first (and
 /// the calls left under [`MAX_SUMMARY_CALLS`] absorb the retries of overflows).
 const MAX_PIECES: u32 = 32;
-
-/// What the summarizer reads of each message (`compaction.transcript`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Transcript {
-    /// Every message whole, read in as many pieces as the summarizer's window needs.
-    Whole,
-    /// Each tool output cut to its head and tail (plus its `key: value` and error lines) first:
-    /// fewer summary calls, but the middle of long outputs never reaches the summary.
-    HeadTail,
-}
-
-impl Transcript {
-    /// A mode by its name in `compaction.transcript`.
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "whole" => Some(Self::Whole),
-            "head_tail" => Some(Self::HeadTail),
-            _ => None,
-        }
-    }
-}
 
 /// A summary and what it cost.
 #[derive(Debug, Clone, PartialEq)]

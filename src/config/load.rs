@@ -10,10 +10,9 @@ use figment::Figment;
 use figment::providers::{Format, Toml};
 use figment::value::Dict;
 
+use super::compaction::{Rung, Transcript};
 use super::env;
 use super::*;
-use crate::compaction::ladder::Rung;
-use crate::compaction::summarizer::Transcript;
 use crate::overflow::OverflowDetector;
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TOKEN_ENTRY_BYTES};
 
@@ -130,7 +129,7 @@ impl Config {
                 enabled: r.get("trace.enabled", d.trace.enabled),
                 endpoint: r.secret("trace.endpoint", d.trace.endpoint, trace_endpoint),
                 headers: r.secret("trace.headers", d.trace.headers, |s: String| {
-                    crate::telemetry::trace::parse_headers(&s).map(|_| Secret::new(s))
+                    super::headers::parse_headers(&s).map(|_| Secret::new(s))
                 }),
                 sample_ratio: r.parse("trace.sample_ratio", d.trace.sample_ratio, |p: f64| {
                     if (0.0..=1.0).contains(&p) { Ok(p) } else { Err("must be in [0, 1]".into()) }

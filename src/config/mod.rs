@@ -1,7 +1,9 @@
 //! Configuration: built-in defaults < TOML file < `COMPACTOR_` environment, read into one immutable
 //! [`Config`] after every key has been checked.
 
+pub mod compaction;
 mod env;
+pub mod headers;
 mod load;
 mod reader;
 mod secret;
@@ -13,9 +15,9 @@ use std::time::Duration;
 use http::Uri;
 use serde::Serialize;
 
-use crate::compaction::settings::CompactionSettings;
 use crate::rewrite::{CachePricing, PruneSettings, RewriteSettings};
 use crate::tokens::{ModelInfo, ModelTable};
+use compaction::CompactionSettings;
 
 pub use load::{DEPRECATED_KEYS, config_path};
 pub use reader::Reader;

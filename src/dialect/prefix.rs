@@ -19,9 +19,9 @@ use bytes::Bytes;
 
 use super::breakpoints::Marker;
 use super::{Dialect, Layout, Message, ParsedRequest};
+use crate::conversation::Cut;
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::json;
-use crate::rewrite::truncate::Cut;
 use crate::tokens::Encoding;
 
 /// Earlier bodies kept per key: parallel conversations of one client (subagents) under the same

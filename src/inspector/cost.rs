@@ -17,7 +17,7 @@ use crate::rewrite::CachePricing;
 use crate::rewrite::cache_cost;
 use crate::session::{CompactionRecord, SummaryCost};
 
-use super::record::RequestRecord;
+use crate::proxy::record::RequestRecord;
 
 /// One request's costs; `None` when the provider reported no usage.
 #[derive(Debug, Clone, Copy, PartialEq)]

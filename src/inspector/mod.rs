@@ -6,12 +6,10 @@
 //! token.
 
 pub mod auth;
-pub mod content;
 pub mod cost;
 pub mod html;
 pub mod pages;
 pub mod plot;
-pub mod record;
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -20,7 +18,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
-pub use record::{RequestRecord, Rewrite};
+pub use crate::proxy::record::{RequestRecord, Rewrite};
 
 use self::auth::{Access, Keys, Scope};
 use self::html::{esc, page, respond};

@@ -13,13 +13,10 @@ use std::pin::pin;
 use std::task::Poll;
 
 use bytes::Bytes;
-use http::Response;
 
-use crate::error::ProxyError;
-use crate::upstream::{Armed, PooledBody, RequestHead, Upstreams};
+use crate::upstream::{Armed, RequestHead, Upstreams};
 
-/// The upstream's answer to a request sent ahead, or why none came.
-pub(super) type SentAhead = Result<Response<PooledBody>, ProxyError>;
+pub(super) use super::forward::SentAhead;
 
 /// Sends `body` as it came, as the first attempt of a forward would. The answer is asked for
 /// uncompressed (`identity`), as it is for every request with a session, whose answer compactor

@@ -12,8 +12,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
 use super::finish::Finish;
+use super::log::Outcome;
 use crate::telemetry::metric;
-use crate::telemetry::request::Outcome;
 use crate::upstream::PooledBody;
 use crate::usage::UsageTap;
 

@@ -29,9 +29,9 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
-use crate::inspector::{RequestRecord, Rewrite};
+use super::log::RequestLog;
+use super::record::{RequestRecord, Rewrite};
 use crate::session::{SessionCtx, Usage};
-use crate::telemetry::request::RequestLog;
 use crate::usage::UsageTap;
 
 /// What the finisher commits.
@@ -233,7 +233,10 @@ impl Remains {
             let started = crate::session::unix_ms().saturating_sub(self.log.started.elapsed().as_millis() as u64);
             let mut record = RequestRecord::of(&self.log, self.rewrite.as_ref(), self.usage.as_ref(), started);
             record.n = ctx.conversation().requests + 1;
-            ctx.inspect(&record);
+            match serde_json::to_string(&record) {
+                Ok(json) => ctx.inspect(json, record.marks()),
+                Err(error) => tracing::debug!(%error, "request record not serializable"),
+            }
         }
         if let Some((mut ctx, sender)) = self.state.take() {
             let _entered = self.span.enter();

@@ -14,7 +14,9 @@ use crate::session::SessionCtx;
 use crate::telemetry::metric;
 use crate::upstream::{Armed, PooledBody, RequestHead, Upstreams};
 
-use super::ahead::SentAhead;
+/// The upstream's answer to a request sent ahead of its preparation (`super::ahead`), or why
+/// none came.
+pub(super) type SentAhead = Result<Response<PooledBody>, ProxyError>;
 
 /// The result of forwarding with recovery.
 pub(super) struct Forwarded {

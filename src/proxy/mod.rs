@@ -9,6 +9,8 @@ mod finish;
 pub use finish::{RECORDED_WITHIN, recorded, recording};
 mod forward;
 mod inspect;
+pub mod log;
+pub mod record;
 pub mod request_body;
 /// The usage reader lives at the crate root (the summary calls read it too).
 pub use crate::usage;
@@ -28,15 +30,15 @@ use crate::compaction::{Compactor, Prepared};
 use crate::config::Config;
 use crate::dialect::Dialect;
 use crate::error::{Chain, ProxyError};
-use crate::inspector::Rewrite;
 use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::{ConversationId, Store};
-use crate::telemetry::request::RequestLog;
 use crate::telemetry::trace;
 use crate::tokens;
 use crate::upstream::{RequestHead, Upstreams, headers};
 use crate::work::Budget;
+use log::RequestLog;
+use record::Rewrite;
 use tracing::Instrument;
 
 pub use body::ResponseBody;

@@ -2,6 +2,7 @@
 //! and render only what changed.
 
 pub mod cache_cost;
+pub mod content;
 pub mod dedupe;
 pub mod payback;
 pub mod placeholder;
@@ -73,7 +74,7 @@ pub struct RewriteReport {
     pub compaction: u32,
     /// The changed items' content, when the inspector keeps it (boxed: the report is moved
     /// around on every request, and this is rarely there).
-    pub content: Option<Box<crate::inspector::content::Kept>>,
+    pub content: Option<Box<content::Kept>>,
 }
 
 /// The outcome: a new body when something changed.
@@ -253,8 +254,7 @@ impl Rewriter {
         }
         report.message_tokens = message_tokens(&parsed.conversation, message_count, count);
         if settings.keep_content_bytes > 0 {
-            report.content =
-                Some(Box::new(crate::inspector::content::kept(&parsed.conversation, settings.keep_content_bytes)));
+            report.content = Some(Box::new(content::kept(&parsed.conversation, settings.keep_content_bytes)));
         }
         report.tokens_before = scale(before, model.token_factor);
         report.tokens_after = scale(after, model.token_factor);

@@ -7,13 +7,7 @@ use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 /// Tokens reserved for the marker and the line-count header.
 const MARKER_BUDGET: u32 = 24;
 
-/// A tool output cut by [`apply`]: the item, its new text and that text's count.
-#[derive(Debug, Clone)]
-pub struct Cut {
-    pub item: usize,
-    pub text: Arc<str>,
-    pub tokens: u32,
-}
+pub use crate::conversation::Cut;
 
 /// Truncates every text-only tool output over `max_tokens` that may be shortened, in a counted
 /// conversation (each item's `tokens` is its text's count plus framing); returns the cuts, in

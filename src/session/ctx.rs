@@ -190,19 +190,14 @@ impl SessionCtx {
         self.store.records_requests()
     }
 
-    /// Adds the request's summary for the inspector to the commit, and what the session list
-    /// filters on to the session's counters.
-    pub fn inspect(&mut self, record: &crate::inspector::RequestRecord) {
-        match serde_json::to_string(record) {
-            Ok(json) => {
-                self.pending.conversation.record = Some(json);
-                self.pending.session.marks = record.marks();
-            }
-            Err(error) => tracing::debug!(%error, "request record not serializable"),
-        }
+    /// Adds the request's summary for the inspector (its JSON) to the commit, and what the
+    /// session list filters on (`marks`) to the session's counters.
+    pub fn inspect(&mut self, record: String, marks: super::Marks) {
+        self.pending.conversation.record = Some(record);
+        self.pending.session.marks = marks;
     }
 
-    /// Says which (upstream, model) the request talks to. When the session learned nothing of
+    /// Says which (tenant, upstream, model) the request talks to. When the session learned nothing of
     /// that model yet (a new session, or one that switched models), it starts with what earlier
     /// sessions learned of it.
     pub async fn use_model(&mut self, model: ModelKey) {

@@ -17,23 +17,7 @@ pub const STATE_VERSION: u32 = 1;
 /// Compaction records kept per conversation: the newest are the ones that can still match.
 pub const MAX_RECORDS: usize = 20;
 
-/// Token usage the upstream reported for the last request of a conversation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    /// Prompt tokens the provider read from its cache.
-    pub cached_tokens: u64,
-    /// Prompt tokens the provider wrote to its cache (Anthropic's `cache_creation_input_tokens`).
-    #[serde(default)]
-    pub cache_write_tokens: u64,
-    pub output_tokens: u64,
-    /// How many messages (items) that request had, for the hybrid estimate.
-    pub message_count: u64,
-    /// The compaction generation applied to the body it measured (0: none): a request that
-    /// applies another record cannot add to this usage.
-    #[serde(default)]
-    pub generation: u32,
-}
+pub use crate::usage::Usage;
 
 /// One compaction: the covered prefix replaced by a summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -228,11 +228,11 @@ pub fn prefill_ahead(outcome: &'static str) {
 /// What a summary prepared in the background cost, counted when it is stored (`ready`: spent),
 /// when a request applies it (`used`) and when a later compaction replaces it unapplied
 /// (`unneeded`); `ready - used - unneeded` is what waits, or waited for a request that never came.
-pub fn background_summary_tokens(outcome: &'static str, cost: &crate::session::SummaryCost) {
+pub fn background_summary_tokens(outcome: &'static str, input: u64, output: u64) {
     counter!("compactor_background_summary_tokens_total", "outcome" => outcome, "direction" => "input")
-        .increment(cost.input);
+        .increment(input);
     counter!("compactor_background_summary_tokens_total", "outcome" => outcome, "direction" => "output")
-        .increment(cost.output);
+        .increment(output);
 }
 
 /// One rung of an overflow recovery and its outcome (`retry`, `nothing`, `failed`, `skipped`).
@@ -324,7 +324,7 @@ pub fn cache_size(cache: &'static str, size: CacheSize) {
 }
 
 /// Every route label ([`crate::route::Route::label`]).
-pub(super) const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 10] = [
     "chat_completions",
     "messages",
     "responses",

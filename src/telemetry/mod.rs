@@ -2,7 +2,6 @@
 //! per-request log line, and a limit on repeated warnings.
 
 pub mod metric;
-pub mod request;
 pub mod trace;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,7 +4,6 @@
 //! beyond `trace.queue_size` are dropped). The W3C `traceparent` of the client continues in the
 //! request span, and the upstream gets the `traceparent` of the span that sends to it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -38,25 +37,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// The largest collector answer read.
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
-/// `name=value,name=value` (the `OTEL_EXPORTER_OTLP_HEADERS` form) as header pairs; an empty text
-/// is no headers. The error never quotes a value (it may be a key).
-pub fn parse_headers(text: &str) -> Result<HashMap<String, String>, String> {
-    let mut headers = HashMap::new();
-    for (index, pair) in text.split(',').map(str::trim).filter(|p| !p.is_empty()).enumerate() {
-        let Some((name, value)) = pair.split_once('=') else {
-            return Err(format!("entry {} is not `name=value`", index + 1));
-        };
-        let name = name.trim();
-        if HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(format!("entry {} has an invalid header name", index + 1));
-        }
-        if HeaderValue::from_str(value.trim()).is_err() {
-            return Err(format!("entry {} (`{name}`) has an invalid header value", index + 1));
-        }
-        headers.insert(name.to_string(), value.trim().to_string());
-    }
-    Ok(headers)
-}
+pub use crate::config::headers::parse_headers;
 
 /// The exporter's pipeline, kept by the server so that shutdown flushes what is queued.
 pub struct Tracing {

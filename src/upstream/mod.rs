@@ -1,6 +1,7 @@
 //! The upstream side: a pool of HTTP/1.1 connections per upstream (hyper-util's client when
 //! HTTP/2 is on) and the building of upstream requests.
 
+pub mod client_body;
 mod deadline;
 pub mod headers;
 mod pool;
@@ -25,9 +26,9 @@ use tracing::Instrument;
 
 use crate::config::{BaseUrl, Config, UpstreamConfig};
 use crate::error::{Cause, ProxyError};
-use crate::proxy::request_body::ClientBody;
 use crate::route::{ApiFamily, Route};
 use crate::telemetry::trace;
+use client_body::ClientBody;
 pub use deadline::Armed;
 use deadline::Deadline;
 pub use pool::PooledBody;

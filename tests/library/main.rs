@@ -9,6 +9,7 @@ mod common;
 
 mod agent_compaction;
 mod caches;
+mod layers;
 mod overflow_fixtures;
 mod prefix_reuse;
 mod prompt_cache;

@@ -1,12 +1,12 @@
 //! `[compaction]`: when to compact, how the summary is asked for, and what counts as an overflow.
+//! The settings and the small types they name (the rungs, the transcript mode, the agents'
+//! markers) live in the config layer, so that reading the configuration needs nothing of the
+//! compaction engine that uses them.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::agent;
-use super::ladder::{DEFAULT_ORDER, Rung};
-use super::summarizer::Transcript;
 use crate::overflow::OverflowDetector;
 
 /// `[compaction]` settings.
@@ -129,8 +129,93 @@ impl Default for CompactionSettings {
             background_max_inflight: 8,
             prefill_ahead: true,
             ladder: DEFAULT_ORDER.to_vec(),
-            agent_markers: agent::DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
+            agent_markers: DEFAULT_MARKERS.iter().map(|m| m.to_string()).collect(),
             overflow: OverflowDetector::default(),
         }
     }
 }
+
+/// The rungs after lowering `max_tokens`, in the order `compaction.ladder` gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rung {
+    PruneHard,
+    Summarize,
+    SummarizeHarder,
+    Exhausted,
+}
+
+/// The default order: summaries first, so what the older tool outputs said reaches the model; the
+/// prune-harder rung (no model call, but the outputs become the placeholder) when they fail.
+pub const DEFAULT_ORDER: [Rung; 3] = [Rung::Summarize, Rung::SummarizeHarder, Rung::PruneHard];
+
+impl Rung {
+    /// A rung by its name in `compaction.ladder`.
+    pub fn parse(name: &str) -> Option<Rung> {
+        [Rung::PruneHard, Rung::Summarize, Rung::SummarizeHarder].into_iter().find(|rung| rung.name() == name)
+    }
+}
+
+impl Rung {
+    /// The rung's name in `compaction.ladder`, the logs and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rung::PruneHard => "prune_hard",
+            Rung::Summarize => "summarize",
+            Rung::SummarizeHarder => "summarize_harder",
+            Rung::Exhausted => "exhausted",
+        }
+    }
+}
+
+/// What the summarizer reads of each message (`compaction.transcript`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transcript {
+    /// Every message whole, read in as many pieces as the summarizer's window needs.
+    Whole,
+    /// Each tool output cut to its head and tail (plus its `key: value` and error lines) first:
+    /// fewer summary calls, but the middle of long outputs never reaches the summary.
+    HeadTail,
+}
+
+impl Transcript {
+    /// A mode by its name in `compaction.transcript`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "whole" => Some(Self::Whole),
+            "head_tail" => Some(Self::HeadTail),
+            _ => None,
+        }
+    }
+}
+
+/// Phrases of the agents' own compaction prompts (matched case-insensitively in the system prompt
+/// and the last user message), each taken from the agent's published package; the request bodies
+/// they come from are fixtures in `tests/fixtures/agents/`:
+/// - Claude Code: its summarizer system prompt and its compact request (and the `/compact` request
+///   of older versions);
+/// - Codex CLI: its checkpoint compaction prompt;
+/// - OpenCode: its compaction system prompt (first and later compactions), the anchored-summary
+///   request, the prior-summary request its overflow path sends without a system prompt, and its
+///   title generator;
+/// - Qwen Code: its compression prompt, the system prompt of the dedicated summarizer and the
+///   opening of the request that keeps the conversation's tools;
+/// - Gemini CLI: its `<state_snapshot>` compression prompt (the summary and the check of it);
+/// - Cline: its continuation-note summarizer; Cline and Roo Code's condense; aider's summarizer.
+pub const DEFAULT_MARKERS: [&str; 14] = [
+    "you are a helpful ai assistant tasked with summarizing conversations",
+    "your task is to create a detailed summary of the conversation so far",
+    "you are performing a context checkpoint compaction",
+    "provide a detailed prompt for continuing our conversation above",
+    "create a new anchored summary",
+    "briefly summarize this partial conversation about programming",
+    "condense the conversation",
+    "summarize the conversation so far in a way that",
+    "you are a context summarization agent",
+    "the <prior-summary> summarizes everything that happened before the <conversation>",
+    "you are a title generator",
+    "you are the component that summarizes a conversation when its context window is about to overflow",
+    "responsible for distilling chat history into a structured xml <state_snapshot>",
+    "summarize the provided coding session into a concise continuation note",
+];

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use metrics::{Counter, Histogram, counter, histogram};
 
-use super::metric::{self, ROUTES};
+use crate::telemetry::metric::{self, ROUTES};
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

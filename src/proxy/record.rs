@@ -1,14 +1,14 @@
 //! What the inspector keeps of one request: numbers and descriptors of what changed, and the
-//! changed content only when an operator turns that on ([`super::content`]). A few hundred bytes
+//! changed content only when an operator turns that on ([`crate::rewrite::content`]). A few hundred bytes
 //! of JSON, appended to the conversation's bounded request log by the request's own commit.
 
 use serde::{Deserialize, Serialize};
 
-use super::content::ContentChange;
+use super::log::RequestLog;
 use crate::compaction::Recovery;
 use crate::rewrite::RewriteReport;
+use crate::rewrite::content::ContentChange;
 use crate::session::{Marks, Usage};
-use crate::telemetry::request::RequestLog;
 
 /// Pruned call ids named in one record at most (the count is always whole).
 const NAMED_IDS: usize = 8;
