@@ -10,6 +10,7 @@ pub use finish::{RECORDED_WITHIN, recorded, recording};
 mod forward;
 mod inspect;
 pub mod log;
+mod phases;
 pub mod record;
 pub mod request_body;
 /// The usage reader lives at the crate root (the summary calls read it too).
@@ -26,17 +27,14 @@ use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
 
 use crate::boxed::boxed;
-use crate::compaction::{Compactor, Prepared};
+use crate::compaction::Compactor;
 use crate::config::Config;
-use crate::dialect::Dialect;
 use crate::error::{Chain, ProxyError};
 use crate::rewrite::RewriteReport;
 use crate::route::Route;
 use crate::session::{ConversationId, Store};
 use crate::telemetry::trace;
-use crate::tokens;
 use crate::upstream::{RequestHead, Upstreams, headers};
-use crate::work::Budget;
 use log::RequestLog;
 use record::Rewrite;
 use tracing::Instrument;
@@ -46,7 +44,7 @@ use body::TapBody;
 use finish::Finish;
 use forward::Forwarded;
 use inspect::Inspected;
-use request_body::{ClientBody, Encoded};
+use request_body::ClientBody;
 use usage::{Framing, UsageTap};
 
 /// compactor's response headers, as names (a name given as text is parsed on every insert).
@@ -111,6 +109,8 @@ impl Proxy {
         boxed(|| self.handle_traced(request, route, finish)).instrument(span).await
     }
 
+    /// The pipeline, phase by phase ([`phases`]): admit, read, prepare (or send ahead), forward
+    /// (recovering from an overflow), respond; the record follows the response ([`finish`]).
     async fn handle_traced(
         &self,
         request: Request<Incoming>,
@@ -118,184 +118,22 @@ impl Proxy {
         mut finish: Box<Finish>,
     ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
-        if let Some(error) = request_body::unsupported_transfer_coding(&parts.headers) {
-            return fail(error, route, finish);
-        }
-        // A family whose upstream is not configured (Vertex AI without `upstream.vertex`): said
-        // at once, before the body is read or any session touched.
-        if let Err(error) = self.upstreams.serves(route.family) {
-            return fail(error, route, finish);
-        }
-        // A platform compactor does not serve yet (Bedrock, a partner model on Vertex AI): its
-        // credential goes nowhere.
-        if let crate::route::Endpoint::Unserved(platform) = route.endpoint {
-            return fail(ProxyError::Unserved { platform }, route, finish);
-        }
-        // A token-count request is read and rewritten like the request it counts, never changing
-        // the session (see `Compactor::count`).
-        let counted = Dialect::counted(route.endpoint);
-        if Dialect::of(route.endpoint).is_none() && counted.is_none() {
-            return self.pass_through(RequestHead::new(route, parts), body, finish).await;
-        }
-
-        let limits = &self.config.limits;
-        // This request's share of the body bytes in flight: taken before the body is read when
-        // it declares its length, else once read, and grown to its decoded size; held until the
-        // upstream's answer comes (the body, its parse and the rewritten body live until then).
-        let mut held = crate::inflight::Held::default();
-        if let Some(length) = request_body::declared_length(&parts.headers)
-            && let Err(error) = self.compactor.inflight().hold(&mut held, length.min(limits.max_body_bytes))
-        {
-            request_body::discard(body, limits.max_body_bytes, limits.client_body_timeout).await;
-            return fail(error, route, finish);
-        }
-        let body =
-            match request_body::read_whole(&parts.headers, body, limits.max_body_bytes, limits.client_body_timeout)
-                .await
-            {
-                Ok(body) => body,
-                Err(error) => return fail(error, route, finish),
-            };
-        finish.log.bytes_in = body.len() as u64;
-        if let Err(error) = self.compactor.inflight().hold(&mut held, body.len() as u64) {
-            return fail(error, route, finish);
-        }
-        // A request compactor has no reason to touch goes upstream now, and is prepared while the
-        // provider reads it (see `ahead`); the preparation's body still decides what is answered.
-        let quiet = counted.is_none()
-            && !parts.headers.contains_key(header::CONTENT_ENCODING)
-            && self.compactor.nothing_to_decide(route.endpoint, &body);
-        let ready = if quiet {
-            self.prepare_ahead(RequestHead::new(route, parts), body, &mut finish).await
-        } else {
-            let mut parts = parts;
-            // compactor's own work on the request (decoding it included): budgeted, off the async
-            // workers when the body is large, and stopped when the client leaves (hyper drops this
-            // future, and the guard with it).
-            let budget = Budget::new(self.config.limits.rewrite_budget, body.len());
-            let stop_when_gone = budget.stop_on_drop();
-            let tenant = self.compactor.tenant(&parts.headers);
-            // Boxed: a decoder's state (brotli's above all) is large, and held inline it made every
-            // request's future tens of kilobytes, copied at each move (a small request went from
-            // 119k to 170k instructions, most of them memcpy: scripts/callgrind-small).
-            let decoding = boxed(|| request_body::decode(&mut parts.headers, body, limits.max_body_bytes));
-            let (body, encoded) = match budget.scope(decoding).await {
-                Ok(decoded) => decoded,
-                Err(error) => return fail(error, route, finish),
-            };
-            if let Err(error) = self.compactor.inflight().hold(&mut held, body.len() as u64) {
-                return fail(error, route, finish);
+        let counted = match self.admit(route, &parts.headers) {
+            Ok(phases::Admitted::PassThrough) => {
+                return self.pass_through(RequestHead::new(route, parts), body, finish).await;
             }
-            // Bounded by the body as decoded: what the parse reads.
-            budget.bound_parse(limits.parse_memory(body.len()));
-            let encoded = encoded.map(|encoded| (encoded, body.clone()));
-            let head = RequestHead::new(route, parts);
-
-            // Boxed: these futures are large (a summary call lives in them), and a future is copied
-            // each time it is moved; a box moves as one pointer.
-            // Token counts are cached per tenant (see `tokens::scoped`).
-            let prepared = match counted {
-                Some(dialect) => {
-                    // A count reads the session as the next request would: with the requests
-                    // already answered recorded (their recording follows the response).
-                    recorded(RECORDED_WITHIN).await;
-                    budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
-                }
-                None => {
-                    budget
-                        .scope(tokens::scoped(
-                            &tenant,
-                            boxed(|| self.compactor.prepare(&head, body, &finish.log.request_id)),
-                        ))
-                        .await
-                }
-            };
-            let taken = self.take(prepared, &mut finish, counted.is_some());
-            Ready { head, budget, stop_when_gone, tenant, taken, encoded, sent_ahead: None }
-        };
-        let Ready { head, budget, stop_when_gone: _stop_when_gone, tenant, taken, encoded, sent_ahead } = ready;
-        let Taken { body, mut ladder, answer } = taken;
-        // A compressed body compactor did not change goes as the client sent it.
-        let encoded = encoded.filter(|(_, decoded)| *decoded == body).map(|(encoded, _)| encoded);
-        let tap_usage = answer.tap_usage;
-
-        let ahead = match sent_ahead {
-            Some(Some(answer)) => {
-                finish.log.sent_ahead = Some("ahead");
-                Some(answer)
-            }
-            Some(None) => {
-                finish.log.sent_ahead = Some("withdrawn");
-                tracing::info!(
-                    request_id = %finish.log.request_id,
-                    "the request sent ahead of its preparation was dropped: the preparation changed its body"
-                );
-                None
-            }
-            None => None,
-        };
-        let forwarded_at = match (&ahead, finish.log.forwarded_at) {
-            (Some(_), Some(at)) => at,
-            _ => {
-                let now = Instant::now();
-                finish.log.overhead = now - finish.log.started;
-                finish.log.forwarded_at = Some(now);
-                now
-            }
-        };
-        let recovery = ladder.as_deref_mut().zip(finish.ctx());
-        let forwarding = boxed(|| {
-            forward::forward(&self.upstreams, &self.compactor, &head, body, encoded, recovery, tap_usage, ahead)
-        });
-        let forwarded = match budget.scope(tokens::scoped(&tenant, forwarding)).await {
-            Ok(forwarded) => forwarded,
+            Ok(phases::Admitted::Rewritable { counted }) => counted,
             Err(error) => return fail(error, route, finish),
         };
-        finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
-        self.respond(forwarded, answer, finish)
-    }
-
-    /// Takes a prepared request apart: its session state and what the log says go to the
-    /// request's finish; the body, the ladder and what the response tells are left.
-    fn take(&self, prepared: Prepared, finish: &mut Finish, counted: bool) -> Taken {
-        let Prepared { body, session, conversation, report, compacted, ctx, ladder, answered } = prepared;
-        finish.answered = answered;
-        if let Some(report) = &report {
-            finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
-        }
-        finish.log.session = session.as_ref().map(|s| s.key.clone());
-        finish.log.conversation = conversation.as_ref().map(|c| c.to_string());
-        if let Some(ctx) = ctx {
-            finish.keep(&self.finishers, ctx);
-        }
-        let tap_usage = session.is_some() && !counted;
-        let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
-        Taken { body, ladder, answer }
-    }
-
-    /// A request sent upstream before its preparation (see `ahead`): the send goes first, then
-    /// what the preparation needs (the budget, the tenant) and the preparation itself, while the
-    /// provider reads the request.
-    async fn prepare_ahead(&self, head: RequestHead, body: Bytes, finish: &mut Finish) -> Ready {
-        let forwarded_at = Instant::now();
-        finish.log.overhead = forwarded_at - finish.log.started;
-        finish.log.forwarded_at = Some(forwarded_at);
-        let limits = &self.config.limits;
-        let sending = ahead::send(&self.upstreams, &head, body.clone());
-        let preparing = async {
-            let budget = Budget::new(limits.rewrite_budget, body.len());
-            let stop_when_gone = budget.stop_on_drop();
-            let tenant = self.compactor.tenant(&head.headers);
-            budget.bound_parse(limits.parse_memory(body.len()));
-            let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.log.request_id));
-            let prepared = budget.scope(tokens::scoped(&tenant, preparing)).await;
-            // Taken apart while the provider still works, not after its answer.
-            let taken = self.take(prepared, finish, false);
-            (budget, stop_when_gone, tenant, taken)
+        let through = async {
+            let read = self.read(parts, body, &mut finish).await?;
+            let ready = self.prepare(route, read, counted, &mut finish).await?;
+            self.forward(ready, &mut finish).await
         };
-        let same = |(.., taken): &(_, _, _, Taken)| taken.body == body;
-        let (answer, (budget, stop_when_gone, tenant, taken)) = ahead::ahead_of(sending, preparing, same).await;
-        Ready { head, budget, stop_when_gone, tenant, taken, encoded: None, sent_ahead: Some(answer) }
+        match through.await {
+            Ok((forwarded, answer)) => self.respond(forwarded, answer, finish),
+            Err(error) => fail(error, route, finish),
+        }
     }
 
     /// A request compactor never rewrites: its body streams to the upstream as it arrives, with no
@@ -393,21 +231,6 @@ impl Proxy {
             ResponseBody::Upstream { body: TapBody::new(incoming, idle_timeout, last_frame, finish, usage, held) };
         Response::from_parts(response_parts, body)
     }
-}
-
-/// A request as its preparation leaves it for the forward.
-struct Ready {
-    head: RequestHead,
-    budget: Arc<Budget>,
-    /// Stops the request's work when the client leaves (this is dropped with the request).
-    stop_when_gone: tokio_util::sync::DropGuard,
-    tenant: String,
-    taken: Taken,
-    /// The client's compressed body and the bytes it decoded to, when it came compressed.
-    encoded: Option<(Encoded, Bytes)>,
-    /// For a request sent ahead of its preparation, the upstream's answer to it; `None` inside
-    /// when the preparation changed the body and the request that went ahead was withdrawn.
-    sent_ahead: Option<Option<ahead::SentAhead>>,
 }
 
 /// A prepared request once its finish took what it keeps.
