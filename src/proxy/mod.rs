@@ -202,10 +202,10 @@ impl Proxy {
             finish.log.tokens = Some((report.tokens_before, after, pruned));
             let compacted = forwarded.compacted.or(answer.compacted);
             finish.rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
-                // The window and threshold in the units of the estimates beside them.
+                // The window and threshold in the provider's tokens, as the sizes beside them
+                // (the report's are calibrated by the preparation).
                 let pressure = self.compactor.pressure(ctx, report);
-                let window = pressure.uncalibrated(pressure.window);
-                let threshold = pressure.uncalibrated(pressure.budget());
+                let (window, threshold) = (pressure.window, pressure.budget());
                 Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
             });
         }

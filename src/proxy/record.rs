@@ -13,9 +13,10 @@ use crate::session::{Marks, Usage};
 /// Pruned call ids named in one record at most (the count is always whole).
 const NAMED_IDS: usize = 8;
 
-/// One request, as the inspector shows it. Sizes are compactor's estimates (vendor factor
-/// applied) unless they come from the provider's usage (`prompt`, `cache_read`, `cache_write`,
-/// `output`). Zero and empty fields are left out of the JSON.
+/// One request, as the inspector shows it. Sizes are in the provider's tokens: compactor's
+/// estimates calibrated by what the session measured of the provider's tokenizer (`sent`,
+/// `forwarded`, `window`, `threshold`, the changes), or the provider's own usage (`prompt`,
+/// `cache_read`, `cache_write`, `output`). Zero and empty fields are left out of the JSON.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RequestRecord {
@@ -134,7 +135,7 @@ pub struct Rewrite {
 }
 
 impl Rewrite {
-    /// The descriptors of `report`; `window` and `threshold` already in estimate units.
+    /// The descriptors of `report`; `window` and `threshold` in the provider's tokens.
     pub fn of(report: &RewriteReport, model: &str, compacted: Option<u32>, window: u64, threshold: u64) -> Self {
         Self {
             model: model.to_string(),

@@ -721,3 +721,60 @@ async fn background_summaries_show_who_started_and_applied_them_and_their_calls_
     let rows = rows(&html) as u64;
     assert!(with.abs_diff(requests + summaries) <= rows, "{with} = {requests} + {summaries}");
 }
+
+/// The "window · compaction threshold" row of a request's page, as shown.
+fn window_row(html: &str) -> String {
+    let at = html.find("window · compaction threshold").expect("the window row");
+    let cell = html[at..].split("<td>").nth(1).unwrap();
+    cell.split("</td>").next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn the_window_is_shown_in_the_same_tokens_as_the_sizes_beside_it_when_the_tokenizer_counts_twice_as_many() {
+    // A provider that counts about twice compactor's estimate: the session calibrates to ~2, and
+    // the sizes the inspector shows (sent, forwarded) are in the provider's tokens.
+    let fake = FakeUpstream::builder()
+        .respond_with(|received| {
+            let prompt = received.body.len() / 2;
+            Some(Reply::json(
+                200,
+                json!({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}}),
+            ))
+        })
+        .start()
+        .await;
+    let toml = format!(
+        "[models.window-model]\ncontext_window = 100000\nmax_output_tokens = 1000\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[inspector]\nrequests_per_conversation = 10\n"
+    );
+    let proxy = start(&fake, &toml, false);
+    let mut body = conversation(Api::Chat, 2, false);
+    body["model"] = json!("window-model");
+    for _ in 0..4 {
+        assert_eq!(chat(&proxy, "units-agent", &body).await.status, 200);
+    }
+    let key = two_turns_key(&proxy, &body).await;
+    let committed = async || {
+        let view = proxy.get_with_token(&format!("/admin/sessions/{key}"), ADMIN_TOKEN).await;
+        view.status == 200 && view.json()["state"]["counters"]["requests"] == 5
+    };
+    assert!(eventually(committed).await);
+    let session = as_admin(&proxy, &format!("/ui/sessions/{key}")).await.text();
+    let html = as_admin(&proxy, &first_conversation(&session)).await.text();
+    // The newest request (rows are newest first): its session measured the calibration.
+    let at = html.find("/r/").unwrap();
+    let link = &html[html[..at].rfind('"').unwrap() + 1..at + html[at..].find('"').unwrap()];
+    let request = as_admin(&proxy, link).await.text();
+    // The model's window is 100,000 of the provider's tokens, and the threshold most of it: the
+    // same tokens as the sizes plotted beside them (not the window over the calibration).
+    let row = window_row(&request);
+    let (window, threshold) = row.split_once(" · ").unwrap();
+    assert_eq!(window, "100,000", "{request}");
+    let threshold: u64 = threshold.replace(',', "").parse().unwrap();
+    assert!((70_000..100_000).contains(&threshold), "{row}");
+}
+
+async fn two_turns_key(proxy: &ProxyProcess, body: &Value) -> String {
+    let answer = chat(proxy, "units-agent", body).await;
+    answer.header("x-compactor-session").unwrap().to_string()
+}
