@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
 use super::finish::Finish;
-use super::log::Outcome;
+use super::outcome::Ending;
 use crate::telemetry::metric;
 use crate::upstream::PooledBody;
 use crate::usage::UsageTap;
@@ -70,7 +70,7 @@ impl TapBody {
         mut usage: Option<UsageTap>,
         prefix: Option<Bytes>,
     ) -> Self {
-        let streaming = finish.log.streaming;
+        let streaming = finish.outcome.streaming;
         if streaming {
             metric::stream_started();
         }
@@ -100,7 +100,7 @@ impl TapBody {
 /// request's recording, once the response is out).
 fn complete(finished: &mut bool, finish: &mut Finish, usage: &mut Option<UsageTap>) {
     *finished = true;
-    finish.log.outcome = Outcome::Complete;
+    finish.outcome.ending = Ending::Complete;
     finish.tap = usage.take();
     finish.send();
 }
@@ -167,7 +167,7 @@ fn poll_upstream(body: Pin<&mut TapBody>, cx: &mut Context<'_>) -> Poll<Option<R
     let mut this = body.project();
     {
         if let Some(prefix) = this.prefix.take() {
-            this.finish.log.bytes_out += prefix.len() as u64;
+            this.finish.outcome.bytes_out += prefix.len() as u64;
             if let Some(tap) = this.usage.as_mut() {
                 tap.observe(&prefix);
             }
@@ -181,7 +181,7 @@ fn poll_upstream(body: Pin<&mut TapBody>, cx: &mut Context<'_>) -> Poll<Option<R
                 Poll::Ready(Some(Ok(frame))) => {
                     *this.last_frame = Instant::now();
                     if let Some(data) = frame.data_ref() {
-                        this.finish.log.bytes_out += data.len() as u64;
+                        this.finish.outcome.bytes_out += data.len() as u64;
                         if let Some(tap) = this.usage.as_mut() {
                             tap.observe(data);
                         }
@@ -195,7 +195,7 @@ fn poll_upstream(body: Pin<&mut TapBody>, cx: &mut Context<'_>) -> Poll<Option<R
                 }
                 Poll::Ready(Some(Err(error))) => {
                     *this.finished = true;
-                    this.finish.log.outcome = Outcome::UpstreamError;
+                    this.finish.outcome.ending = Ending::UpstreamError;
                     this.finish.send();
                     return Poll::Ready(Some(Err(BodyError::Upstream(error))));
                 }
@@ -210,7 +210,7 @@ fn poll_upstream(body: Pin<&mut TapBody>, cx: &mut Context<'_>) -> Poll<Option<R
             let deadline = *this.last_frame + *this.idle_timeout;
             if deadline <= Instant::now() {
                 *this.finished = true;
-                this.finish.log.outcome = Outcome::IdleTimeout;
+                this.finish.outcome.ending = Ending::IdleTimeout;
                 this.finish.send();
                 return Poll::Ready(Some(Err(BodyError::IdleTimeout(*this.idle_timeout))));
             }
@@ -237,8 +237,8 @@ impl ResponseBody {
 
     /// A complete body that ends a proxied request: counted as sent in full.
     pub fn finished(bytes: Bytes, mut finish: Box<Finish>) -> Self {
-        finish.log.bytes_out = bytes.len() as u64;
-        finish.log.outcome = Outcome::Complete;
+        finish.outcome.bytes_out = bytes.len() as u64;
+        finish.outcome.ending = Ending::Complete;
         Self::Full { bytes: Some(bytes), finish: Some(finish) }
     }
 }

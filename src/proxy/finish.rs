@@ -29,8 +29,8 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
-use super::log::RequestLog;
-use super::record::{RequestRecord, Rewrite};
+use super::outcome::RequestOutcome;
+use super::record::RequestRecord;
 use crate::session::{SessionCtx, Usage};
 use crate::usage::UsageTap;
 
@@ -42,9 +42,9 @@ struct Commit {
 
 /// A request's remains, filled in as it goes; finished once, by [`Finish::send`] or when dropped.
 pub struct Finish {
-    pub log: RequestLog,
-    /// The token usage the upstream reported, read by the tap.
-    pub usage: Option<Usage>,
+    /// The one record of the request's outcome: its log line, metrics, span attributes,
+    /// compactor's response headers and the inspector's row are all read from it.
+    pub outcome: RequestOutcome,
     /// The tap of a response read to its end, whose usage is read with the recording.
     pub tap: Option<UsageTap>,
     /// The session's state, and the way to its finisher (none for the in-process store).
@@ -52,8 +52,6 @@ pub struct Finish {
     sent: bool,
     /// The request's trace span, ended with the request (after the finisher's write, if any).
     pub span: Span,
-    /// What the rewrite did, for the inspector's record (set only when the store keeps records).
-    pub rewrite: Option<Rewrite>,
     /// Dropped with the request, after its state is handed to the commit: a summary it started in
     /// the background goes then.
     pub answered: Option<crate::compaction::AnsweredGate>,
@@ -136,12 +134,10 @@ impl<F: Future> Future for Recording<F> {
 
 /// What [`Finish::send`] takes from the request to record after the response.
 struct Remains {
-    log: RequestLog,
-    usage: Option<Usage>,
+    outcome: RequestOutcome,
     tap: Option<UsageTap>,
     state: Option<(Box<SessionCtx>, Option<oneshot::Sender<Commit>>)>,
     span: Span,
-    rewrite: Option<Rewrite>,
     /// Held until the recording is done, then dropped (see [`Finish::answered`]).
     _answered: Option<crate::compaction::AnsweredGate>,
 }
@@ -150,18 +146,8 @@ impl Finish {
     /// Boxed: the request's future and its response carry it, and a box moves as one pointer
     /// where the whole (the log line's fields, the session's state) would be copied on each move.
     /// `tracker` runs the recording after the response (and shutdown waits for it).
-    pub fn new(log: RequestLog, span: Span, tracker: Option<TaskTracker>) -> Box<Self> {
-        Box::new(Self {
-            log,
-            usage: None,
-            tap: None,
-            state: None,
-            sent: false,
-            span,
-            rewrite: None,
-            answered: None,
-            tracker,
-        })
+    pub fn new(outcome: RequestOutcome, span: Span, tracker: Option<TaskTracker>) -> Box<Self> {
+        Box::new(Self { outcome, tap: None, state: None, sent: false, span, answered: None, tracker })
     }
 
     /// Takes the request's session state and starts, on `tracker`, the finisher that will commit it.
@@ -187,14 +173,12 @@ impl Finish {
         if std::mem::replace(&mut self.sent, true) {
             return;
         }
-        self.log.ended_at = Some(Instant::now());
+        self.outcome.ended_at = Some(Instant::now());
         let remains = Box::new(Remains {
-            log: std::mem::replace(&mut self.log, RequestLog::new(String::new(), http::Method::GET, "")),
-            usage: self.usage.take(),
+            outcome: std::mem::replace(&mut self.outcome, RequestOutcome::new(String::new(), http::Method::GET, "")),
             tap: self.tap.take(),
             state: self.state.take(),
             span: std::mem::replace(&mut self.span, Span::none()),
-            rewrite: self.rewrite.take(),
             _answered: self.answered.take(),
         });
         STARTED.fetch_add(1, Ordering::AcqRel);
@@ -224,14 +208,13 @@ impl Remains {
 
     fn record_now(mut self) {
         if let Some(tap) = self.tap.take() {
-            self.usage = tap.finish();
+            self.outcome.usage = tap.finish();
         }
-        self.log.cache = self.usage.map(|usage| (usage.cached_tokens, usage.cache_write_tokens));
         // The session's state first: the client has the response, and its next request may be
         // on its way.
         if let Some((ctx, _)) = self.state.as_mut().filter(|(ctx, _)| ctx.records_requests()) {
-            let started = crate::session::unix_ms().saturating_sub(self.log.started.elapsed().as_millis() as u64);
-            let mut record = RequestRecord::of(&self.log, self.rewrite.as_ref(), self.usage.as_ref(), started);
+            let started = crate::session::unix_ms().saturating_sub(self.outcome.started.elapsed().as_millis() as u64);
+            let mut record = RequestRecord::of(&self.outcome, started);
             record.n = ctx.conversation().requests + 1;
             match serde_json::to_string(&record) {
                 Ok(json) => ctx.inspect(json, record.marks()),
@@ -241,19 +224,19 @@ impl Remains {
         if let Some((mut ctx, sender)) = self.state.take() {
             let _entered = self.span.enter();
             ctx.note_answered();
-            ctx.note_status(self.log.status);
+            ctx.note_status(self.outcome.status);
             match sender {
                 // Refused only when the runtime is shutting down and the finisher is gone with it.
-                Some(sender) => drop(sender.send(Commit { ctx, usage: self.usage })),
+                Some(sender) => drop(sender.send(Commit { ctx, usage: self.outcome.usage })),
                 None => {
-                    if let Some(usage) = self.usage {
+                    if let Some(usage) = self.outcome.usage {
                         ctx.set_usage(usage);
                     }
                     ctx.commit_in_place();
                 }
             }
         }
-        self.log.emit();
+        self.outcome.emit();
         self.record_span();
     }
 
@@ -263,27 +246,27 @@ impl Remains {
         if span.is_disabled() {
             return;
         }
-        let log = &self.log;
-        span.record("http.response.status_code", log.status);
-        if let Some(error) = log.error {
+        let outcome = &self.outcome;
+        span.record("http.response.status_code", outcome.status);
+        if let Some(error) = outcome.error {
             span.record("error.type", error);
             span.record("otel.status_code", "ERROR");
-        } else if log.status >= 500 {
-            span.record("error.type", log.status.to_string());
+        } else if outcome.status >= 500 {
+            span.record("error.type", outcome.status.to_string());
             span.record("otel.status_code", "ERROR");
         }
-        if let Some(session) = &log.session {
+        if let Some(session) = &outcome.session {
             span.record("compactor.session", session.as_str());
         }
-        if let Some(conversation) = &log.conversation {
+        if let Some(conversation) = &outcome.conversation {
             span.record("compactor.conversation", conversation.as_str());
         }
-        if let Some((before, after, pruned)) = log.tokens {
+        if let Some((before, after, pruned)) = outcome.tokens {
             span.record("compactor.tokens_before", before);
             span.record("compactor.tokens_after", after);
             span.record("compactor.pruned", pruned as u64);
         }
-        if let Some(usage) = &self.usage {
+        if let Some(usage) = &outcome.usage {
             span.record("gen_ai.usage.input_tokens", usage.prompt_tokens);
             span.record("gen_ai.usage.output_tokens", usage.output_tokens);
         }
@@ -315,7 +298,8 @@ mod tests {
 
     fn finish(tracker: Option<TaskTracker>) -> (Box<Finish>, oneshot::Receiver<()>) {
         let (gate, answered) = oneshot::channel();
-        let mut finish = Finish::new(RequestLog::new("r1".into(), http::Method::POST, "chat"), Span::none(), tracker);
+        let mut finish =
+            Finish::new(RequestOutcome::new("r1".into(), http::Method::POST, "chat"), Span::none(), tracker);
         finish.answered = Some(AnsweredGate::of(gate));
         (finish, answered)
     }
@@ -327,7 +311,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let (mut finish, mut answered) = finish(Some(tracker.clone()));
         finish.send();
-        assert!(finish.log.request_id.is_empty(), "the request's remains were taken");
+        assert!(finish.outcome.request_id.is_empty(), "the request's remains were taken");
         assert_eq!(answered.try_recv(), Err(TryRecvError::Empty), "nothing recorded before the task yields");
         tokio::task::yield_now().await;
         assert_eq!(answered.try_recv(), Err(TryRecvError::Closed), "recorded (and the gate let go) after it");

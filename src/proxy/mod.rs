@@ -9,7 +9,7 @@ mod finish;
 pub use finish::{RECORDED_WITHIN, recorded, recording};
 mod forward;
 mod inspect;
-pub mod log;
+pub mod outcome;
 mod phases;
 pub mod record;
 pub mod request_body;
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
@@ -32,10 +32,10 @@ use crate::config::Config;
 use crate::error::{Chain, ProxyError};
 use crate::rewrite::RewriteReport;
 use crate::route::Route;
-use crate::session::{ConversationId, Store};
+use crate::session::Store;
 use crate::telemetry::trace;
 use crate::upstream::{RequestHead, Upstreams, headers};
-use log::RequestLog;
+use outcome::{REQUEST_ID, RequestOutcome, header_value};
 use record::Rewrite;
 use tracing::Instrument;
 
@@ -46,16 +46,6 @@ use forward::Forwarded;
 use inspect::Inspected;
 use request_body::ClientBody;
 use usage::{Framing, UsageTap};
-
-/// compactor's response headers, as names (a name given as text is parsed on every insert).
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-compactor-request-id");
-const SESSION: HeaderName = HeaderName::from_static("x-compactor-session");
-const CONVERSATION: HeaderName = HeaderName::from_static("x-compactor-conversation");
-const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
-const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
-const PRUNED: HeaderName = HeaderName::from_static("x-compactor-pruned");
-const RETRIES: HeaderName = HeaderName::from_static("x-compactor-retries");
-const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
 
 /// What the pipeline needs for every request, built once at start.
 pub struct Proxy {
@@ -95,7 +85,7 @@ impl Proxy {
     /// Handles one proxied request end to end; never fails, errors become dialect-shaped responses.
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ResponseBody> {
         let route = Route::of(request.method(), request.uri().path(), request.headers());
-        let mut log = RequestLog::new(self.request_ids.next(), request.method().clone(), route.label());
+        let mut log = RequestOutcome::new(self.request_ids.next(), request.method().clone(), route.label());
         log.family = route.family.label();
         // The request's span lives as long as its Finish: until the response body has ended.
         let span = trace::request_span(request.method(), &route, &log.request_id);
@@ -148,10 +138,10 @@ impl Proxy {
             Err(error) => return fail(error, route, finish),
         };
         let forwarded_at = Instant::now();
-        finish.log.overhead = forwarded_at - finish.log.started;
-        finish.log.forwarded_at = Some(forwarded_at);
+        finish.outcome.overhead = forwarded_at - finish.outcome.started;
+        finish.outcome.forwarded_at = Some(forwarded_at);
         let sent = self.upstreams.send(route.family, request).await;
-        finish.log.bytes_in = progress.bytes();
+        finish.outcome.bytes_in = progress.bytes();
         let response = match sent {
             Ok(response) => response,
             // A body that stalled or broke off is the client's failure, not the upstream's.
@@ -160,7 +150,7 @@ impl Proxy {
                 return fail(error, route, finish);
             }
         };
-        finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
+        finish.outcome.upstream_ttfb = Some(forwarded_at.elapsed());
         let forwarded = Forwarded {
             inspected: Inspected::pass(response),
             retries: 0,
@@ -168,7 +158,7 @@ impl Proxy {
             tokens_after: None,
             recovery: None,
         };
-        let answer = Answer { session: None, conversation: None, report: None, compacted: None, tap_usage: false };
+        let answer = Answer { report: None, compacted: None, tap_usage: false };
         self.respond(forwarded, answer, finish)
     }
 
@@ -182,49 +172,41 @@ impl Proxy {
         };
         let headers = &mut response_parts.headers;
         headers::strip_hop_by_hop(headers);
-        headers.insert(REQUEST_ID, header_value(&finish.log.request_id));
-        finish.log.status = response_parts.status.as_u16();
-        if let Some(session) = &answer.session {
-            headers.insert(SESSION, header_value(session));
-        }
-        if let Some(conversation) = &answer.conversation {
-            headers.insert(CONVERSATION, header_value(conversation.as_str()));
-        }
+        let outcome = &mut finish.outcome;
+        outcome.status = response_parts.status.as_u16();
+        outcome.retries = forwarded.retries;
+        outcome.compacted = forwarded.compacted.or(answer.compacted);
         if let Some(report) = &answer.report {
             let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
             // Outputs replaced by the placeholder in the body that went out, whichever rung did it.
             let pruned = forwarded.recovery.as_ref().map_or(report.pruned, |r| r.pruned.max(report.pruned));
-            headers.insert(TOKENS_BEFORE, HeaderValue::from(report.tokens_before));
-            headers.insert(TOKENS_AFTER, HeaderValue::from(after));
-            headers.insert(PRUNED, HeaderValue::from(pruned as u64));
-            headers.insert(RETRIES, HeaderValue::from(forwarded.retries));
-            finish.span.record("compactor.retries", forwarded.retries);
-            finish.log.tokens = Some((report.tokens_before, after, pruned));
-            let compacted = forwarded.compacted.or(answer.compacted);
-            finish.rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
+            outcome.tokens = Some((report.tokens_before, after, pruned));
+            let compacted = outcome.compacted;
+            let rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
                 // The window and threshold in the provider's tokens, as the sizes beside them
                 // (the report's are calibrated by the preparation).
                 let pressure = self.compactor.pressure(ctx, report);
                 let (window, threshold) = (pressure.window, pressure.budget());
                 Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
             });
+            finish.outcome.rewrite = rewrite;
+            finish.span.record("compactor.retries", forwarded.retries);
         }
-        finish.log.retries = forwarded.retries;
-        finish.log.recovery = forwarded.recovery;
-        if let Some(generation) = forwarded.compacted.or(answer.compacted) {
+        finish.outcome.recovery = forwarded.recovery;
+        if let Some(generation) = finish.outcome.compacted {
             finish.span.record("compactor.compaction_generation", generation);
-            headers.insert(COMPACTED, HeaderValue::from(generation));
         }
-        finish.log.streaming =
+        finish.outcome.write_headers(headers);
+        finish.outcome.streaming =
             headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        finish.log.overhead += head_at.elapsed();
+        finish.outcome.overhead += head_at.elapsed();
         let Some((incoming, last_frame)) = incoming else {
             // compactor read the whole (error) body: send it on exactly as it came.
             headers.remove(header::TRANSFER_ENCODING);
             let bytes = held.unwrap_or_default();
             return Response::from_parts(response_parts, ResponseBody::finished(bytes, finish));
         };
-        let framing = if finish.log.streaming { Framing::EventStream } else { Framing::Json };
+        let framing = if finish.outcome.streaming { Framing::EventStream } else { Framing::Json };
         let usage = (answer.tap_usage && response_parts.status.is_success()).then(|| UsageTap::new(framing));
         let idle_timeout = self.config.upstream.idle_timeout;
         let body =
@@ -240,11 +222,9 @@ struct Taken {
     answer: Answer,
 }
 
-/// What the response tells the client about what compactor did.
+/// What the response tells the client about what compactor did (the session and conversation
+/// are on the request's outcome already).
 struct Answer {
-    session: Option<String>,
-    /// The conversation inside the session whose state the request used.
-    conversation: Option<ConversationId>,
     report: Option<RewriteReport>,
     /// The compaction generation applied before forwarding.
     compacted: Option<u32>,
@@ -254,7 +234,7 @@ struct Answer {
 
 /// compactor's own answer to a request it could not forward.
 fn fail(error: ProxyError, route: Route, mut finish: Box<Finish>) -> Response<ResponseBody> {
-    let log = &mut finish.log;
+    let log = &mut finish.outcome;
     tracing::warn!(
         request_id = %log.request_id,
         route = route.label(),
@@ -276,10 +256,6 @@ fn fail(error: ProxyError, route: Route, mut finish: Box<Finish>) -> Response<Re
         parts.headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     Response::from_parts(parts, ResponseBody::finished(bytes, finish))
-}
-
-fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 /// Request ids unique across restarts and replicas: a random per-process prefix and a counter.

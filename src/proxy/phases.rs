@@ -102,7 +102,7 @@ impl Proxy {
         }
         let body =
             request_body::read_whole(&parts.headers, body, limits.max_body_bytes, limits.client_body_timeout).await?;
-        finish.log.bytes_in = body.len() as u64;
+        finish.outcome.bytes_in = body.len() as u64;
         self.compactor.inflight().hold(&mut held, body.len() as u64)?;
         Ok(Read { parts, body, held })
     }
@@ -163,7 +163,7 @@ impl Proxy {
                 budget.scope(tokens::scoped(&tenant, boxed(|| self.compactor.count(&head, dialect, body)))).await
             }
             None => {
-                let preparing = boxed(|| self.compactor.prepare(&head, body, &finish.log.request_id));
+                let preparing = boxed(|| self.compactor.prepare(&head, body, &finish.outcome.request_id));
                 budget.scope(tokens::scoped(&tenant, preparing)).await
             }
         };
@@ -177,15 +177,15 @@ impl Proxy {
         let Prepared { body, session, conversation, report, compacted, ctx, ladder, answered } = prepared;
         finish.answered = answered;
         if let Some(report) = &report {
-            finish.log.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
+            finish.outcome.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
         }
-        finish.log.session = session.as_ref().map(|s| s.key.clone());
-        finish.log.conversation = conversation.as_ref().map(|c| c.to_string());
+        finish.outcome.session = session.as_ref().map(|s| s.key.clone());
+        finish.outcome.conversation = conversation.as_ref().map(|c| c.to_string());
         if let Some(ctx) = ctx {
             finish.keep(&self.finishers, ctx);
         }
         let tap_usage = session.is_some() && !counted;
-        let answer = Answer { session: session.map(|s| s.key), conversation, report, compacted, tap_usage };
+        let answer = Answer { report, compacted, tap_usage };
         Taken { body, ladder, answer }
     }
 
@@ -194,8 +194,8 @@ impl Proxy {
     /// provider reads the request.
     async fn prepare_ahead(&self, head: RequestHead, body: Bytes, held: Held, finish: &mut Finish) -> Ready {
         let forwarded_at = Instant::now();
-        finish.log.overhead = forwarded_at - finish.log.started;
-        finish.log.forwarded_at = Some(forwarded_at);
+        finish.outcome.overhead = forwarded_at - finish.outcome.started;
+        finish.outcome.forwarded_at = Some(forwarded_at);
         let limits = &self.config.limits;
         let sending = ahead::send(&self.upstreams, &head, body.clone());
         let preparing = async {
@@ -203,7 +203,7 @@ impl Proxy {
             let stop_when_gone = budget.stop_on_drop();
             let tenant = self.compactor.tenant(&head.headers);
             budget.bound_parse(limits.parse_memory(body.len()));
-            let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.log.request_id));
+            let preparing = boxed(|| self.compactor.prepare(&head, body.clone(), &finish.outcome.request_id));
             let prepared = budget.scope(tokens::scoped(&tenant, preparing)).await;
             // Taken apart while the provider still works, not after its answer.
             let taken = self.take(prepared, finish, false);
@@ -232,25 +232,25 @@ impl Proxy {
         let encoded = encoded.filter(|(_, decoded)| *decoded == body).map(|(encoded, _)| encoded);
         let ahead = match sent_ahead {
             Some(Some(answer)) => {
-                finish.log.sent_ahead = Some("ahead");
+                finish.outcome.sent_ahead = Some("ahead");
                 Some(answer)
             }
             Some(None) => {
-                finish.log.sent_ahead = Some("withdrawn");
+                finish.outcome.sent_ahead = Some("withdrawn");
                 tracing::info!(
-                    request_id = %finish.log.request_id,
+                    request_id = %finish.outcome.request_id,
                     "the request sent ahead of its preparation was dropped: the preparation changed its body"
                 );
                 None
             }
             None => None,
         };
-        let forwarded_at = match (&ahead, finish.log.forwarded_at) {
+        let forwarded_at = match (&ahead, finish.outcome.forwarded_at) {
             (Some(_), Some(at)) => at,
             _ => {
                 let now = Instant::now();
-                finish.log.overhead = now - finish.log.started;
-                finish.log.forwarded_at = Some(now);
+                finish.outcome.overhead = now - finish.outcome.started;
+                finish.outcome.forwarded_at = Some(now);
                 now
             }
         };
@@ -262,7 +262,7 @@ impl Proxy {
         let forwarded = budget.scope(tokens::scoped(&tenant, forwarding)).await?;
         // The answer came: the bodies it was held for are gone.
         drop(held);
-        finish.log.upstream_ttfb = Some(forwarded_at.elapsed());
+        finish.outcome.upstream_ttfb = Some(forwarded_at.elapsed());
         Ok((forwarded, answer))
     }
 }

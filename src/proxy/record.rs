@@ -4,11 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::log::RequestLog;
+use super::outcome::RequestOutcome;
 use crate::compaction::Recovery;
 use crate::rewrite::RewriteReport;
 use crate::rewrite::content::ContentChange;
-use crate::session::{Marks, Usage};
+use crate::session::Marks;
 
 /// Pruned call ids named in one record at most (the count is always whole).
 const NAMED_IDS: usize = 8;
@@ -160,7 +160,8 @@ impl Rewrite {
 
 impl RequestRecord {
     /// The record of a finished request from its log line's fields, its rewrite and its usage.
-    pub fn of(log: &RequestLog, rewrite: Option<&Rewrite>, usage: Option<&Usage>, at_unix_ms: u64) -> Self {
+    pub fn of(log: &RequestOutcome, at_unix_ms: u64) -> Self {
+        let (rewrite, usage) = (log.rewrite.as_ref(), log.usage.as_ref());
         let (sent, forwarded, pruned) = log.tokens.unwrap_or_default();
         let recovery: Option<&Recovery> = log.recovery.as_ref();
         let upstream_ms = match (log.forwarded_at, log.ended_at) {
@@ -173,7 +174,7 @@ impl RequestRecord {
             route: log.route.to_string(),
             family: log.family.to_string(),
             status: log.status,
-            outcome: log.outcome.as_str().to_string(),
+            outcome: log.ending.as_str().to_string(),
             error: log.error.map(str::to_string),
             upstream_ms,
             sent,
@@ -240,10 +241,11 @@ impl RequestRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::Usage;
 
     #[test]
     fn a_record_of_an_agent_turn_stays_a_few_hundred_bytes_and_reads_back() {
-        let mut log = RequestLog::new("req-0000000000000042".into(), http::Method::POST, "messages");
+        let mut log = RequestOutcome::new("req-0000000000000042".into(), http::Method::POST, "messages");
         log.status = 200;
         log.tokens = Some((181_000, 92_000, 12));
         let report = RewriteReport {
@@ -263,7 +265,8 @@ mod tests {
             message_count: 0,
             generation: 2,
         };
-        let record = RequestRecord::of(&log, Some(&rewrite), Some(&usage), 1_764_000_000_000);
+        (log.rewrite, log.usage) = (Some(rewrite), Some(usage));
+        let record = RequestRecord::of(&log, 1_764_000_000_000);
         let json = serde_json::to_string(&record).unwrap();
         assert!(json.len() < 800, "{} bytes: {json}", json.len());
         let read: RequestRecord = serde_json::from_str(&json).unwrap();

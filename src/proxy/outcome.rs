@@ -1,5 +1,7 @@
-//! The record stage: one log line and the metrics of each request, written once its response is
-//! done (or the client left).
+//! The one record of a request's outcome, [`RequestOutcome`], filled in as the request goes:
+//! compactor's response headers are written from it as the response starts, and once the response
+//! is done (or the client left) its log line, its metrics, its span's attributes and the
+//! inspector's row ([`super::record::RequestRecord::of`]) are all read from it.
 
 use std::time::{Duration, Instant};
 
@@ -7,11 +9,31 @@ use std::sync::OnceLock;
 
 use metrics::{Counter, Histogram, counter, histogram};
 
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::record::Rewrite;
 use crate::telemetry::metric::{self, ROUTES};
+use crate::usage::Usage;
+
+/// compactor's response headers, as names (a name given as text is parsed on every insert).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-compactor-request-id");
+const SESSION: HeaderName = HeaderName::from_static("x-compactor-session");
+const CONVERSATION: HeaderName = HeaderName::from_static("x-compactor-conversation");
+const TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
+const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
+const PRUNED: HeaderName = HeaderName::from_static("x-compactor-pruned");
+const RETRIES: HeaderName = HeaderName::from_static("x-compactor-retries");
+const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
+
+/// A header value of compactor's own text (an id, a session key): never invalid, but said so
+/// rather than dropped if it were.
+pub fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
 
 /// How a response ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Ending {
     /// The body was sent in full.
     Complete,
     /// The client went away before the body ended.
@@ -22,7 +44,7 @@ pub enum Outcome {
     UpstreamError,
 }
 
-impl Outcome {
+impl Ending {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Complete => "complete",
@@ -33,9 +55,9 @@ impl Outcome {
     }
 }
 
-/// Everything the log line and the metrics of one request need; written once, by [`RequestLog::emit`].
+/// Everything the log line and the metrics of one request need; written once, by [`RequestOutcome::emit`].
 #[derive(Debug)]
-pub struct RequestLog {
+pub struct RequestOutcome {
     pub request_id: String,
     pub method: http::Method,
     pub route: &'static str,
@@ -51,7 +73,7 @@ pub struct RequestLog {
     pub forwarded_at: Option<Instant>,
     /// Time compactor spent before forwarding and after the response head arrived.
     pub overhead: Duration,
-    pub outcome: Outcome,
+    pub ending: Ending,
     /// compactor's own error code, when compactor answered instead of the upstream.
     pub error: Option<&'static str>,
     pub streaming: bool,
@@ -59,10 +81,15 @@ pub struct RequestLog {
     pub session: Option<String>,
     /// The conversation inside the session, when compactor keeps state for it.
     pub conversation: Option<String>,
-    /// Estimated tokens before and after rewriting, and outputs pruned.
+    /// Tokens before and after rewriting (compactor's estimates, calibrated: the provider's
+    /// tokens), and outputs replaced by the placeholder in the body that went out.
     pub tokens: Option<(u32, u32, usize)>,
-    /// Prompt tokens the upstream reported reading from and writing to its cache.
-    pub cache: Option<(u64, u64)>,
+    /// The compaction generation the body that went out carried.
+    pub compacted: Option<u32>,
+    /// What the rewrite did, for the inspector's record (set only when the store keeps records).
+    pub rewrite: Option<Rewrite>,
+    /// The token usage the upstream reported, read by the response's tap.
+    pub usage: Option<Usage>,
     /// When the response ended (body done, or the client gone).
     pub ended_at: Option<Instant>,
     /// Retries after an overflow.
@@ -74,7 +101,7 @@ pub struct RequestLog {
     pub sent_ahead: Option<&'static str>,
 }
 
-impl RequestLog {
+impl RequestOutcome {
     pub fn new(request_id: String, method: http::Method, route: &'static str) -> Self {
         Self {
             request_id,
@@ -88,17 +115,46 @@ impl RequestLog {
             upstream_ttfb: None,
             forwarded_at: None,
             overhead: Duration::ZERO,
-            outcome: Outcome::ClientGone,
+            ending: Ending::ClientGone,
             error: None,
             streaming: false,
             session: None,
             conversation: None,
             tokens: None,
-            cache: None,
+            compacted: None,
+            rewrite: None,
+            usage: None,
             ended_at: None,
             retries: 0,
             recovery: None,
             sent_ahead: None,
+        }
+    }
+
+    /// Prompt tokens the upstream reported reading from and writing to its cache.
+    fn cache(&self) -> (u64, u64) {
+        self.usage.map_or((0, 0), |usage| (usage.cached_tokens, usage.cache_write_tokens))
+    }
+
+    /// compactor's headers on the response, from the record as the response starts: the
+    /// request id always; the session and conversation when the request has them; the tokens,
+    /// what was pruned, the retries and the compaction when compactor read the request.
+    pub fn write_headers(&self, headers: &mut HeaderMap) {
+        headers.insert(REQUEST_ID, header_value(&self.request_id));
+        if let Some(session) = &self.session {
+            headers.insert(SESSION, header_value(session));
+        }
+        if let Some(conversation) = &self.conversation {
+            headers.insert(CONVERSATION, header_value(conversation));
+        }
+        if let Some((before, after, pruned)) = self.tokens {
+            headers.insert(TOKENS_BEFORE, HeaderValue::from(before));
+            headers.insert(TOKENS_AFTER, HeaderValue::from(after));
+            headers.insert(PRUNED, HeaderValue::from(pruned as u64));
+            headers.insert(RETRIES, HeaderValue::from(self.retries));
+        }
+        if let Some(generation) = self.compacted {
+            headers.insert(COMPACTED, HeaderValue::from(generation));
         }
     }
 
@@ -121,7 +177,7 @@ impl RequestLog {
         let rungs = recovery.map(|r| r.rungs()).filter(|r| !r.is_empty()).unwrap_or_else(|| "-".into());
         let summary_ms = recovery.map_or(0, |r| r.summary.as_millis() as u64);
         let summary_calls = recovery.map_or(0, |r| r.summary_calls);
-        let (cache_read, cache_write) = self.cache.unwrap_or_default();
+        let (cache_read, cache_write) = self.cache();
         tracing::info!(
             request_id = %self.request_id,
             method = %self.method,
@@ -132,7 +188,7 @@ impl RequestLog {
             overhead_ms = format_args!("{:.3}", self.overhead.as_secs_f64() * 1000.0),
             bytes_in = self.bytes_in,
             bytes_out = self.bytes_out,
-            outcome = %self.outcome.as_str(),
+            outcome = %self.ending.as_str(),
             error = %self.error.unwrap_or("-"),
             session = %self.session.as_deref().unwrap_or("-"),
             conversation = %self.conversation.as_deref().unwrap_or("-"),
@@ -169,7 +225,8 @@ impl RequestLog {
         if let Some(latency) = upstream_latency {
             metrics.duration.record(latency.as_secs_f64());
         }
-        if let Some((read, write)) = self.cache {
+        if self.usage.is_some() {
+            let (read, write) = self.cache();
             metric::cache_usage(self.route, read, write);
         }
         if let Some(outcome) = self.sent_ahead {
