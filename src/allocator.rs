@@ -3,9 +3,8 @@
 //!
 //! mimalloc returns a thread's freed pages to the system only when that thread allocates or frees
 //! again after the purge delay. A large request's parse is built and dropped on workers (and
-//! blocking threads) that may then sit idle, and with the default delay its memory stayed
-//! resident: one 29.8 MiB request left RSS at 243 MiB three seconds later, at 68 MiB with a delay
-//! of 0 (`scripts/measure-memory BINARY 1`, docs/limits.md).
+//! blocking threads) that may then sit idle, and with the default delay its memory stays resident
+//! for seconds after the request (`scripts/measure-memory BINARY 1` shows it; docs/limits.md).
 
 // The only unsafe code in compactor: two calls into mimalloc's C API, which has no safe wrapper
 // for its options. Both take plain integers, touch no Rust memory and may be called at any time.

@@ -15,10 +15,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Turns transparent huge pages off for the process, before anything large is allocated. The
 /// allocator gives freed memory back to the system and faults it in again on the next large
-/// request; with huge pages each of those faults zeroes 2 MiB, and an 800 KB turn took two or three
-/// of them. Measured with `scripts/callgrind-turns BINARY claude-code warm|cold N native`, THP
-/// off against on: CPU per warm turn 1.85 ms against 2.3 ms, cold 4.0 against 5.4 ms, and a turn
-/// tokenized whole 88 against 103 ms. The error is logged once logging is up.
+/// request; with huge pages each of those faults zeroes 2 MiB, and an 800 KB turn takes two or three
+/// of them (`scripts/callgrind-turns BINARY claude-code warm|cold N native` shows the CPU per
+/// turn either way). The error is logged once logging is up.
 fn no_huge_pages() -> Option<std::io::Error> {
     #[cfg(target_os = "linux")]
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {

@@ -108,7 +108,8 @@ pub(super) async fn forward(
         let original = Inspected::Buffered { parts: original_parts, body: original_body };
         let Some((ladder, ctx)) = recovery.as_mut() else { return done(original) };
         // Boxed: recovery (a summary call inside) is most of this future's size and runs only
-        // after an overflow; held inline, every request's forward was 5 KB, copied as it moved.
+        // after an overflow; held inline, it would make every request's forward kilobytes
+        // larger, copied as it moved.
         match Box::pin(compactor.recover(head, ladder, ctx, &overflow, &body)).await {
             Next::Retry { body: next, .. } => {
                 metric::retry(route);
