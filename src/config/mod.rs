@@ -1,11 +1,12 @@
 //! Configuration: built-in defaults < TOML file < `COMPACTOR_` environment, read into one immutable
 //! [`Config`] after every key has been checked.
 
+mod check;
 pub mod compaction;
 mod env;
 pub mod headers;
 mod load;
-mod reader;
+mod raw;
 mod secret;
 
 use std::collections::BTreeMap;
@@ -19,8 +20,7 @@ use crate::rewrite::{CachePricing, PruneSettings, RewriteSettings};
 use crate::tokens::{ModelInfo, ModelTable};
 use compaction::CompactionSettings;
 
-pub use load::{DEPRECATED_KEYS, config_path};
-pub use reader::Reader;
+pub use load::config_path;
 pub use secret::{REDACTED, RedisUrls, Secret};
 
 /// The default file, read when no `--config` or `COMPACTOR_CONFIG` names another.
