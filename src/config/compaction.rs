@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::check::{Field, Section, key};
+use super::raw::{ms, non_empty, positive_ms, positive_u32, share};
 use crate::overflow::OverflowDetector;
 
 /// `[compaction]` settings.
@@ -219,3 +221,107 @@ pub const DEFAULT_MARKERS: [&str; 14] = [
     "responsible for distilling chat history into a structured xml <state_snapshot>",
     "summarize the provided coding session into a concise continuation note",
 ];
+
+/// `[compaction]` as the file spells it (see [`CompactionSettings`] for what each key means).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCompaction {
+    auto: Field<bool>,
+    threshold: Field<f64>,
+    max_retries: Field<u32>,
+    model: Field<String>,
+    summary_max_tokens: Field<u32>,
+    local_summary_window_share: Field<f64>,
+    local_summary_min_window_share: Field<f64>,
+    keep_recent_tokens: Field<u32>,
+    user_message_max_tokens: Field<u32>,
+    summary_prefix: Field<String>,
+    system_prompt: Field<String>,
+    instruction: Field<String>,
+    emergency_protect_tokens: Field<u32>,
+    min_output_tokens: Field<u32>,
+    output_reserve_tokens: Field<u32>,
+    transcript: Field<String>,
+    transcript_output_tokens: Field<u32>,
+    summary_timeout_ms: Field<u64>,
+    lock_wait_ms: Field<u64>,
+    lock_lease_ms: Field<u64>,
+    max_failures: Field<u32>,
+    background: Field<bool>,
+    background_turns_ahead: Field<u32>,
+    background_max_inflight: Field<u32>,
+    prefill_ahead: Field<bool>,
+    ladder: Field<Vec<String>>,
+    agent_markers: Field<Vec<String>>,
+    extra_overflow_patterns: Field<Vec<String>>,
+}
+
+impl RawCompaction {
+    pub fn validate(self, s: &mut Section, d: CompactionSettings) -> CompactionSettings {
+        CompactionSettings {
+            auto: key!(s, self.auto, d.auto),
+            threshold: key!(s, self.threshold, d.threshold, share),
+            max_retries: key!(s, self.max_retries, d.max_retries),
+            model: key!(s, self.model, d.model),
+            summary_max_tokens: key!(s, self.summary_max_tokens, d.summary_max_tokens, positive_u32),
+            local_summary_window_share: key!(
+                s,
+                self.local_summary_window_share,
+                d.local_summary_window_share,
+                summary_window_share
+            ),
+            local_summary_min_window_share: key!(
+                s,
+                self.local_summary_min_window_share,
+                d.local_summary_min_window_share,
+                summary_window_share
+            ),
+            keep_recent_tokens: key!(s, self.keep_recent_tokens, d.keep_recent_tokens, positive_u32),
+            user_message_max_tokens: key!(s, self.user_message_max_tokens, d.user_message_max_tokens),
+            summary_prefix: key!(s, self.summary_prefix, d.summary_prefix),
+            system_prompt: key!(s, self.system_prompt, d.system_prompt, non_empty),
+            instruction: key!(s, self.instruction, d.instruction, non_empty),
+            emergency_protect_tokens: key!(s, self.emergency_protect_tokens, d.emergency_protect_tokens),
+            min_output_tokens: key!(s, self.min_output_tokens, d.min_output_tokens, positive_u32),
+            output_reserve_tokens: key!(s, self.output_reserve_tokens, d.output_reserve_tokens, positive_u32),
+            transcript: key!(s, self.transcript, d.transcript, |name: String| {
+                Transcript::parse(&name).ok_or_else(|| format!("`{name}` is not one of \"whole\", \"head_tail\""))
+            }),
+            transcript_output_tokens: key!(s, self.transcript_output_tokens, d.transcript_output_tokens, positive_u32),
+            summary_timeout: key!(s, self.summary_timeout_ms, d.summary_timeout, positive_ms),
+            lock_wait: key!(s, self.lock_wait_ms, d.lock_wait, ms),
+            lock_lease: key!(s, self.lock_lease_ms, d.lock_lease, positive_ms),
+            max_failures: key!(s, self.max_failures, d.max_failures, positive_u32),
+            background: key!(s, self.background, d.background),
+            background_turns_ahead: key!(s, self.background_turns_ahead, d.background_turns_ahead, positive_u32),
+            background_max_inflight: key!(s, self.background_max_inflight, d.background_max_inflight, positive_u32),
+            prefill_ahead: key!(s, self.prefill_ahead, d.prefill_ahead),
+            ladder: key!(s, self.ladder, d.ladder, ladder),
+            agent_markers: key!(s, self.agent_markers, d.agent_markers, |markers: Vec<String>| {
+                Ok(markers.into_iter().map(|m| m.to_lowercase()).collect())
+            }),
+            overflow: key!(s, self.extra_overflow_patterns, d.overflow, |p: Vec<String>| {
+                OverflowDetector::new(&p).map_err(|e| format!("not a valid pattern: {e}"))
+            }),
+        }
+    }
+}
+
+/// The rungs `compaction.ladder` names, each once.
+fn ladder(names: Vec<String>) -> Result<Vec<Rung>, String> {
+    let mut rungs = Vec::new();
+    for name in &names {
+        let rung = Rung::parse(name)
+            .ok_or_else(|| format!("`{name}` is not one of \"summarize\", \"summarize_harder\", \"prune_hard\""))?;
+        if rungs.contains(&rung) {
+            return Err(format!("`{name}` is listed twice"));
+        }
+        rungs.push(rung);
+    }
+    Ok(rungs)
+}
+
+/// A share of the window a summary may take: at most the eighth a provider gets.
+fn summary_window_share(share: f64) -> Result<f64, String> {
+    if share > 0.0 && share <= 0.125 { Ok(share) } else { Err("must be in (0, 0.125]".into()) }
+}

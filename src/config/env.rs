@@ -38,7 +38,10 @@ impl KnownKeys {
             keys.model_fields = model.keys().cloned().collect();
         }
         keys.tables.insert("models".into());
-        keys.leaves.extend(super::DEPRECATED_KEYS.iter().map(|key| (*key).to_string()));
+        // Keys the file accepts but the effective configuration does not render (deprecated ones,
+        // converted): a variable may set them too.
+        let (accepted, _) = super::check::accepted_keys::<super::raw::RawConfig>();
+        keys.leaves.extend(accepted.into_iter().filter(|key| !keys.tables.contains(key)));
         keys
     }
 
@@ -199,5 +202,16 @@ mod tests {
         );
         assert!(warnings.iter().any(|w| w.contains("COMPACTOR_UPSTREAM__OPENAI")), "{warnings:?}");
         assert!(warnings.iter().any(|w| w.contains("`session` is a section")), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_variable_may_name_exactly_the_keys_the_file_accepts() {
+        let keys = KnownKeys::of(&Config::default());
+        let (accepted, sections) = crate::config::check::accepted_keys::<crate::config::raw::RawConfig>();
+        assert!(sections.contains(&"compaction".to_string()) && accepted.contains(&"listen".to_string()));
+        // `models` holds user-named tables (`models.NAME.FIELD`), not a value.
+        let accepted: BTreeSet<String> = accepted.into_iter().filter(|key| key != "models").collect();
+        assert_eq!(keys.leaves, accepted, "what --check-config renders is what the raw structs read");
+        assert!(accepted.len() >= 90, "{accepted:?}");
     }
 }

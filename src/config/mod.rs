@@ -1,11 +1,12 @@
 //! Configuration: built-in defaults < TOML file < `COMPACTOR_` environment, read into one immutable
 //! [`Config`] after every key has been checked.
 
+mod check;
 pub mod compaction;
 mod env;
 pub mod headers;
 mod load;
-mod reader;
+mod raw;
 mod secret;
 
 use std::collections::BTreeMap;
@@ -19,8 +20,7 @@ use crate::rewrite::{CachePricing, PruneSettings, RewriteSettings};
 use crate::tokens::{ModelInfo, ModelTable};
 use compaction::CompactionSettings;
 
-pub use load::{DEPRECATED_KEYS, config_path};
-pub use reader::Reader;
+pub use load::config_path;
 pub use secret::{REDACTED, RedisUrls, Secret};
 
 /// The default file, read when no `--config` or `COMPACTOR_CONFIG` names another.
@@ -374,42 +374,54 @@ fn secs<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::O
     serializer.serialize_u64(duration.as_secs())
 }
 
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            openai: BaseUrl { text: "https://api.openai.com".into(), authority: "api.openai.com".into() },
+            anthropic: BaseUrl { text: "https://api.anthropic.com".into(), authority: "api.anthropic.com".into() },
+            gemini: BaseUrl {
+                text: "https://generativelanguage.googleapis.com".into(),
+                authority: "generativelanguage.googleapis.com".into(),
+            },
+            vertex: None,
+            connect_timeout: Duration::from_millis(10_000),
+            first_byte_timeout: Duration::from_millis(600_000),
+            idle_timeout: Duration::from_millis(300_000),
+            http2: false,
+            native_roots: false,
+            openai_cache: CachePricing::OPENAI,
+            anthropic_cache: CachePricing::ANTHROPIC,
+            gemini_cache: CachePricing::GEMINI,
+            vertex_cache: CachePricing::GEMINI,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 * 1024 * 1024,
+            max_inflight_body_bytes: 64 * 1024 * 1024,
+            allocator_purge_delay: Duration::ZERO,
+            parse_memory_per_body_byte: 2,
+            parse_memory_floor_bytes: 16 * 1024 * 1024,
+            rewrite_budget: Duration::from_millis(10_000),
+            client_idle_timeout: Duration::from_millis(60_000),
+            header_read_timeout: Duration::from_millis(60_000),
+            max_connections: 4_096,
+            client_body_timeout: Duration::from_millis(60_000),
+            prefix_cache_bytes: 64 * 1024 * 1024,
+            prefix_min_bytes: 16 * 1024,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
-            upstream: UpstreamConfig {
-                openai: BaseUrl { text: "https://api.openai.com".into(), authority: "api.openai.com".into() },
-                anthropic: BaseUrl { text: "https://api.anthropic.com".into(), authority: "api.anthropic.com".into() },
-                gemini: BaseUrl {
-                    text: "https://generativelanguage.googleapis.com".into(),
-                    authority: "generativelanguage.googleapis.com".into(),
-                },
-                vertex: None,
-                connect_timeout: Duration::from_millis(10_000),
-                first_byte_timeout: Duration::from_millis(600_000),
-                idle_timeout: Duration::from_millis(300_000),
-                http2: false,
-                native_roots: false,
-                openai_cache: CachePricing::OPENAI,
-                anthropic_cache: CachePricing::ANTHROPIC,
-                gemini_cache: CachePricing::GEMINI,
-                vertex_cache: CachePricing::GEMINI,
-            },
-            limits: LimitsConfig {
-                max_body_bytes: 32 * 1024 * 1024,
-                max_inflight_body_bytes: 64 * 1024 * 1024,
-                allocator_purge_delay: Duration::ZERO,
-                parse_memory_per_body_byte: 2,
-                parse_memory_floor_bytes: 16 * 1024 * 1024,
-                rewrite_budget: Duration::from_millis(10_000),
-                client_idle_timeout: Duration::from_millis(60_000),
-                header_read_timeout: Duration::from_millis(60_000),
-                max_connections: 4_096,
-                client_body_timeout: Duration::from_millis(60_000),
-                prefix_cache_bytes: 64 * 1024 * 1024,
-                prefix_min_bytes: 16 * 1024,
-            },
+            upstream: UpstreamConfig::default(),
+            limits: LimitsConfig::default(),
             shutdown: ShutdownConfig { drain_timeout: Duration::from_millis(30_000) },
             log: LogConfig { format: LogFormat::Text, level: LogFilter("info".into()) },
             trace: TraceConfig {
