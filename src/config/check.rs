@@ -267,10 +267,14 @@ impl<'f> Section<'_, 'f> {
         }
     }
 
-    /// Reports the unknown keys `read_raw` found.
-    pub fn unknown(&mut self, paths: Vec<String>) {
-        for path in paths {
-            self.problems.problem(&path, "unknown key");
+    /// Reports the unknown keys `read_raw` found, each with the known key it most likely
+    /// misspells when there is one.
+    pub fn unknown(&mut self, paths: impl IntoIterator<Item = (String, Option<String>)>) {
+        for (path, near) in paths {
+            match near {
+                Some(near) => self.problems.problem(&path, &format!("unknown key (did you mean `{near}`?)")),
+                None => self.problems.problem(&path, "unknown key"),
+            }
         }
     }
 }

@@ -54,8 +54,12 @@ impl Config {
         let mut root_section = problems.root();
         let (raw, unknown) = root_section.read_raw::<RawConfig>(root);
         let config = raw.validate(&mut root_section, Config::default());
-        // Unknown keys are named after the bad values, as they always were.
-        root_section.unknown(unknown);
+        // Unknown keys are named after the bad values, each with the key it most likely misspells.
+        let known = env::KnownKeys::of(&Config::default());
+        root_section.unknown(unknown.into_iter().map(|path| {
+            let near = known.misspelt(&path).map(str::to_string);
+            (path, near)
+        }));
         let (problems, warnings) = problems.finish();
         if problems.is_empty() { Ok((config, warnings)) } else { Err(ConfigError::Invalid(problems)) }
     }
@@ -190,7 +194,7 @@ mod tests {
     #[test]
     fn bad_values_come_in_key_order_then_unknown_keys_each_naming_its_source() {
         let err = from_toml(
-            "zzz = 1\n[upstream]\nqqq = 1\nconnect_timeout_ms = \"soon\"\nopenai = \"ftp://x\"\n[compaction]\nthreshold = 5\nbogus = 1\n",
+            "zzz = 1\n[upstream]\nqqq = 1\nconnect_timeout_ms = \"soon\"\nopenai = \"ftp://x\"\n[compaction]\nthreshold = 5\nbogus = 1\ntreshold = 0.5\n",
         )
         .unwrap_err()
         .to_string();
@@ -201,6 +205,7 @@ mod tests {
             format!("`upstream.connect_timeout_ms` {source}: invalid type: found string \"soon\", expected u64"),
             format!("`compaction.threshold` {source}: must be in (0, 1]"),
             format!("`compaction.bogus` {source}: unknown key"),
+            format!("`compaction.treshold` {source}: unknown key (did you mean `compaction.threshold`?)"),
             format!("`upstream.qqq` {source}: unknown key"),
             format!("`zzz` {source}: unknown key"),
         ];

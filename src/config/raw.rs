@@ -464,7 +464,7 @@ fn model_entries(s: &mut Section, field: Field<Value>) -> BTreeMap<String, Model
         let mut entry = s.section(&name);
         let (raw, unknown) = entry.read_raw::<RawModel>(table);
         let info = raw.validate(&mut entry, ModelTable::default().lookup(&name));
-        entry.unknown(unknown);
+        entry.unknown(unknown.into_iter().map(|path| (path, None)));
         models.insert(name, info);
     }
     models
