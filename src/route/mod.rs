@@ -1,0 +1,189 @@
+//! Which upstream a request goes to, which API dialect its errors speak, and which endpoint it is.
+//!
+//! The path shapes of each provider live in `provider_paths`, the one path rule (dot segments,
+//! repeated slashes) in `normalize`, query strings in `query`; this module holds the names a
+//! request is routed to and the order the rules are asked in.
+
+mod normalize;
+mod provider_paths;
+mod query;
+
+use http::{HeaderMap, Method};
+
+pub use normalize::normalize_path;
+pub use provider_paths::{gemini_method, model_method, vertex_method};
+use provider_paths::{is_bedrock, is_vertex_resource, vertex_partner};
+pub use query::query_value;
+
+/// The API family of a request: decides the upstream and the shape of compactor's own errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiFamily {
+    OpenAi,
+    Anthropic,
+    /// Google's Gemini API (`generateContent`): Gemini CLI and the google-genai SDKs.
+    Gemini,
+    /// Gemini models on Vertex AI (`/v1/projects/{p}/locations/{l}/publishers/google/models/…`):
+    /// the same dialect as [`ApiFamily::Gemini`], its own upstream (`upstream.vertex`).
+    Vertex,
+}
+
+impl ApiFamily {
+    /// The upstream's name, as in `[upstream]`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ApiFamily::OpenAi => "openai",
+            ApiFamily::Anthropic => "anthropic",
+            ApiFamily::Gemini => "gemini",
+            ApiFamily::Vertex => "vertex",
+        }
+    }
+
+    /// Whether its bodies and errors are Gemini's (`generateContent`, `google.rpc.Status`).
+    pub fn speaks_gemini(self) -> bool {
+        matches!(self, ApiFamily::Gemini | ApiFamily::Vertex)
+    }
+}
+
+/// The endpoint, as far as compactor cares: the ones it may rewrite, and everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Messages,
+    Responses,
+    /// Anthropic's `POST /v1/messages/count_tokens`: a Messages body whose tokens are counted.
+    CountTokens,
+    /// OpenAI's `POST /v1/responses/input_tokens`: a Responses body whose tokens are counted.
+    InputTokens,
+    Embeddings,
+    Models,
+    /// Gemini's `POST /{version}/models/{model}:generateContent`.
+    GenerateContent,
+    /// Gemini's `:streamGenerateContent`: SSE with `?alt=sse`, else a JSON array sent as it comes.
+    StreamGenerateContent,
+    /// Gemini's `:countTokens`: a `contents` body whose tokens are counted.
+    GeminiCountTokens,
+    /// A path of a platform compactor does not serve yet: refused, never sent to another
+    /// provider's upstream with the client's credential.
+    Unserved(Platform),
+    Other,
+}
+
+/// A provider platform whose paths compactor recognizes but does not serve yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    /// Amazon Bedrock's runtime (`/model/{modelId}/invoke`, `converse`...), signed with SigV4.
+    Bedrock,
+    /// A partner model on Vertex AI (`…/publishers/anthropic/models/{m}:rawPredict`, or any
+    /// publisher but Google's).
+    VertexPartner,
+}
+
+impl Platform {
+    /// The platform's name, as an error tells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Bedrock => "Amazon Bedrock",
+            Platform::VertexPartner => "partner models on Vertex AI (Claude on Vertex)",
+        }
+    }
+}
+
+/// Where a request goes and how compactor treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub family: ApiFamily,
+    pub endpoint: Endpoint,
+}
+
+const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
+const GOOG_API_KEY: http::HeaderName = http::HeaderName::from_static("x-goog-api-key");
+
+/// The endpoint of a Gemini model method.
+fn gemini_endpoint(method: &str, post: bool) -> Endpoint {
+    match method {
+        "generateContent" if post => Endpoint::GenerateContent,
+        "streamGenerateContent" if post => Endpoint::StreamGenerateContent,
+        "countTokens" if post => Endpoint::GeminiCountTokens,
+        _ => Endpoint::Other,
+    }
+}
+
+impl Route {
+    /// `/v1/messages` and below go to Anthropic; so does anything carrying `anthropic-version`
+    /// (the Anthropic SDK's `/v1/models`), because that header only ever means Anthropic.
+    /// Gemini's paths (a model method, anything under `/v1beta/` or `/v1alpha/` but Google's
+    /// OpenAI-compatible `/v1beta/openai/`, which OpenAI clients call as they call OpenAI) and
+    /// anything carrying `x-goog-api-key` go to Gemini. Vertex AI's Gemini model methods go to
+    /// Vertex AI, whatever their headers.
+    ///
+    /// A path of a platform compactor does not serve yet (Amazon Bedrock, a partner model on
+    /// Vertex AI) is [`Endpoint::Unserved`], answered in the dialect its clients read (Claude's
+    /// on both); any other Vertex AI resource path goes to Vertex AI as it came.
+    pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
+        let path = path.trim_end_matches('/');
+        let post = method == Method::POST;
+        if let Some((_, vertex)) = vertex_method(path) {
+            return Self { family: ApiFamily::Vertex, endpoint: gemini_endpoint(vertex, post) };
+        }
+        if is_bedrock(path) {
+            return Self { family: ApiFamily::Anthropic, endpoint: Endpoint::Unserved(Platform::Bedrock) };
+        }
+        if let Some(publisher) = vertex_partner(path) {
+            let family = if publisher == "anthropic" { ApiFamily::Anthropic } else { ApiFamily::Vertex };
+            return Self { family, endpoint: Endpoint::Unserved(Platform::VertexPartner) };
+        }
+        if is_vertex_resource(path) {
+            return Self { family: ApiFamily::Vertex, endpoint: Endpoint::Other };
+        }
+        let gemini = gemini_method(path);
+        let beta = path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || path == "/v1beta";
+        let openai_compatible = path.starts_with("/v1beta/openai/");
+        if !openai_compatible && (gemini.is_some() || beta || headers.contains_key(GOOG_API_KEY)) {
+            let endpoint = gemini.map_or(Endpoint::Other, |(_, method)| gemini_endpoint(method, post));
+            return Self { family: ApiFamily::Gemini, endpoint };
+        }
+        let anthropic_path = path == "/v1/messages" || path.starts_with("/v1/messages/");
+        let family = if anthropic_path || headers.contains_key(ANTHROPIC_VERSION) {
+            ApiFamily::Anthropic
+        } else {
+            ApiFamily::OpenAi
+        };
+        let endpoint = match path {
+            "/v1/messages" if post => Endpoint::Messages,
+            "/v1/messages/count_tokens" if post => Endpoint::CountTokens,
+            p if post && p.ends_with("/v1/responses/input_tokens") => Endpoint::InputTokens,
+            p if post && p.ends_with("/chat/completions") => Endpoint::ChatCompletions,
+            p if post && p.ends_with("/v1/responses") => Endpoint::Responses,
+            p if p.ends_with("/embeddings") => Endpoint::Embeddings,
+            p if p.ends_with("/v1/models") || p.contains("/v1/models/") => Endpoint::Models,
+            _ => Endpoint::Other,
+        };
+        Self { family, endpoint }
+    }
+
+    /// A bounded label for metrics and logs (never a raw path).
+    pub fn label(&self) -> &'static str {
+        match (self.family, self.endpoint) {
+            (_, Endpoint::ChatCompletions) => "chat_completions",
+            (_, Endpoint::Messages) => "messages",
+            (_, Endpoint::Responses) => "responses",
+            (_, Endpoint::CountTokens) => "count_tokens",
+            (_, Endpoint::InputTokens) => "input_tokens",
+            (_, Endpoint::Embeddings) => "embeddings",
+            (_, Endpoint::GenerateContent) => "generate_content",
+            (_, Endpoint::StreamGenerateContent) => "stream_generate_content",
+            (_, Endpoint::GeminiCountTokens) => "gemini_count_tokens",
+            (_, Endpoint::Unserved(Platform::Bedrock)) => "bedrock_unserved",
+            (_, Endpoint::Unserved(Platform::VertexPartner)) => "vertex_partner_unserved",
+            (ApiFamily::Gemini, _) => "gemini_other",
+            (ApiFamily::Vertex, _) => "vertex_other",
+            (ApiFamily::Anthropic, Endpoint::Models) => "anthropic_models",
+            (ApiFamily::OpenAi, Endpoint::Models) => "models",
+            (ApiFamily::Anthropic, Endpoint::Other) => "anthropic_other",
+            (ApiFamily::OpenAi, Endpoint::Other) => "other",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,330 @@
+//! Routing held to its cases: each provider's path shapes, the headers that mark a family, the
+//! path rule, and the table of every path shape the SDKs send.
+
+use super::normalize::dots;
+use super::*;
+
+fn route(method: Method, path: &str) -> Route {
+    Route::of(&method, path, &HeaderMap::new())
+}
+
+#[test]
+fn messages_and_below_go_to_anthropic() {
+    assert_eq!(route(Method::POST, "/v1/messages").endpoint, Endpoint::Messages);
+    assert_eq!(route(Method::POST, "/v1/messages/count_tokens").family, ApiFamily::Anthropic);
+    assert_eq!(route(Method::POST, "/v1/messages/count_tokens").endpoint, Endpoint::CountTokens);
+    assert_eq!(route(Method::GET, "/v1/messages/count_tokens").endpoint, Endpoint::Other);
+    assert_eq!(route(Method::POST, "/v1/responses/input_tokens").endpoint, Endpoint::InputTokens);
+    assert_eq!(route(Method::POST, "/v1/responses/input_tokens").family, ApiFamily::OpenAi);
+    assert_eq!(route(Method::POST, "/v1/messagesx").family, ApiFamily::OpenAi);
+}
+
+#[test]
+fn everything_else_goes_to_openai() {
+    assert_eq!(route(Method::POST, "/v1/chat/completions").endpoint, Endpoint::ChatCompletions);
+    assert_eq!(route(Method::POST, "/openai/deployments/x/chat/completions").endpoint, Endpoint::ChatCompletions);
+    assert_eq!(route(Method::GET, "/v1/models").family, ApiFamily::OpenAi);
+    assert_eq!(route(Method::HEAD, "/").family, ApiFamily::OpenAi);
+}
+
+#[test]
+fn anthropic_version_header_marks_an_anthropic_request() {
+    let mut headers = HeaderMap::new();
+    headers.insert("anthropic-version", http::HeaderValue::from_static("2023-06-01"));
+    let route = Route::of(&Method::GET, "/v1/models", &headers);
+    assert_eq!(route.family, ApiFamily::Anthropic);
+    assert_eq!(route.label(), "anthropic_models");
+}
+
+#[test]
+fn gemini_model_methods_go_to_gemini() {
+    let stream = route(Method::POST, "/v1beta/models/gemini-2.5-pro:streamGenerateContent");
+    assert_eq!((stream.family, stream.endpoint), (ApiFamily::Gemini, Endpoint::StreamGenerateContent));
+    assert_eq!(
+        route(Method::POST, "/v1/models/gemini-3-pro-preview:generateContent").endpoint,
+        Endpoint::GenerateContent
+    );
+    assert_eq!(
+        route(Method::POST, "/v1beta/models/gemini-2.5-flash:countTokens").endpoint,
+        Endpoint::GeminiCountTokens
+    );
+    assert_eq!(route(Method::POST, "/v1beta/models/gemini-2.5-flash:embedContent").endpoint, Endpoint::Other);
+    assert_eq!(route(Method::GET, "/v1beta/models").family, ApiFamily::Gemini);
+    assert_eq!(route(Method::GET, "/v1beta/models").label(), "gemini_other");
+    // Google's OpenAI-compatible endpoint is called by OpenAI clients: Chat Completions.
+    let compatible = route(Method::POST, "/v1beta/openai/chat/completions");
+    assert_eq!((compatible.family, compatible.endpoint), (ApiFamily::OpenAi, Endpoint::ChatCompletions));
+    assert_eq!(
+        gemini_method("/v1beta/models/gemini-2.5-pro:generateContent"),
+        Some(("gemini-2.5-pro", "generateContent"))
+    );
+    assert_eq!(gemini_method("/v2/models/x:generateContent"), None);
+    assert_eq!(gemini_method("/v1/models/a/b:generateContent"), None);
+    // OpenAI's model paths stay OpenAI's.
+    assert_eq!(route(Method::GET, "/v1/models/gpt-4o").family, ApiFamily::OpenAi);
+    let mut headers = HeaderMap::new();
+    headers.insert("x-goog-api-key", http::HeaderValue::from_static("k"));
+    assert_eq!(Route::of(&Method::GET, "/v1/models", &headers).family, ApiFamily::Gemini);
+}
+
+#[test]
+fn vertex_model_methods_go_to_vertex() {
+    let path = "/v1/projects/my-project/locations/us-central1/publishers/google/models/gemini-2.5-pro";
+    let stream = route(Method::POST, &format!("{path}:streamGenerateContent"));
+    assert_eq!((stream.family, stream.endpoint), (ApiFamily::Vertex, Endpoint::StreamGenerateContent));
+    assert_eq!(stream.label(), "stream_generate_content");
+    assert_eq!(route(Method::POST, &format!("{path}:generateContent")).endpoint, Endpoint::GenerateContent);
+    assert_eq!(route(Method::POST, &format!("{path}:countTokens")).endpoint, Endpoint::GeminiCountTokens);
+    let other = route(Method::POST, &format!("{path}:predict"));
+    assert_eq!((other.family, other.endpoint, other.label()), (ApiFamily::Vertex, Endpoint::Other, "vertex_other"));
+    assert_eq!(vertex_method(&format!("{path}:generateContent")), Some(("gemini-2.5-pro", "generateContent")));
+    assert_eq!(
+        vertex_method("/v1beta1/projects/p/locations/global/publishers/google/models/gemini-3-pro-preview:countTokens"),
+        Some(("gemini-3-pro-preview", "countTokens"))
+    );
+    // Express mode: no project, a key.
+    let express = route(Method::POST, "/v1/publishers/google/models/gemini-2.5-flash:generateContent");
+    assert_eq!((express.family, express.endpoint), (ApiFamily::Vertex, Endpoint::GenerateContent));
+    assert_eq!(model_method("/v1/publishers/google/models/m:generateContent"), Some(("m", "generateContent")));
+    assert_eq!(model_method("/v1beta/models/m:countTokens"), Some(("m", "countTokens")));
+    // Not Vertex AI's Gemini models: another publisher, a missing location, a bad version.
+    assert_eq!(vertex_method("/v1/projects/p/locations/l/publishers/anthropic/models/claude:rawPredict"), None);
+    assert_eq!(vertex_method("/v1/projects/p/publishers/google/models/m:generateContent"), None);
+    assert_eq!(vertex_method("/v2/projects/p/locations/l/publishers/google/models/m:generateContent"), None);
+    // Vertex AI's OpenAI-compatible endpoint carries a Google credential: it goes to Vertex AI.
+    assert_eq!(
+        route(Method::POST, "/v1/projects/p/locations/l/endpoints/openapi/chat/completions").family,
+        ApiFamily::Vertex
+    );
+}
+
+#[test]
+fn paths_are_normalized_before_routing() {
+    assert_eq!(normalize_path("/v1/chat/completions"), None);
+    assert_eq!(normalize_path("/v1/messages/"), None);
+    assert_eq!(normalize_path("/v1/messages/../chat/completions").as_deref(), Some("/v1/chat/completions"));
+    assert_eq!(normalize_path("/v1/messages/%2E%2e/chat/completions").as_deref(), Some("/v1/chat/completions"));
+    assert_eq!(normalize_path("/v1/chat/completions/../../messages").as_deref(), Some("/v1/messages"));
+    assert_eq!(normalize_path("/v1//messages").as_deref(), Some("/v1/messages"));
+    assert_eq!(normalize_path("/./v1/./models/.").as_deref(), Some("/v1/models/"));
+    assert_eq!(normalize_path("/../../etc").as_deref(), Some("/etc"));
+    assert_eq!(normalize_path("/v1/..").as_deref(), Some("/"));
+    // A segment that merely contains dots is a name.
+    assert_eq!(normalize_path("/v1/files/a..b/.hidden"), None);
+    let normal = normalize_path("/v1/messages/../chat/completions").unwrap();
+    let routed = Route::of(&Method::POST, &normal, &HeaderMap::new());
+    assert_eq!((routed.family, routed.endpoint), (ApiFamily::OpenAi, Endpoint::ChatCompletions));
+}
+
+#[test]
+fn a_dot_dot_segment_is_read_as_before_without_allocating() {
+    let allocating =
+        |segment: &str| matches!(segment.len(), 2 | 4 | 6) && segment.to_ascii_lowercase().replace("%2e", ".") == "..";
+    for segment in [
+        "",
+        ".",
+        "..",
+        "...",
+        "v1",
+        "%2e",
+        "%2E.",
+        ".%2e",
+        "%2e%2E",
+        "%2E%2E",
+        "%2",
+        "%2ee",
+        "%2e%2e%2e",
+        "..%2e",
+        "%2f%2e",
+        "%%2e",
+        ".e",
+        "%2e.x",
+        "é.",
+    ] {
+        assert_eq!(dots(segment) == Some(2), allocating(segment), "{segment:?}");
+    }
+}
+
+/// The table of every path shape the SDKs and agents send, and where each must go.
+mod sdk_paths {
+    use super::*;
+    use ApiFamily::{Anthropic, Gemini, OpenAi, Vertex};
+    use Endpoint::*;
+
+    /// A request's method, path and headers, and the family and endpoint it must be routed to.
+    type Case = (Method, String, &'static [(&'static str, &'static str)], ApiFamily, Endpoint);
+
+    const ANTHROPIC: &[(&str, &str)] = &[("anthropic-version", "2023-06-01")];
+    const GOOGLE: &[(&str, &str)] = &[("x-goog-api-key", "k")];
+    const NONE: &[(&str, &str)] = &[];
+    const VERTEX: &str = "/v1/projects/p/locations/us-east5/publishers";
+
+    /// Every path shape the SDKs and agents send, and where it goes: a credential only ever
+    /// reaches its own provider's upstream, and a platform compactor does not serve is refused.
+    #[test]
+    fn every_sdk_path_shape_goes_to_its_own_providers_upstream() {
+        let cases = [openai_paths(), anthropic_paths(), gemini_paths(), vertex_paths(), unserved_paths()].concat();
+        for (method, path, headers, family, endpoint) in cases {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, http::HeaderValue::from_static(value));
+            }
+            let routed = Route::of(&method, &path, &map);
+            assert_eq!((routed.family, routed.endpoint), (family, endpoint), "{method} {path} {headers:?}");
+        }
+    }
+
+    /// OpenAI's paths, and Azure-style deployments.
+    fn openai_paths() -> Vec<Case> {
+        vec![
+            // OpenAI: fine-tuned model names hold colons; files, batches, uploads, vector stores.
+            (Method::GET, "/v1/models/ft:gpt-4o-mini-2024-07-18:my-org:custom:9xYz".into(), NONE, OpenAi, Models),
+            (Method::DELETE, "/v1/models/ft:gpt-4o-mini-2024-07-18:my-org:custom:9xYz".into(), NONE, OpenAi, Models),
+            (Method::GET, "/v1/models/ft:gpt-3.5-turbo:acme::abc123".into(), NONE, OpenAi, Models),
+            (Method::GET, "/v1/models".into(), NONE, OpenAi, Models),
+            (Method::GET, "/v1/models/gpt-4o".into(), NONE, OpenAi, Models),
+            (Method::POST, "/v1/chat/completions".into(), NONE, OpenAi, ChatCompletions),
+            (Method::POST, "/v1/responses".into(), NONE, OpenAi, Responses),
+            (Method::GET, "/v1/responses/resp_1/input_items".into(), NONE, OpenAi, Other),
+            (Method::POST, "/v1/embeddings".into(), NONE, OpenAi, Embeddings),
+            (Method::POST, "/v1/files".into(), NONE, OpenAi, Other),
+            (Method::GET, "/v1/files/file-abc:1/content".into(), NONE, OpenAi, Other),
+            (Method::POST, "/v1/batches".into(), NONE, OpenAi, Other),
+            (Method::POST, "/v1/batches/batch_1/cancel".into(), NONE, OpenAi, Other),
+            (Method::POST, "/v1/fine_tuning/jobs".into(), NONE, OpenAi, Other),
+            (Method::POST, "/v1/uploads/upload_1/parts".into(), NONE, OpenAi, Other),
+            // Azure-style deployments go where `upstream.openai` points (an Azure resource).
+            (Method::POST, "/openai/deployments/gpt-4o/chat/completions".into(), NONE, OpenAi, ChatCompletions),
+            (Method::POST, "/openai/v1/responses".into(), NONE, OpenAi, Responses),
+        ]
+    }
+
+    /// Anthropic's paths, and OpenAI's shapes carrying `anthropic-version`.
+    fn anthropic_paths() -> Vec<Case> {
+        vec![
+            // Anthropic.
+            (Method::POST, "/v1/messages".into(), NONE, Anthropic, Messages),
+            (Method::POST, "/v1/messages/count_tokens".into(), NONE, Anthropic, CountTokens),
+            (Method::POST, "/v1/messages/batches".into(), NONE, Anthropic, Other),
+            (Method::GET, "/v1/models".into(), ANTHROPIC, Anthropic, Models),
+            (Method::GET, "/v1/models/claude-sonnet-4-5".into(), ANTHROPIC, Anthropic, Models),
+            (Method::POST, "/v1/files".into(), ANTHROPIC, Anthropic, Other),
+        ]
+    }
+
+    /// The Gemini API's paths.
+    fn gemini_paths() -> Vec<Case> {
+        vec![
+            // Gemini: model methods, model listing, files and batches under the beta version.
+            (Method::POST, "/v1beta/models/gemini-2.5-pro:generateContent".into(), NONE, Gemini, GenerateContent),
+            (
+                Method::POST,
+                "/v1/models/gemini-2.5-pro:streamGenerateContent".into(),
+                NONE,
+                Gemini,
+                StreamGenerateContent,
+            ),
+            (Method::POST, "/v1beta/models/gemini-2.5-pro:countTokens".into(), NONE, Gemini, GeminiCountTokens),
+            (Method::POST, "/v1beta/models/text-embedding-004:batchEmbedContents".into(), NONE, Gemini, Other),
+            (Method::GET, "/v1beta/models".into(), NONE, Gemini, Other),
+            (Method::GET, "/v1beta/models/gemini-2.5-pro".into(), NONE, Gemini, Other),
+            (Method::GET, "/v1/models/gemini-2.5-pro".into(), GOOGLE, Gemini, Other),
+            (Method::POST, "/upload/v1beta/files".into(), GOOGLE, Gemini, Other),
+            (Method::POST, "/v1beta/models/gemini-2.5-flash:batchGenerateContent".into(), NONE, Gemini, Other),
+            (Method::POST, "/v1beta/openai/chat/completions".into(), NONE, OpenAi, ChatCompletions),
+        ]
+    }
+
+    /// Vertex AI's paths for Google's models and its other resources.
+    fn vertex_paths() -> Vec<Case> {
+        vec![
+            // Vertex AI: Google's models, express mode, and its other resources.
+            (
+                Method::POST,
+                format!("{VERTEX}/google/models/gemini-2.5-pro:generateContent"),
+                NONE,
+                Vertex,
+                GenerateContent,
+            ),
+            (
+                Method::POST,
+                "/v1/publishers/google/models/gemini-2.5-pro:generateContent".into(),
+                NONE,
+                Vertex,
+                GenerateContent,
+            ),
+            (Method::POST, "/v1/projects/p/locations/l/endpoints/openapi/chat/completions".into(), NONE, Vertex, Other),
+            (Method::GET, "/v1beta1/projects/p/locations/l/cachedContents".into(), NONE, Vertex, Other),
+        ]
+    }
+
+    /// The platforms compactor does not serve yet.
+    fn unserved_paths() -> Vec<Case> {
+        vec![
+            // Not served yet: Claude on Vertex AI and on Bedrock, another partner model.
+            (
+                Method::POST,
+                format!("{VERTEX}/anthropic/models/claude-sonnet-4-5@20250929:rawPredict"),
+                NONE,
+                Anthropic,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                format!("{VERTEX}/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict"),
+                NONE,
+                Anthropic,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                format!("{VERTEX}/anthropic/models/count-tokens:rawPredict"),
+                NONE,
+                Anthropic,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                format!("{VERTEX}/meta/models/llama-4:rawPredict"),
+                NONE,
+                Vertex,
+                Unserved(Platform::VertexPartner),
+            ),
+            (
+                Method::POST,
+                "/model/anthropic.claude-sonnet-4-5-20250929-v1:0/invoke".into(),
+                NONE,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream".into(),
+                NONE,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123%3Ainference-profile%2Fus.anthropic.claude/invoke".into(),
+                NONE,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/anthropic.claude-v2/converse-stream".into(),
+                NONE,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+            (
+                Method::POST,
+                "/model/anthropic.claude-v2/count-tokens".into(),
+                NONE,
+                Anthropic,
+                Unserved(Platform::Bedrock),
+            ),
+        ]
+    }
+}
