@@ -18,7 +18,7 @@ use super::{AnsweredGate, Compactor, Summarizer, lock, prefill};
 use crate::config::compaction::CompactionSettings;
 use crate::error::Chain;
 use crate::inflight::Held;
-use crate::rewrite::{RewriteReport, Rewriter};
+use crate::rewrite::{Estimated, RewriteReport, Rewriter};
 use crate::session::{ConversationId, SessionCtx, SessionKey, Store};
 use crate::telemetry::metric;
 use crate::upstream::RequestHead;
@@ -102,7 +102,7 @@ impl Compactor {
         let pressure = self.pressure(ctx, report);
         let conversation = ctx.conversation();
         let growth = budget::newest_turn_tokens(conversation, state.message_count, report);
-        if growth == 0 {
+        if growth == Estimated::ZERO {
             return None;
         }
         let prompt = budget::prompt_tokens(&pressure, conversation, state.message_count, report, true);
@@ -121,11 +121,12 @@ impl Compactor {
         if self.inflight.hold(&mut held, (sent.len() as u64).saturating_mul(2)).is_err() {
             return self.skip_background(state, ctx, BackgroundSkip::BodyBudget);
         }
-        let due_in = pressure.uncalibrated(target - prompt) + 1;
-        let due_tokens = u64::from(report.tokens_before) + due_in;
+        let due_in = pressure.uncalibrated(target.saturating_sub(prompt)) + Estimated::new(1);
+        let due_tokens = (report.estimated_before() + due_in).get();
         // The record applies at the first request past `due_tokens`: whole turns later, at the
         // newest turn's growth, and the history grows that much before it applies.
-        let sizing = Sizing { due_in: due_in.div_ceil(growth) * growth, ..self.sizing(state, ctx, report) };
+        let due_in = Estimated::new(due_in.get().div_ceil(growth.get()) * growth.get());
+        let sizing = Sizing { due_in, ..self.sizing(state, ctx, report) };
         let mut job_state = state.for_background(state.record.clone());
         job_state.sent_body = Some(sent.clone());
         // In front of a local server the rebuilt prompt goes ahead as soon as the record is ready
@@ -147,7 +148,7 @@ impl Compactor {
         };
         let tenant = self.identifier.tenant(&head.headers);
         metric::background_summary(BackgroundOutcome::Started.label());
-        tracing::debug!(session = %job.key.as_str(), conversation = %job.conversation, prompt, target, due_tokens, "background summary started");
+        tracing::debug!(session = %job.key.as_str(), conversation = %job.conversation, prompt = prompt.get(), target = target.get(), due_tokens, "background summary started");
         let (gate, answered) = tokio::sync::oneshot::channel::<()>();
         let work = async move {
             // The summary's call waits for this request's answer (its gate dropped), at most

@@ -54,8 +54,8 @@ impl Compactor {
             metric::futile_compaction_avoided();
             tracing::debug!(
                 session = %ctx.key().as_str(),
-                prompt,
-                budget = pressure.budget(),
+                prompt = prompt.get(),
+                budget = pressure.budget().get(),
                 "compaction ahead of time skipped: it would not leave room for the next turns under the budget"
             );
             return requested;

@@ -21,7 +21,7 @@ use super::summarizer::{Summarizer, SummaryError, SummaryInput};
 use super::{budget, plan};
 use crate::config::compaction::CompactionSettings;
 use crate::dialect::ParsedRequest;
-use crate::rewrite::{History, RewriteReport, RewriteSettings, Rewriter};
+use crate::rewrite::{Estimated, History, ProviderTokens, RewriteReport, RewriteSettings, Rewriter};
 use crate::session::SessionCtx;
 use crate::session::state::CompactionRecord;
 use crate::telemetry::metric;
@@ -56,13 +56,13 @@ pub(super) struct Sizing {
     pub pressure: Pressure,
     /// The part of the prompt no compaction shrinks (system, tools, the summary it carries), in
     /// the provider's tokens.
-    pub fixed: u64,
+    pub fixed: ProviderTokens,
     /// For a summary prepared in the background: how much the client's history grows (compactor's
     /// tokens, whole turns) before its record applies. The tail kept verbatim is that much
     /// shorter, so that when the record applies the tail has grown back to what a compaction at
     /// that request keeps: the same rebuild, not one a turn or two longer that passes the
     /// threshold again sooner and costs another summary call.
-    pub due_in: u64,
+    pub due_in: Estimated,
 }
 
 /// What one compaction did.
@@ -184,7 +184,7 @@ impl Engine<'_> {
         let after = request.record.as_ref().map_or(0, |r| r.covered_messages as usize);
         let (keep, user_budget) = budget::kept_sizes(self.settings, &sizing.pressure, sizing.fixed, harder);
         let previous = after.max(parsed.lead()).saturating_sub(1).max(after);
-        let due_in = u32::try_from(sizing.due_in).unwrap_or(u32::MAX);
+        let due_in = sizing.due_in.as_u32();
         // A record that applies turns from now keeps, when it applies, what it keeps now and the
         // turns added by then: it keeps that much less now. When those turns alone are as much as
         // a compaction keeps, it summarizes the whole conversation and they are its tail.

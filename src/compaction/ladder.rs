@@ -62,7 +62,8 @@ pub struct Recovery {
     pub summary: Duration,
     /// Summary calls made for this request: each piece of a rolling summary, and each retry.
     pub summary_calls: u32,
-    /// compactor's estimate of the body that went out last, after a retry.
+    /// The size of the body that went out last, after a retry: compactor's estimate calibrated,
+    /// in the provider's tokens (as the prepared report's sizes are).
     pub tokens_after: Option<u32>,
     /// A summary this request would have prepared in the background but did not: why.
     pub background_skipped: Option<BackgroundSkip>,

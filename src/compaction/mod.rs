@@ -49,6 +49,7 @@ use crate::upstream::Upstreams;
 use crate::work;
 
 pub use crate::config::compaction::CompactionSettings;
+pub use crate::rewrite::{Estimated, ProviderTokens};
 pub use budget::Pressure;
 use decision::{BackgroundOutcome, Untouched};
 use engine::Engine;
@@ -90,6 +91,9 @@ pub struct Prepared {
     pub session: Option<SessionKey>,
     /// The conversation inside the session, when compactor keeps state for it.
     pub conversation: Option<ConversationId>,
+    /// The rewrite of `body`. Its `tokens_before` and `tokens_after` are in the provider's tokens
+    /// (compactor's estimates calibrated, as the headers and the log show them); its savings
+    /// (`saved_by_*`, `held_tokens`) stay compactor's estimates.
     pub report: Option<RewriteReport>,
     /// The compaction generation applied to `body`.
     pub compacted: Option<u32>,

@@ -14,7 +14,7 @@ use super::{AnsweredGate, Compactor, Prepared, agent, budget, count_used, over_b
 use crate::boxed::boxed;
 use crate::dialect::prefix::{self, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
-use crate::rewrite::{Reason, RewriteReport};
+use crate::rewrite::{Estimated, Reason, RewriteReport};
 use crate::session::{ModelKey, SessionCtx, SessionKey};
 use crate::telemetry::{metric, trace};
 use crate::upstream::RequestHead;
@@ -136,7 +136,7 @@ impl Compactor {
         state.sent = Some(report.clone());
         // What the headers and the log say is in the provider's tokens, as calibrated.
         let pressure = self.pressure(&ctx, &report);
-        let calibrated = |tokens: u32| u32::try_from(pressure.calibrated(u64::from(tokens))).unwrap_or(u32::MAX);
+        let calibrated = |tokens: u32| pressure.calibrated(Estimated::from(tokens)).as_u32();
         (report.tokens_before, report.tokens_after) =
             (calibrated(report.tokens_before), calibrated(report.tokens_after));
         Prepared {

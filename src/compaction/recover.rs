@@ -13,7 +13,7 @@ use super::request::RequestState;
 use super::{Compactor, Next, with_summary_break};
 use crate::error::Chain;
 use crate::overflow::Overflow;
-use crate::rewrite::{Reason, RewriteReport};
+use crate::rewrite::{Estimated, Reason, RewriteReport};
 use crate::session::SessionCtx;
 use crate::telemetry::metric;
 use crate::upstream::RequestHead;
@@ -50,8 +50,7 @@ impl Compactor {
             ctx.note_forwarded(u64::from(report.tokens_after));
             ctx.note_generation(state.compacted().unwrap_or(0));
             let pressure = self.pressure(ctx, report);
-            state.trace.tokens_after =
-                Some(u32::try_from(pressure.calibrated(u64::from(report.tokens_after))).unwrap_or(u32::MAX));
+            state.trace.tokens_after = Some(pressure.calibrated(report.estimated_after()).as_u32());
             state.trace.pruned = report.pruned;
             state.sent = Some(report.clone());
         }
@@ -81,7 +80,7 @@ impl Compactor {
             None => {
                 let sent = match (&state.sent, overflow.prompt_tokens) {
                     (_, Some(prompt)) => prompt,
-                    (Some(report), None) => self.pressure(ctx, report).calibrated(estimate),
+                    (Some(report), None) => self.pressure(ctx, report).calibrated(Estimated::new(estimate)).get(),
                     (None, None) => 0,
                 };
                 if sent > 0 {

@@ -366,8 +366,8 @@ impl Proxy {
             finish.rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
                 // The window and threshold in the units of the estimates beside them.
                 let pressure = self.compactor.pressure(ctx, report);
-                let window = pressure.uncalibrated(pressure.window);
-                let threshold = pressure.uncalibrated(pressure.budget());
+                let window = pressure.uncalibrated(pressure.window).get();
+                let threshold = pressure.uncalibrated(pressure.budget()).get();
                 Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
             });
         }
