@@ -17,7 +17,7 @@ use super::budget::Pressure;
 use super::decision::{BackgroundOutcome, CompactionOutcome, Trigger};
 use super::lock::{self, ConversationLock, Waited};
 use super::request::RequestState;
-use super::summarizer::{Summarizer, SummaryError, SummaryInput};
+use super::summarizer::{Summarizer, Summary, SummaryError, SummaryInput};
 use super::{budget, plan};
 use crate::config::compaction::CompactionSettings;
 use crate::dialect::ParsedRequest;
@@ -73,6 +73,18 @@ pub(super) struct Summarized {
     pub summary_time: Duration,
     /// Summary calls made (zero when another request's record was reused).
     pub summary_calls: u32,
+}
+
+/// The summary call of one compaction: the summarizing model, its window (compactor's raw
+/// tokens) and the summary's budget.
+struct SummaryCall {
+    model: String,
+    window: u32,
+    max_tokens: u32,
+    /// The request's own model summarizes (no `compaction.model`).
+    own_model: bool,
+    /// In front of a local server (the `local` cache preset).
+    local: bool,
 }
 
 /// Where the client's conversation is cut: it is counted, and `cut` is the first message kept.
@@ -210,52 +222,13 @@ impl Engine<'_> {
         generation: u32,
     ) -> Result<Summarized, NoCompaction> {
         let settings = self.settings;
-        let Cut { parsed, model, from, cut, user_budget, harder, sizing } = cut;
+        let cut_at = cut;
+        let Cut { parsed, model, cut, user_budget, harder, sizing, .. } = cut;
         let (model, cut, harder) = (*model, *cut, *harder);
         let count = |text: &str| self.rewriter.counter.count(model.encoding, text);
         let previous = request.record.as_ref();
-        let summary_model = match settings.model.as_str() {
-            "" => parsed.model.as_deref().unwrap_or("").to_string(),
-            configured => configured.to_string(),
-        };
-        let summarizer = self.rewriter.models.lookup(&summary_model);
-        // Without `compaction.model` the request's own model summarizes: its window is the one
-        // learned for the session, not the model table's.
-        let own_model = settings.model.is_empty();
-        let window = budget::summarizer_window(summarizer, own_model.then_some(&sizing.pressure));
-        // A local server (the `local` cache preset: prefill time is the price) generates the
-        // summary while the agent waits, and caches the conversation as it was last sent.
-        let local = request.cache.preset == Some("local");
-        let mut max_tokens = budget::summary_max_tokens(settings, summarizer, window, local);
-        if local && trigger == Trigger::Background {
-            // Written while the agent's tool runs: no longer than the server writes in that time.
-            let conversation = ctx.conversation();
-            let pace = conversation.summary_pace_us().unwrap_or(0);
-            max_tokens = budget::paced_summary_tokens(settings, max_tokens, window, conversation.idle_ms, pace);
-        }
-        let input = SummaryInput {
-            parsed,
-            from: *from,
-            cut,
-            previous: previous.map(|r| r.summary.as_str()),
-            model: &summary_model,
-            max_tokens,
-            budget: budget::transcript_budget(window, max_tokens, self.summarizer.prompt_tokens(&count)),
-            count: &count,
-        };
-        // Prepared in the background for a local server, by the request's own model, in Chat: the
-        // conversation as it was last sent, the instruction appended, so the server reads it from
-        // its cache. A call that fails goes the usual way.
-        let appended = match &request.sent_body {
-            Some(sent) if own_model && local && parsed.dialect == crate::dialect::Dialect::ChatCompletions => {
-                self.summarizer.summarize_appended(head, sent, &summary_model, max_tokens).await
-            }
-            _ => None,
-        };
-        let summary = match appended {
-            Some(Ok(summary)) => summary,
-            _ => self.summarizer.summarize(head, input).await.map_err(NoCompaction::SummaryFailed)?,
-        };
+        let call = self.summary_call(request, ctx, parsed, &sizing.pressure, trigger);
+        let summary = self.call_summarizer(head, request, cut_at, &call, &count).await?;
         let summary_time = summary.elapsed;
         let (calls, overflows, cost) = (summary.calls, summary.overflows, summary.cost);
         let summary = summary.text;
@@ -270,7 +243,7 @@ impl Engine<'_> {
             tokens_before: u64::from(Rewriter::scaled(parsed.conversation.tokens_before(), model)),
             tokens_after: 0,
             trigger: trigger.label().to_string(),
-            model: summary_model,
+            model: call.model,
             at_unix_ms: crate::session::unix_ms(),
             due_tokens: 0,
             cost,
@@ -298,13 +271,84 @@ impl Engine<'_> {
             summary_calls = calls,
             summary_overflows = overflows,
             summary_ms = summary_time.as_millis() as u64,
-            summary_max_tokens = max_tokens,
+            summary_max_tokens = call.max_tokens,
             summary_output_tokens = cost.output,
             idle_ms = ctx.conversation().idle_ms,
             "compacted"
         );
         metric::summary_calls_per_compaction(calls);
         Ok(Summarized { record, summary_time, summary_calls: calls })
+    }
+
+    /// Who summarizes, in how large a window, and how long a summary may be.
+    fn summary_call(
+        &self,
+        request: &RequestState,
+        ctx: &SessionCtx,
+        parsed: &ParsedRequest<'_>,
+        pressure: &Pressure,
+        trigger: Trigger,
+    ) -> SummaryCall {
+        let settings = self.settings;
+        let model = match settings.model.as_str() {
+            "" => parsed.model.as_deref().unwrap_or("").to_string(),
+            configured => configured.to_string(),
+        };
+        let summarizer = self.rewriter.models.lookup(&model);
+        // Without `compaction.model` the request's own model summarizes: its window is the one
+        // learned for the session, not the model table's.
+        let own_model = settings.model.is_empty();
+        let window = budget::summarizer_window(summarizer, own_model.then_some(pressure));
+        // A local server (the `local` cache preset: prefill time is the price) generates the
+        // summary while the agent waits, and caches the conversation as it was last sent.
+        let local = request.cache.preset == Some("local");
+        let mut max_tokens = budget::summary_max_tokens(settings, summarizer, window, local);
+        if local && trigger == Trigger::Background {
+            // Written while the agent's tool runs: no longer than the server writes in that time.
+            let conversation = ctx.conversation();
+            let pace = conversation.summary_pace_us().unwrap_or(0);
+            max_tokens = budget::paced_summary_tokens(settings, max_tokens, window, conversation.idle_ms, pace);
+        }
+        SummaryCall { model, window, max_tokens, own_model, local }
+    }
+
+    /// The summary of the messages before the cut: the conversation as it was last sent with the
+    /// instruction appended, when that is how it is summarized, else the transcript (a rolling
+    /// summary when it is larger than the window).
+    async fn call_summarizer(
+        &self,
+        head: &RequestHead,
+        request: &RequestState,
+        cut: &Cut<'_>,
+        call: &SummaryCall,
+        count: &(dyn Fn(&str) -> u32 + Sync),
+    ) -> Result<Summary, NoCompaction> {
+        let parsed = &cut.parsed;
+        // Prepared in the background for a local server, by the request's own model, in Chat: the
+        // conversation as it was last sent, the instruction appended, so the server reads it from
+        // its cache. A call that fails goes the usual way.
+        let appended = match &request.sent_body {
+            Some(sent)
+                if call.own_model && call.local && parsed.dialect == crate::dialect::Dialect::ChatCompletions =>
+            {
+                self.summarizer.summarize_appended(head, sent, &call.model, call.max_tokens).await
+            }
+            _ => None,
+        };
+        if let Some(Ok(summary)) = appended {
+            return Ok(summary);
+        }
+        let input = SummaryInput {
+            parsed,
+            from: cut.from,
+            cut: cut.cut,
+            previous: request.record.as_ref().map(|r| r.summary.as_str()),
+            model: &call.model,
+            max_tokens: call.max_tokens,
+            budget: budget::transcript_budget(call.window, call.max_tokens, self.summarizer.prompt_tokens(count)),
+            count,
+        };
+        self.summarizer.summarize(head, input).await.map_err(NoCompaction::SummaryFailed)
     }
 }
 
