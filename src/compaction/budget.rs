@@ -7,7 +7,7 @@
 
 use crate::config::compaction::CompactionSettings;
 use crate::overflow::Overflow;
-use crate::rewrite::{RewriteReport, RewriteSettings, Rewriter};
+use crate::rewrite::{Estimated, ProviderTokens, RewriteReport, RewriteSettings, Rewriter};
 use crate::session::{Breaker, ConversationState, Learned, Usage};
 use crate::tokens::ModelInfo;
 
@@ -26,11 +26,11 @@ const FIT_MARGIN: f64 = 0.95;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pressure {
     /// The window to work with.
-    pub window: u64,
+    pub window: ProviderTokens,
     /// Provider tokens per token of compactor's estimate (1.0 until measured).
     pub calibration: f64,
     /// Tokens kept free for the answer.
-    pub reserve: u64,
+    pub reserve: ProviderTokens,
     /// The share of `window - reserve` a prompt may take before compaction ahead of time.
     pub threshold: f64,
 }
@@ -61,33 +61,43 @@ impl Pressure {
         if learned.output_peak > 0 {
             reserve = reserve.min(learned.output_peak.saturating_add(learned.output_peak / 4).saturating_add(256));
         }
-        Self { window, calibration, reserve: reserve.min(window / 2), threshold: settings.threshold }
+        Self {
+            window: ProviderTokens::new(window),
+            calibration,
+            reserve: ProviderTokens::new(reserve.min(window / 2)),
+            threshold: settings.threshold,
+        }
     }
 
     /// compactor's estimate (vendor factor applied) in the provider's tokens.
-    pub fn calibrated(&self, estimate: u64) -> u64 {
-        (estimate as f64 * self.calibration).ceil() as u64
+    pub fn calibrated(&self, estimate: Estimated) -> ProviderTokens {
+        ProviderTokens::new((estimate.get() as f64 * self.calibration).ceil() as u64)
     }
 
     /// Provider tokens as compactor's estimate.
-    pub fn uncalibrated(&self, tokens: u64) -> u64 {
-        (tokens as f64 / self.calibration) as u64
+    pub fn uncalibrated(&self, tokens: ProviderTokens) -> Estimated {
+        Estimated::new((tokens.get() as f64 / self.calibration) as u64)
+    }
+
+    /// The room for a prompt and its answer's reserve: window - reserve.
+    fn room(&self) -> f64 {
+        self.window.saturating_sub(self.reserve).get() as f64
     }
 
     /// The most a prompt may take and still fit, with a margin: (window - reserve) x 0.95.
-    pub fn limit(&self) -> u64 {
-        (self.window.saturating_sub(self.reserve) as f64 * FIT_MARGIN) as u64
+    pub fn limit(&self) -> ProviderTokens {
+        ProviderTokens::new((self.room() * FIT_MARGIN) as u64)
     }
 
     /// The most a prompt may take before compactor estimates the provider will refuse it: the
     /// window with a margin (an answer that does not fit is the lower-`max_tokens` rung's job).
-    pub fn hard_limit(&self) -> u64 {
-        (self.window as f64 * FIT_MARGIN) as u64
+    pub fn hard_limit(&self) -> ProviderTokens {
+        ProviderTokens::new((self.window.get() as f64 * FIT_MARGIN) as u64)
     }
 
     /// The size above which a conversation is compacted ahead of time: threshold x (window - reserve).
-    pub fn budget(&self) -> u64 {
-        (self.window.saturating_sub(self.reserve) as f64 * self.threshold) as u64
+    pub fn budget(&self) -> ProviderTokens {
+        ProviderTokens::new((self.room() * self.threshold) as u64)
     }
 }
 
@@ -113,7 +123,7 @@ pub fn window_pressure(
     message_count: usize,
     report: &RewriteReport,
 ) -> bool {
-    let room = (pressure.window.saturating_sub(pressure.reserve) as f64 * share) as u64;
+    let room = ProviderTokens::new((pressure.room() * share) as u64);
     prompt_tokens(pressure, conversation, message_count, report, true) > room
 }
 
@@ -125,8 +135,8 @@ pub fn prompt_tokens(
     message_count: usize,
     report: &RewriteReport,
     hybrid: bool,
-) -> u64 {
-    let full = pressure.calibrated(u64::from(report.tokens_after));
+) -> ProviderTokens {
+    let full = pressure.calibrated(report.estimated_after());
     if !hybrid {
         return full;
     }
@@ -147,31 +157,42 @@ const ROOM_TURNS: u64 = 2;
 /// margin: a compaction that frees room for a turn or less is followed by another a turn later, so
 /// the session would pay a summary call per turn. When it is not worth it, compaction waits for
 /// the request that would not fit (`limit`): the rebuild is the same, a turn or more later.
-pub fn compaction_frees_room(pressure: &Pressure, fixed: u64, keep: u64, summary: u64, growth: u64) -> bool {
-    let after = fixed + pressure.calibrated(keep.max(growth) + summary + ROOM_TURNS * growth);
-    (after as f64) < pressure.budget() as f64 * 0.9
+pub fn compaction_frees_room(
+    pressure: &Pressure,
+    fixed: ProviderTokens,
+    keep: Estimated,
+    summary: Estimated,
+    growth: Estimated,
+) -> bool {
+    let after = fixed + pressure.calibrated(keep.max(growth) + summary + growth * ROOM_TURNS);
+    (after.get() as f64) < pressure.budget().get() as f64 * 0.9
 }
 
 /// What this request added since the last prompt size the upstream reported, in compactor's
 /// tokens: the session's newest turn. 0 when there is no usable report.
-pub fn turn_growth(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
-    reported_and_added(conversation, message_count, report).map_or(0, |(_, added)| added)
+pub fn turn_growth(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> Estimated {
+    reported_and_added(conversation, message_count, report).map_or(Estimated::ZERO, |(_, added)| added)
 }
 
 /// What this request added since the last prompt the upstream reported, in compactor's tokens,
 /// whatever summary either body carried: the client's newest messages go verbatim after any
 /// summary, so their size is the turn's growth even on the request that applied a new one (where
 /// [`turn_growth`] has no comparable report). 0 when there is no report.
-pub fn newest_turn_tokens(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> u64 {
-    conversation.usage.and_then(|usage| added_since(&usage, message_count, report)).unwrap_or(0)
+pub fn newest_turn_tokens(conversation: &ConversationState, message_count: usize, report: &RewriteReport) -> Estimated {
+    conversation.usage.and_then(|usage| added_since(&usage, message_count, report)).unwrap_or(Estimated::ZERO)
 }
 
 /// How many recent tokens a compaction keeps verbatim and the budget for the user's own
 /// messages, in compactor's tokens: the configured sizes, shrunk to a sixth of the room above the
 /// fixed part each when the window is small (so a compaction leaves room for several turns); a
 /// quarter of that on the harder rung.
-pub fn kept_sizes(settings: &CompactionSettings, pressure: &Pressure, fixed: u64, harder: bool) -> (u32, u32) {
-    let room = pressure.uncalibrated(pressure.budget().saturating_sub(fixed)) / 6;
+pub fn kept_sizes(
+    settings: &CompactionSettings,
+    pressure: &Pressure,
+    fixed: ProviderTokens,
+    harder: bool,
+) -> (u32, u32) {
+    let room = pressure.uncalibrated(pressure.budget().saturating_sub(fixed)).get() / 6;
     let room = u32::try_from(room).unwrap_or(u32::MAX).max(256);
     let divisor = if harder { 4 } else { 1 };
     (settings.keep_recent_tokens.min(room) / divisor, settings.user_message_max_tokens.min(room) / divisor)
@@ -183,25 +204,25 @@ fn reported_and_added(
     conversation: &ConversationState,
     message_count: usize,
     report: &RewriteReport,
-) -> Option<(u64, u64)> {
+) -> Option<(ProviderTokens, Estimated)> {
     let usage = conversation.usage?;
     // A usage measured on a body with another summary says nothing of this one.
     if usage.generation != report.compaction {
         return None;
     }
-    Some((usage.prompt_tokens, added_since(&usage, message_count, report)?))
+    Some((ProviderTokens::new(usage.prompt_tokens), added_since(&usage, message_count, report)?))
 }
 
 /// The tokens of the client's messages after those `usage` was reported for (the newest end of
 /// `report`'s body); `None` when `usage` reports nothing usable for this request.
-fn added_since(usage: &Usage, message_count: usize, report: &RewriteReport) -> Option<u64> {
+fn added_since(usage: &Usage, message_count: usize, report: &RewriteReport) -> Option<Estimated> {
     let since = usage.message_count as usize;
     if usage.prompt_tokens == 0 || since == 0 || since > message_count {
         return None;
     }
     let tail =
         report.message_tokens.iter().rev().take(message_count - since).fold(0, |sum: u32, t| sum.saturating_add(*t));
-    Some(u64::from(Rewriter::scaled(tail, report.model)))
+    Some(Estimated::from(Rewriter::scaled(tail, report.model)))
 }
 
 /// Whether this conversation failed to compact too often, at this same length.
@@ -223,7 +244,7 @@ pub fn hard_settings(base: &RewriteSettings, settings: &CompactionSettings) -> R
 pub fn summarizer_window(summarizer: ModelInfo, pressure: Option<&Pressure>) -> u32 {
     let factor = f64::from(summarizer.token_factor).max(0.1);
     match pressure {
-        Some(pressure) => (pressure.uncalibrated(pressure.window) as f64 / factor) as u32,
+        Some(pressure) => (pressure.uncalibrated(pressure.window).get() as f64 / factor) as u32,
         None => (f64::from(summarizer.context_window) / factor) as u32,
     }
 }
@@ -348,11 +369,12 @@ mod tests {
     fn the_tightest_bound_wins_and_a_named_window_beats_every_bound() {
         let at = report(100, vec![]);
         let unnamed = Learned { window_below: 6_000, window_at_least: 4_000, ..Learned::default() };
-        assert_eq!(pressure(&unnamed, &at).window, 6_000, "below what overflowed");
+        let window = |learned: &Learned| pressure(learned, &at).window.get();
+        assert_eq!(window(&unnamed), 6_000, "below what overflowed");
         let contradicted = Learned { window_below: 3_000, window_at_least: 4_000, ..Learned::default() };
-        assert_eq!(pressure(&contradicted, &at).window, 4_000, "an answer proves more than an overflow bound");
+        assert_eq!(window(&contradicted), 4_000, "an answer proves more than an overflow bound");
         let named = Learned { window: 9_000, window_below: 6_000, ..Learned::default() };
-        assert_eq!(pressure(&named, &at).window, 9_000);
+        assert_eq!(window(&named), 9_000);
     }
 
     #[test]
@@ -360,25 +382,35 @@ mod tests {
         let at = RewriteReport { max_tokens: Some(32_000), ..report(5_000, vec![]) };
         let learned = Learned { calibration_milli: 1_600, ..Learned::default() };
         let p = pressure(&learned, &at);
-        assert_eq!(p.calibrated(5_000), 8_000);
-        assert_eq!(p.reserve, 4_096, "the configured cap, not max_tokens 32000 nor half the window");
+        assert_eq!(p.calibrated(Estimated::new(5_000)), ProviderTokens::new(8_000));
+        assert_eq!(p.reserve.get(), 4_096, "the configured cap, not max_tokens 32000 nor half the window");
         assert!(over_threshold(&p, &ConversationState::default(), 3, &at, false), "8000 > 0.8 x 5904");
         let answered = Learned { output_peak: 400, ..learned };
-        assert_eq!(pressure(&answered, &at).reserve, 400 + 100 + 256);
+        assert_eq!(pressure(&answered, &at).reserve.get(), 400 + 100 + 256);
     }
 
     #[test]
     fn a_compaction_frees_room_only_when_the_fixed_part_leaves_some() {
         let p = pressure(&Learned::default(), &report(0, vec![]));
+        let frees = |fixed, keep, summary, growth| {
+            let estimated = Estimated::new;
+            compaction_frees_room(
+                &p,
+                ProviderTokens::new(fixed),
+                estimated(keep),
+                estimated(summary),
+                estimated(growth),
+            )
+        };
         // Budget 7200: a 6,500-token system prompt and tools leave no room worth a summary.
-        assert!(!compaction_frees_room(&p, 6_500, 300, 300, 0));
-        assert!(compaction_frees_room(&p, 3_000, 1_000, 500, 0));
+        assert!(!frees(6_500, 300, 300, 0));
+        assert!(frees(3_000, 1_000, 500, 0));
         // Room for the rebuild (3000 + 2000 + 500) but not for two more 2,000-token turns: a
         // compaction now would be followed by another a turn later.
-        assert!(!compaction_frees_room(&p, 3_000, 1_000, 500, 2_000));
+        assert!(!frees(3_000, 1_000, 500, 2_000));
         // 3000 + 1000 + 500 + 2 x 800 = 6100, under 90 % of 7200.
-        assert!(compaction_frees_room(&p, 3_000, 1_000, 500, 800));
-        let (keep, user) = kept_sizes(&CompactionSettings::default(), &p, 3_000, false);
+        assert!(frees(3_000, 1_000, 500, 800));
+        let (keep, user) = kept_sizes(&CompactionSettings::default(), &p, ProviderTokens::new(3_000), false);
         assert_eq!((keep, user), (700, 700), "a sixth of the room above the fixed part");
     }
 

@@ -1,52 +1,52 @@
-//! The overflow ladder of one request: what was sent, which compaction it carries, and which rung
-//! comes next. The rungs, cheapest first: lower `max_tokens` (when the prompt alone fits), prune
-//! harder, summarize, summarize harder.
-
-use std::time::Duration;
+//! The overflow ladder of one request: which rung comes next and how each ended. The rungs,
+//! cheapest first: lower `max_tokens` (when the prompt alone fits), prune harder, summarize,
+//! summarize harder.
 
 use bytes::Bytes;
+use std::time::Duration;
 
 pub use crate::config::compaction::{DEFAULT_ORDER, Rung};
 use crate::dialect::{Dialect, ParsedRequest};
 use crate::overflow::Overflow;
-use crate::rewrite::{CachePricing, RewriteReport};
-use crate::session::state::CompactionRecord;
 
 /// Tokens left free between prompt and output when `max_tokens` is lowered.
 const MAX_TOKENS_MARGIN: u64 = 64;
 
-/// One request's climb: created by [`super::Compactor::prepare`], advanced by each
-/// [`super::Compactor::recover`].
+/// One request's climb: the rungs in their configured order, the next one, and the retries made.
 #[derive(Debug)]
-pub struct Ladder {
-    pub(super) dialect: Dialect,
-    /// The body as the client sent it: every rung derives its body from this one.
-    pub(super) client_body: Bytes,
-    pub(super) message_count: usize,
-    /// The compaction applied to the body being sent.
-    pub(super) record: Option<CompactionRecord>,
-    /// A record prepared in the background that this request did not need yet: the first thing
-    /// a compaction of this request applies, with no summary call.
-    pub(super) ready: Option<CompactionRecord>,
-    /// The body this request sent, for a summary prepared in the background on a provider that
-    /// caches prefixes: the summary call is that body with the instruction appended.
-    pub(super) sent_body: Option<Bytes>,
-    /// Lead system messages of the client's conversation.
-    pub(super) lead: usize,
-    /// The rewrite of the body being sent.
-    pub(super) sent: Option<RewriteReport>,
-    /// The prompt-cache prices of the upstream the request goes to.
-    pub(super) cache: CachePricing,
-    /// The model the request's path names (Gemini's bodies carry none).
-    pub(super) path_model: Option<String>,
-    /// The request's id (`x-compactor-request-id`): the compaction records it makes name it.
-    pub(super) request_id: String,
+pub(super) struct Rungs {
     order: Vec<Rung>,
     next: usize,
     lowered_max_tokens: bool,
     retries: u32,
-    /// What this request's recovery did, for its log line.
-    pub(super) trace: Recovery,
+}
+
+/// How one rung ended, as the log line's `rungs` and the `rung` metric's `outcome` say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RungOutcome {
+    /// Its body goes upstream as the retry.
+    Retry,
+    /// It changed nothing (or had nothing to work on).
+    Nothing,
+    /// Its body is estimated not to fit either: never sent.
+    TooBig,
+    /// Its summary failed.
+    Failed,
+    /// Not tried (`prune.enabled = false` for the prune-harder rung).
+    Skipped,
+}
+
+impl RungOutcome {
+    /// The label in the log line and the metric.
+    pub fn label(self) -> &'static str {
+        match self {
+            RungOutcome::Retry => "retry",
+            RungOutcome::Nothing => "nothing",
+            RungOutcome::TooBig => "too_big",
+            RungOutcome::Failed => "failed",
+            RungOutcome::Skipped => "skipped",
+        }
+    }
 }
 
 /// One request's overflow recovery, as its log line tells it.
@@ -62,7 +62,8 @@ pub struct Recovery {
     pub summary: Duration,
     /// Summary calls made for this request: each piece of a rolling summary, and each retry.
     pub summary_calls: u32,
-    /// compactor's estimate of the body that went out last, after a retry.
+    /// The size of the body that went out last, after a retry: compactor's estimate calibrated,
+    /// in the provider's tokens (as the prepared report's sizes are).
     pub tokens_after: Option<u32>,
     /// A summary this request would have prepared in the background but did not: why.
     pub background_skipped: Option<BackgroundSkip>,
@@ -94,77 +95,19 @@ impl Recovery {
     }
 }
 
-impl Ladder {
-    pub(super) fn new(
-        dialect: Dialect,
-        client_body: Bytes,
-        message_count: usize,
-        record: Option<CompactionRecord>,
-        order: &[Rung],
-    ) -> Self {
-        Self {
-            dialect,
-            client_body,
-            message_count,
-            record,
-            ready: None,
-            sent_body: None,
-            request_id: String::new(),
-            lead: 0,
-            sent: None,
-            cache: CachePricing::NONE,
-            path_model: None,
-            order: order.to_vec(),
-            next: 0,
-            lowered_max_tokens: false,
-            retries: 0,
-            trace: Recovery::default(),
-        }
+impl Rungs {
+    pub(super) fn new(order: &[Rung]) -> Self {
+        Self { order: order.to_vec(), next: 0, lowered_max_tokens: false, retries: 0 }
     }
 
-    /// The same request's ladder for work done off its path (a summary prepared in the
-    /// background, a prefill ahead), carrying `record`: a fresh climb, the request's body, shape
-    /// and upstream.
-    pub(super) fn for_background(&self, record: Option<CompactionRecord>) -> Ladder {
-        let mut ladder = Ladder::new(self.dialect, self.client_body.clone(), self.message_count, record, &self.order);
-        ladder.lead = self.lead;
-        ladder.cache = self.cache;
-        ladder.path_model = self.path_model.clone();
-        ladder.request_id = self.request_id.clone();
-        ladder
-    }
-
-    /// What this request's recovery did.
-    pub fn recovery(&self) -> &Recovery {
-        &self.trace
-    }
-
-    /// Notes one rung's outcome for the log line and the metrics.
-    pub(super) fn note(&mut self, rung: &'static str, outcome: &'static str) {
-        crate::telemetry::metric::recovery_rung(rung, outcome);
-        self.trace.rungs.push(format!("{rung}:{outcome}"));
-    }
-
-    /// Parses `body` in the request's dialect, the model named in its path filled in.
-    pub(super) fn parse<'b>(&self, body: &'b [u8]) -> Option<ParsedRequest<'b>> {
-        ParsedRequest::parse(self.dialect, body).map(|parsed| parsed.with_model(self.path_model.as_deref()))
-    }
-
-    /// Parses `body`, rebuilt on a compaction record whose summary stands for `summarized_turns`
-    /// assistant turns of the client's body ([`ParsedRequest::parse_rebuilt`]).
-    pub(super) fn parse_rebuilt<'b>(&self, body: &'b [u8], summarized_turns: usize) -> Option<ParsedRequest<'b>> {
-        ParsedRequest::parse_rebuilt(self.dialect, body, summarized_turns)
-            .map(|parsed| parsed.with_model(self.path_model.as_deref()))
+    /// The configured order, for a fresh climb of the same request.
+    pub(super) fn order(&self) -> &[Rung] {
+        &self.order
     }
 
     /// Retries so far.
-    pub fn retries(&self) -> u32 {
+    pub(super) fn retries(&self) -> u32 {
         self.retries
-    }
-
-    /// The compaction generation of the body being sent.
-    pub fn compacted(&self) -> Option<u32> {
-        self.record.as_ref().map(|r| r.generation)
     }
 
     pub(super) fn count_retry(&mut self) {
@@ -172,9 +115,10 @@ impl Ladder {
     }
 
     /// The first rung, once: when the prompt fits but prompt + `max_tokens` does not, the same
-    /// body asking for fewer tokens (no fewer than `min_output_tokens`).
+    /// body (`sent`, in `dialect`) asking for fewer tokens (no fewer than `min_output_tokens`).
     pub(super) fn lower_max_tokens(
         &mut self,
+        dialect: Dialect,
         sent: &[u8],
         overflow: &Overflow,
         min_output_tokens: u32,
@@ -183,7 +127,7 @@ impl Ladder {
             return None;
         }
         self.lowered_max_tokens = true;
-        let parsed = ParsedRequest::parse(self.dialect, sent)?;
+        let parsed = ParsedRequest::parse(dialect, sent)?;
         let (field, requested) = parsed.max_tokens_field()?;
         let (limit, prompt) = (overflow.limit?, overflow.prompt_tokens?);
         let fits = limit.saturating_sub(prompt).saturating_sub(MAX_TOKENS_MARGIN);
@@ -205,18 +149,20 @@ impl Ladder {
 mod tests {
     use super::*;
 
-    fn ladder(body: &str) -> Ladder {
-        Ladder::new(Dialect::AnthropicMessages, Bytes::from(body.to_string()), 1, None, &DEFAULT_ORDER)
+    const MESSAGES: Dialect = Dialect::AnthropicMessages;
+
+    fn ladder() -> Rungs {
+        Rungs::new(&DEFAULT_ORDER)
     }
 
     #[test]
     fn the_rungs_come_in_the_configured_order_and_each_once() {
-        let mut ladder = ladder("{}");
+        let mut ladder = ladder();
         let rungs: Vec<Rung> = std::iter::from_fn(|| ladder.next_rung()).collect();
         assert_eq!(rungs, [Rung::Summarize, Rung::SummarizeHarder, Rung::PruneHard]);
         assert_eq!(ladder.next_rung(), None);
         let order = [Rung::PruneHard, Rung::Summarize];
-        let mut ladder = Ladder::new(Dialect::ChatCompletions, Bytes::new(), 1, None, &order);
+        let mut ladder = Rungs::new(&order);
         let rungs: Vec<Rung> = std::iter::from_fn(|| ladder.next_rung()).collect();
         assert_eq!(rungs, order);
         assert_eq!(ladder.next_rung(), None);
@@ -226,14 +172,14 @@ mod tests {
     fn max_tokens_is_lowered_once_and_only_when_the_prompt_fits() {
         let body = r#"{"model":"claude","max_tokens":16000,"messages":[{"role":"user","content":"hi"}]}"#;
         let overflow = Overflow { limit: Some(20_000), prompt_tokens: Some(12_000), max_tokens: Some(16_000) };
-        let mut first = ladder(body);
-        let lowered = first.lower_max_tokens(body.as_bytes(), &overflow, 1_024).unwrap();
+        let mut first = ladder();
+        let lowered = first.lower_max_tokens(MESSAGES, body.as_bytes(), &overflow, 1_024).unwrap();
         assert_eq!(
             std::str::from_utf8(&lowered).unwrap(),
             r#"{"model":"claude","max_tokens":7936,"messages":[{"role":"user","content":"hi"}]}"#
         );
-        assert_eq!(first.lower_max_tokens(body.as_bytes(), &overflow, 1_024), None, "once");
+        assert_eq!(first.lower_max_tokens(MESSAGES, body.as_bytes(), &overflow, 1_024), None, "once");
         let too_long = Overflow { prompt_tokens: Some(19_500), ..overflow };
-        assert_eq!(ladder(body).lower_max_tokens(body.as_bytes(), &too_long, 1_024), None);
+        assert_eq!(ladder().lower_max_tokens(MESSAGES, body.as_bytes(), &too_long, 1_024), None);
     }
 }

@@ -11,8 +11,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::ladder::Ladder;
 use super::plan;
+use super::request::RequestState;
 use crate::dialect::ParsedRequest;
 use crate::session::SessionCtx;
 use crate::session::state::CompactionRecord;
@@ -21,13 +21,13 @@ use crate::session::state::CompactionRecord;
 const POLL: Duration = Duration::from_millis(100);
 
 /// The conversation's compaction lock, held by this request.
-pub(super) struct CompactionLock {
+pub(super) struct ConversationLock {
     owner: String,
     /// False when the store failed and the compaction goes on without the lock: nothing to renew.
     held: bool,
 }
 
-impl CompactionLock {
+impl ConversationLock {
     /// Takes the lock for `hold`; `None` when another request holds it. A store that fails does
     /// not stop the compaction: without the lock, two replicas may at worst both summarize.
     pub(super) async fn claim(ctx: &SessionCtx, hold: Duration) -> Option<Self> {
@@ -141,7 +141,11 @@ pub(super) async fn fenced(
 /// The record prepared in the background for the crossing `job`'s request foresaw, by another
 /// request's job: stored already, or awaited from the job that holds the lock (up to `wait`).
 /// `None` when there is none that matches the request's conversation, or it is applied already.
-pub(super) async fn prepared_record(job: &Ladder, ctx: &mut SessionCtx, wait: Duration) -> Option<CompactionRecord> {
+pub(super) async fn prepared_record(
+    job: &RequestState,
+    ctx: &mut SessionCtx,
+    wait: Duration,
+) -> Option<CompactionRecord> {
     let client = job.parse(&job.client_body)?;
     let applied = job.compacted().unwrap_or(0);
     let stored: Vec<CompactionRecord> =

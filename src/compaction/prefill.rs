@@ -11,8 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::compact::Compaction;
-use super::ladder::Ladder;
+use super::decision::PrefillOutcome;
+use super::engine::Engine;
+use super::request::RequestState;
 use super::summarizer::Summarizer;
 use crate::config::compaction::CompactionSettings;
 use crate::dialect::Dialect;
@@ -80,7 +81,7 @@ pub(super) fn body(rebuilt: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// One prefill ahead for the conversation of the request whose answer it waits for; it runs with
-/// that request's ladder carrying the prepared record (`ladder.record`).
+/// that request's state carrying the prepared record (`state.record`).
 pub(super) struct Prefill {
     pub head: RequestHead,
     pub store: Store,
@@ -97,43 +98,42 @@ pub(super) struct Prefill {
 impl Prefill {
     /// Rebuilds the body, says in the conversation's state that its record is prefilled, and
     /// sends it; nothing when another request of the conversation arrived first.
-    pub async fn run(self, ladder: Ladder) {
-        let outcome = self.send(&ladder).await;
-        metric::prefill_ahead(outcome);
+    pub async fn run(self, state: RequestState) {
+        let outcome = self.send(&state).await;
+        metric::prefill_ahead(outcome.label());
         tracing::debug!(
             session = %self.key.as_str(),
             conversation = %self.conversation,
-            generation = ladder.compacted().unwrap_or(0),
-            outcome,
+            generation = state.compacted().unwrap_or(0),
+            outcome = outcome.label(),
             "prefill ahead"
         );
     }
 
-    async fn send(&self, ladder: &Ladder) -> &'static str {
-        let Some(generation) = ladder.compacted() else { return "failed" };
+    async fn send(&self, state: &RequestState) -> PrefillOutcome {
+        let Some(generation) = state.compacted() else { return PrefillOutcome::Failed };
         let moved_on = || self.arrivals.latest(&self.key, &self.conversation) != self.arrival;
         tokio::time::sleep(GRACE).await;
         if moved_on() {
-            return "moved_on";
+            return PrefillOutcome::MovedOn;
         }
         let mut ctx = SessionCtx::load(self.store.clone(), self.key.clone(), self.conversation.clone()).await;
-        let compaction =
-            Compaction { settings: &self.settings, rewriter: &self.rewriter, summarizer: &self.summarizer };
+        let engine = Engine { settings: &self.settings, rewriter: &self.rewriter, summarizer: &self.summarizer };
         // As the request that applies it will derive it: everything after the summary is new.
-        let Some((rebuilt, _)) = compaction.derive(ladder, &ctx, &self.rewriter.settings, true).await else {
-            return "failed";
+        let Some((rebuilt, _)) = engine.derive(state, &ctx, &self.rewriter.settings, true).await else {
+            return PrefillOutcome::Failed;
         };
-        let Some(body) = body(&rebuilt) else { return "failed" };
+        let Some(body) = body(&rebuilt) else { return PrefillOutcome::Failed };
         // Said before it is checked again: a request counted after the check reads its state
         // after this write and applies the record; one counted before it sends nothing ahead
         // (the flag left behind only makes a later request apply the record a little early).
         ctx.publish_prefilled(generation).await;
         if moved_on() {
-            return "moved_on";
+            return PrefillOutcome::MovedOn;
         }
         match self.summarizer.prefill(&self.head, body).await {
-            Ok(()) => "sent",
-            Err(_) => "failed",
+            Ok(()) => PrefillOutcome::Sent,
+            Err(_) => PrefillOutcome::Failed,
         }
     }
 }

@@ -186,7 +186,7 @@ impl Proxy {
                 // The window and threshold in the provider's tokens, as the sizes beside them
                 // (the report's are calibrated by the preparation).
                 let pressure = self.compactor.pressure(ctx, report);
-                let (window, threshold) = (pressure.window, pressure.budget());
+                let (window, threshold) = (pressure.window.get(), pressure.budget().get());
                 Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
             });
             finish.outcome.rewrite = rewrite;

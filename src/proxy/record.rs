@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::outcome::RequestOutcome;
 use crate::compaction::Recovery;
+use crate::rewrite::ChangeKind;
 use crate::rewrite::RewriteReport;
 use crate::rewrite::content::ContentChange;
 use crate::session::Marks;
@@ -98,7 +99,7 @@ pub struct RequestRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
     /// `pruned`, `truncated`, `deduplicated`, `repaired`, `summarized`.
-    pub kind: String,
+    pub kind: ChangeKind,
     pub items: u32,
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub tokens: u32,
@@ -205,20 +206,20 @@ impl RequestRecord {
             record.content_omitted = rewrite.content_omitted;
             let kinds = [
                 // The rungs of an overflow may have pruned more than the first rewrite.
-                ("pruned", pruned.max(rewrite.pruned), rewrite.saved_by_prune),
-                ("truncated", rewrite.truncated, rewrite.saved_by_truncate),
-                ("deduplicated", rewrite.deduped, rewrite.saved_by_dedupe),
-                ("repaired", rewrite.repaired, 0),
+                (ChangeKind::Pruned, pruned.max(rewrite.pruned), rewrite.saved_by_prune),
+                (ChangeKind::Truncated, rewrite.truncated, rewrite.saved_by_truncate),
+                (ChangeKind::Deduplicated, rewrite.deduped, rewrite.saved_by_dedupe),
+                (ChangeKind::Repaired, rewrite.repaired, 0),
             ];
             for (kind, items, tokens) in kinds.into_iter().filter(|(_, items, _)| *items > 0) {
-                record.changes.push(Change { kind: kind.to_string(), items: items as u32, tokens });
+                record.changes.push(Change { kind, items: items as u32, tokens });
             }
         }
         if let Some(generation) = record.compacted {
             // What the summary took off is the rest of the difference.
             let other: u32 = record.changes.iter().map(|c| c.tokens).sum();
             let tokens = record.sent.saturating_sub(record.forwarded).saturating_sub(other);
-            record.changes.push(Change { kind: "summarized".into(), items: generation, tokens });
+            record.changes.push(Change { kind: ChangeKind::Summarized, items: generation, tokens });
         }
         record
     }
@@ -226,7 +227,7 @@ impl RequestRecord {
     /// What the session list filters on.
     pub fn marks(&self) -> Marks {
         Marks {
-            pruned: self.changes.iter().any(|c| c.kind == "pruned"),
+            pruned: self.changes.iter().any(|c| c.kind == ChangeKind::Pruned),
             compacted: self.compacted.is_some(),
             overflow: self.overflow.is_some(),
         }
@@ -272,7 +273,7 @@ mod tests {
         let read: RequestRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(read, record);
         assert_eq!(read.pruned_ids.len(), NAMED_IDS);
-        let kinds: Vec<&str> = read.changes.iter().map(|c| c.kind.as_str()).collect();
+        let kinds: Vec<&str> = read.changes.iter().map(|c| c.kind.label()).collect();
         assert_eq!(kinds, ["pruned", "truncated", "summarized"]);
         assert_eq!(read.marks(), Marks { pruned: true, compacted: true, overflow: false });
     }

@@ -2,6 +2,7 @@
 //! and render only what changed.
 
 pub mod cache_cost;
+pub mod change;
 pub mod content;
 pub mod dedupe;
 pub mod payback;
@@ -9,6 +10,7 @@ pub mod placeholder;
 pub mod prune;
 pub mod repair;
 pub mod truncate;
+pub mod units;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,8 +20,10 @@ use crate::dialect::{Dialect, ParsedRequest};
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TokenCounter};
 use crate::work::{self, Stopped};
 
+pub use change::ChangeKind;
 pub use payback::{CachePricing, History, Pending, Reason};
 pub use prune::PruneSettings;
+pub use units::{Estimated, ProviderTokens};
 
 /// The policies' settings, from `[prune]`, `[truncate]`, `[repair]` and `[tokens]`.
 #[derive(Debug, Clone)]
@@ -46,9 +50,10 @@ pub struct RewriteSettings {
 /// What the rewrite did to one request.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct RewriteReport {
-    /// Estimated prompt tokens as the client sent it (vendor factor applied).
+    /// Estimated prompt tokens as the client sent it (vendor factor applied); see
+    /// [`RewriteReport::estimated_before`].
     pub tokens_before: u32,
-    /// Estimated prompt tokens as forwarded.
+    /// Estimated prompt tokens as forwarded; see [`RewriteReport::estimated_after`].
     pub tokens_after: u32,
     pub pruned: usize,
     pub truncated: usize,
@@ -75,6 +80,18 @@ pub struct RewriteReport {
     /// The changed items' content, when the inspector keeps it (boxed: the report is moved
     /// around on every request, and this is rarely there).
     pub content: Option<Box<content::Kept>>,
+}
+
+impl RewriteReport {
+    /// `tokens_before` in its unit: compactor's estimate of the prompt as the client sent it.
+    pub fn estimated_before(&self) -> Estimated {
+        Estimated::from(self.tokens_before)
+    }
+
+    /// `tokens_after` in its unit: compactor's estimate of the prompt as forwarded.
+    pub fn estimated_after(&self) -> Estimated {
+        Estimated::from(self.tokens_after)
+    }
 }
 
 /// The outcome: a new body when something changed.

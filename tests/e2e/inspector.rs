@@ -778,3 +778,47 @@ async fn two_turns_key(proxy: &ProxyProcess, body: &Value) -> String {
     let answer = chat(proxy, "units-agent", body).await;
     answer.header("x-compactor-session").unwrap().to_string()
 }
+
+/// A figure of a request page's row `name`: its first number, or its `nth` after a `·`.
+fn row_figure(html: &str, name: &str, nth: usize) -> u64 {
+    let cell = html.split(&format!("<th>{name}</th><td>")).nth(1).unwrap_or_else(|| panic!("no row {name}: {html}"));
+    let cell = cell.split("</td>").next().unwrap();
+    let part = cell.split(['·', '→']).nth(nth).unwrap();
+    part.split('(').next().unwrap().chars().filter(char::is_ascii_digit).collect::<String>().parse().unwrap()
+}
+
+/// The window and the compaction threshold a request's record shows are in the units of the sizes
+/// beside them: the provider's tokens, as calibrated. Against a provider that counts 1.6 tokens
+/// where compactor estimates one, compactor calibrates from the usage it reads; the window shown
+/// is then the model's window (no overflow taught another), not that window divided by 1.6, and
+/// the sizes sent are about what the provider counted.
+#[tokio::test]
+async fn the_window_is_shown_in_the_units_of_the_sizes_beside_it_when_the_calibration_is_not_one() {
+    use crate::common::agents::{self, Agent, AgentSession, SessionSpec, drive};
+    use crate::common::provider::{ProviderSim, ProviderSpec};
+    let provider = ProviderSim::start(ProviderSpec::with_density(1.6)).await;
+    let window = provider.spec().window;
+    let models = format!("[models.sim-model]\ncontext_window = {window}\nmax_output_tokens = 8000\n");
+    let proxy = ProxyProcess::start_with(&provider.compactor_config(&models), &[]);
+    let mut session = AgentSession::new(SessionSpec::new(Agent::OpenCode, "sim-model").outputs(&[1_500]));
+    let run = drive(&proxy.url(""), &provider, &mut session, 6).await;
+    let last = run.turns.last().expect("a turn");
+    let key = last.compactor.iter().find(|(name, _)| name == "x-compactor-session").expect("a session").1.clone();
+    let token = format!("Bearer {}", agents::ADMIN_TOKEN);
+    let admin = async |path: &str| page(&proxy, path, &[("authorization", &token)]).await.text();
+    let conversation = first_conversation(&admin(&format!("/ui/sessions/{key}")).await);
+    let html = admin(&conversation).await;
+    // The newest request's page: the rows come newest first.
+    let at = html.find("/r/").unwrap();
+    let link = &html[html[..at].rfind('"').unwrap() + 1..at + html[at..].find('"').unwrap()];
+    let request = admin(link).await;
+    let (shown_window, threshold) = (
+        row_figure(&request, "window · compaction threshold", 0),
+        row_figure(&request, "window · compaction threshold", 1),
+    );
+    let sent = row_figure(&request, "tokens sent → forwarded", 0) as f64;
+    let counted = run.answered(last.index).expect("answered").tokens as f64;
+    assert!((0.85..=1.2).contains(&(counted / sent)), "calibrated: sent {sent}, the provider counted {counted}");
+    assert_eq!(shown_window, window as u64, "the window in the provider's tokens, as `sent` is: {request}");
+    assert!(threshold < shown_window && threshold > shown_window / 2, "threshold {threshold} of {shown_window}");
+}

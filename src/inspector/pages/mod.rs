@@ -11,6 +11,7 @@ mod conversation;
 mod request;
 mod sessions;
 
+use crate::rewrite::ChangeKind;
 use http::StatusCode;
 
 pub use conversation::{conversation, new_rows, rows};
@@ -53,9 +54,9 @@ pub(super) fn costs_text(cost: &Costs) -> String {
 /// One change with its size: `16 pruned −4,992`, `summarized (generation 2) −5,646`.
 pub(super) fn change_text(change: &Change) -> String {
     let saved = if change.tokens > 0 { format!(" −{}", num(u64::from(change.tokens))) } else { String::new() };
-    match change.kind.as_str() {
-        "summarized" => format!("summarized (generation {}){saved}", change.items),
-        kind => format!("{} {kind}{saved}", num(u64::from(change.items))),
+    match change.kind {
+        ChangeKind::Summarized => format!("summarized (generation {}){saved}", change.items),
+        kind => format!("{} {}{saved}", num(u64::from(change.items)), kind.label()),
     }
 }
 
