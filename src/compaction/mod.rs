@@ -231,12 +231,7 @@ impl Compactor {
 
     /// The prompt-cache prices of the upstream a request of `family` goes to.
     fn cache_pricing(&self, family: ApiFamily) -> CachePricing {
-        match family {
-            ApiFamily::OpenAi => self.rewriter.settings.openai_cache,
-            ApiFamily::Anthropic => self.rewriter.settings.anthropic_cache,
-            ApiFamily::Gemini => self.rewriter.settings.gemini_cache,
-            ApiFamily::Vertex => self.rewriter.settings.vertex_cache,
-        }
+        *self.rewriter.settings.cache.get(family)
     }
 
     /// The rewrite settings of the prune-harder rung.

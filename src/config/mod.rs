@@ -193,6 +193,18 @@ pub struct UpstreamConfig {
     pub vertex_cache: CachePricing,
 }
 
+impl UpstreamConfig {
+    /// The prompt-cache prices of each family's upstream.
+    pub fn cache_pricing(&self) -> crate::route::PerFamily<CachePricing> {
+        crate::route::PerFamily {
+            openai: self.openai_cache,
+            anthropic: self.anthropic_cache,
+            gemini: self.gemini_cache,
+            vertex: self.vertex_cache,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct LimitsConfig {
     pub max_body_bytes: u64,
@@ -494,10 +506,7 @@ impl Config {
                 payback_confidence: self.prune.payback_confidence,
                 assumed_runs: self.prune.assumed_runs.clone(),
             },
-            openai_cache: self.upstream.openai_cache,
-            anthropic_cache: self.upstream.anthropic_cache,
-            gemini_cache: self.upstream.gemini_cache,
-            vertex_cache: self.upstream.vertex_cache,
+            cache: self.upstream.cache_pricing(),
             truncate_enabled: self.truncate.enabled,
             tool_output_max_tokens: self.truncate.tool_output_max_tokens,
             repair_enabled: self.repair.enabled,

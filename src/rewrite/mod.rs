@@ -31,11 +31,8 @@ pub struct RewriteSettings {
     pub prune_enabled: bool,
     pub dedupe: bool,
     pub prune: PruneSettings,
-    /// Prompt-cache prices of the `openai` upstream and of the `anthropic` one.
-    pub openai_cache: CachePricing,
-    pub anthropic_cache: CachePricing,
-    pub gemini_cache: CachePricing,
-    pub vertex_cache: CachePricing,
+    /// The prompt-cache prices of each family's upstream.
+    pub cache: crate::route::PerFamily<CachePricing>,
     pub truncate_enabled: bool,
     pub tool_output_max_tokens: u32,
     pub repair_enabled: bool,

@@ -44,6 +44,39 @@ impl ApiFamily {
     }
 }
 
+impl ApiFamily {
+    /// Every family, in the order of `[upstream]`.
+    pub const ALL: [ApiFamily; 4] = [ApiFamily::OpenAi, ApiFamily::Anthropic, ApiFamily::Gemini, ApiFamily::Vertex];
+
+    /// The family an upstream's name (`openai`, `anthropic`...) names.
+    pub fn of_label(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|family| family.label() == label)
+    }
+}
+
+/// One value per API family, read by family: what each provider has of its own (its upstream,
+/// its prompt-cache prices) held in one place, instead of a field per provider in each owner and
+/// a match per provider at each use.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PerFamily<T> {
+    pub openai: T,
+    pub anthropic: T,
+    pub gemini: T,
+    pub vertex: T,
+}
+
+impl<T> PerFamily<T> {
+    /// The value of `family`.
+    pub fn get(&self, family: ApiFamily) -> &T {
+        match family {
+            ApiFamily::OpenAi => &self.openai,
+            ApiFamily::Anthropic => &self.anthropic,
+            ApiFamily::Gemini => &self.gemini,
+            ApiFamily::Vertex => &self.vertex,
+        }
+    }
+}
+
 /// The endpoint, as far as compactor cares: the ones it may rewrite, and everything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {

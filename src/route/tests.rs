@@ -328,3 +328,13 @@ mod sdk_paths {
         ]
     }
 }
+
+#[test]
+fn each_family_is_found_by_its_upstream_name_and_reads_its_own_value() {
+    let values = PerFamily { openai: 1, anthropic: 2, gemini: 3, vertex: 4 };
+    for (family, value) in ApiFamily::ALL.into_iter().zip(1..) {
+        assert_eq!(ApiFamily::of_label(family.label()), Some(family));
+        assert_eq!(*values.get(family), value);
+    }
+    assert_eq!(ApiFamily::of_label("bedrock"), None);
+}

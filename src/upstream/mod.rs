@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use crate::config::{BaseUrl, Config, UpstreamConfig};
 use crate::error::{Cause, ProxyError};
-use crate::route::{ApiFamily, Route};
+use crate::route::{ApiFamily, PerFamily, Route};
 use crate::telemetry::trace;
 use client_body::ClientBody;
 pub use deadline::Armed;
@@ -140,11 +140,8 @@ enum Transport {
 /// The upstreams and the connections to them, for the process.
 pub struct Upstreams {
     transport: Transport,
-    openai: Upstream,
-    anthropic: Upstream,
-    gemini: Upstream,
-    /// Vertex AI, when configured (`upstream.vertex`).
-    vertex: Option<Upstream>,
+    /// Each family's upstream; Vertex AI's only when configured (`upstream.vertex`).
+    upstreams: PerFamily<Option<Upstream>>,
     first_byte_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -170,10 +167,12 @@ impl Upstreams {
         };
         Ok(Self {
             transport,
-            openai: Upstream::new(&upstream.openai)?,
-            anthropic: Upstream::new(&upstream.anthropic)?,
-            gemini: Upstream::new(&upstream.gemini)?,
-            vertex: upstream.vertex.as_ref().map(Upstream::new).transpose()?,
+            upstreams: PerFamily {
+                openai: Some(Upstream::new(&upstream.openai)?),
+                anthropic: Some(Upstream::new(&upstream.anthropic)?),
+                gemini: Some(Upstream::new(&upstream.gemini)?),
+                vertex: upstream.vertex.as_ref().map(Upstream::new).transpose()?,
+            },
             first_byte_timeout: upstream.first_byte_timeout,
             idle_timeout: upstream.idle_timeout,
         })
@@ -181,14 +180,7 @@ impl Upstreams {
 
     /// The upstream of a family; an error for Vertex AI when `upstream.vertex` is not set.
     fn upstream(&self, family: ApiFamily) -> Result<&Upstream, ProxyError> {
-        match family {
-            ApiFamily::OpenAi => Ok(&self.openai),
-            ApiFamily::Anthropic => Ok(&self.anthropic),
-            ApiFamily::Gemini => Ok(&self.gemini),
-            ApiFamily::Vertex => {
-                self.vertex.as_ref().ok_or(ProxyError::NoUpstream { what: "Vertex AI", key: "upstream.vertex" })
-            }
-        }
+        self.upstreams.get(family).as_ref().ok_or(ProxyError::NoUpstream { what: "Vertex AI", key: "upstream.vertex" })
     }
 
     /// Whether requests of `family` have somewhere to go: checked before a request is read, so

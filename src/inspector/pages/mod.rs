@@ -12,6 +12,7 @@ mod request;
 mod sessions;
 
 use crate::rewrite::ChangeKind;
+use crate::route::ApiFamily;
 use http::StatusCode;
 
 pub use conversation::{conversation, new_rows, rows};
@@ -35,13 +36,11 @@ pub(super) fn parse(records: &[String]) -> Vec<RequestRecord> {
     records.iter().filter_map(|json| serde_json::from_str(json).ok()).collect()
 }
 
-/// The cache prices of an API family, as configured.
+/// The cache prices of an API family (by its name in a record), as configured; a name no family
+/// has is priced as `openai`, the upstream of every other path.
 pub(super) fn pricing(config: &Config) -> impl Fn(&str) -> CachePricing + '_ {
-    move |family: &str| match family {
-        "anthropic" => config.upstream.anthropic_cache,
-        "gemini" => config.upstream.gemini_cache,
-        _ => config.upstream.openai_cache,
-    }
+    let cache = config.upstream.cache_pricing();
+    move |family: &str| *cache.get(ApiFamily::of_label(family).unwrap_or(ApiFamily::OpenAi))
 }
 
 pub(super) fn costs_text(cost: &Costs) -> String {
