@@ -235,6 +235,28 @@ mod tests {
     }
 
     #[test]
+    fn an_orphan_whose_id_no_call_has_answers_no_call_with_another_id() {
+        // The property's shrunk case: two calls without ids never answered, a call with an id,
+        // then a content holding only a response whose id is not that call's.
+        let body = r#"{"contents":[
+            {"role":"model","parts":[{"functionCall":{"name":"run","args":{}}},{"functionCall":{"name":"run","args":{}}}]},
+            {"role":"model","parts":[{"functionCall":{"id":"fc_3","name":"run","args":{"path":"3"}}}]},
+            {"role":"user","parts":[{"functionResponse":{"id":"ghost","name":"run","response":{"output":"PLANTED ghost"}}}]}
+        ]}"#;
+        let mut parsed = ParsedRequest::parse(Dialect::Gemini, body.as_bytes()).unwrap();
+        assert_eq!(answered(&parsed), [("PLANTED ghost".to_string(), "no call".to_string())]);
+        crate::rewrite::repair::apply(&mut parsed.conversation);
+        let inserts = &parsed.conversation.inserts;
+        assert_eq!(inserts.len(), 3, "every call is answered");
+        assert!(inserts.iter().all(|insert| insert.text == crate::rewrite::repair::ABORTED));
+        assert_eq!(inserts[2].call_id, "fc_3");
+        let rendered = String::from_utf8(parsed.render().unwrap()).unwrap();
+        assert!(!rendered.contains("ghost"), "the orphan is dropped: {rendered}");
+        let aborted = r#"{"role":"user","parts":[{"functionResponse":{"id":"fc_3","name":"run","response":{"output":"aborted"}}}]}"#;
+        assert!(rendered.contains(aborted), "{rendered}");
+    }
+
+    #[test]
     fn responses_with_inline_data_and_provider_code_are_never_shortenable() {
         let body = r#"{"contents":[
             {"role":"model","parts":[{"functionCall":{"id":"c","name":"shot","args":{}}},{"executableCode":{"language":"PYTHON","code":"1"}},{"codeExecutionResult":{"outcome":"OUTCOME_OK","output":"1"}}]},
