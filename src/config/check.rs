@@ -2,6 +2,8 @@
 //! ([`Problems`], [`Section`]), and the serde pass that reads the raw structs, noting every unknown
 //! key instead of stopping at the first, so that every bad setting is reported at once.
 
+use std::time::Duration;
+
 use figment::Figment;
 use figment::value::{Dict, Value};
 use serde::Deserialize;
@@ -152,7 +154,7 @@ impl<'f> Problems<'f> {
         }
         std::env::vars_os().find_map(|(name, value)| {
             let name = name.to_str()?;
-            (super::env::variable_path(name).as_deref() == Some(path)).then(|| value.into_string().ok()).flatten()
+            (variable_path(name).as_deref() == Some(path)).then(|| value.into_string().ok()).flatten()
         })
     }
 }
@@ -347,4 +349,40 @@ fn fields_at<T: DeserializeOwned>(path: &[String]) -> &'static [&'static str] {
         },
         Ok(_) => &[],
     }
+}
+
+/// The variables' common prefix.
+pub const PREFIX: &str = "COMPACTOR_";
+
+/// A variable's configuration path: prefix removed, lower case, `__` between levels.
+pub fn variable_path(variable: &str) -> Option<String> {
+    let rest =
+        variable.get(..PREFIX.len()).filter(|p| p.eq_ignore_ascii_case(PREFIX)).map(|_| &variable[PREFIX.len()..])?;
+    Some(rest.to_ascii_lowercase().replace("__", "."))
+}
+
+/// The value checks the raw sections validate with.
+pub(super) fn non_empty(s: String) -> Result<String, String> {
+    if s.trim().is_empty() { Err("must not be empty".into()) } else { Ok(s) }
+}
+
+/// A share in (0, 1].
+pub(super) fn share(p: f64) -> Result<f64, String> {
+    if p > 0.0 && p <= 1.0 { Ok(p) } else { Err("must be in (0, 1]".into()) }
+}
+
+pub(super) fn positive_u32(value: u32) -> Result<u32, String> {
+    if value == 0 { Err("must be greater than 0".into()) } else { Ok(value) }
+}
+
+pub(super) fn positive(value: u64) -> Result<u64, String> {
+    if value == 0 { Err("must be greater than 0".into()) } else { Ok(value) }
+}
+
+pub(super) fn ms(value: u64) -> Result<Duration, String> {
+    Ok(Duration::from_millis(value))
+}
+
+pub(super) fn positive_ms(value: u64) -> Result<Duration, String> {
+    positive(value).map(Duration::from_millis)
 }

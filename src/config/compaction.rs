@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::check::{Field, Section, key};
-use super::raw::{ms, non_empty, positive_ms, positive_u32, share};
+use super::check::{Field, Section, key, ms, non_empty, positive_ms, positive_u32, share};
 use crate::overflow::OverflowDetector;
 
 /// `[compaction]` settings.

@@ -11,8 +11,7 @@ use figment::providers::Env;
 use super::Config;
 use crate::tokens::ModelTable;
 
-/// The variables' common prefix.
-pub const PREFIX: &str = "COMPACTOR_";
+pub use super::check::{PREFIX, variable_path};
 
 /// Variables that are not configuration keys but are read by compactor itself.
 /// (`COMPACTOR_TEST_TOKENIZER_GATE`: see [`crate::tokens::LOAD_GATE_VARIABLE`].)
@@ -90,13 +89,6 @@ impl KnownKeys {
         // The key without its section: `COMPACTOR_MAX_BODY_BYTES` for `limits.max_body_bytes`.
         self.leaves.iter().find(|key| key.contains('.') && key.rsplit('.').next() == Some(path)).map(String::as_str)
     }
-}
-
-/// A variable's configuration path: prefix removed, lower case, `__` between levels.
-pub fn variable_path(variable: &str) -> Option<String> {
-    let rest =
-        variable.get(..PREFIX.len()).filter(|p| p.eq_ignore_ascii_case(PREFIX)).map(|_| &variable[PREFIX.len()..])?;
-    Some(rest.to_ascii_lowercase().replace("__", "."))
 }
 
 /// The variable that sets `path`.

@@ -11,7 +11,9 @@ use std::time::Duration;
 use figment::value::Value;
 use serde::Deserialize;
 
-use super::check::{Field, Section, key, secret, section, table};
+use super::check::{
+    Field, Section, key, ms, non_empty, positive, positive_ms, positive_u32, secret, section, share, table,
+};
 use super::compaction::RawCompaction;
 use super::*;
 use crate::tokens::{Encoding, ModelInfo, ModelTable, TOKEN_ENTRY_BYTES};
@@ -468,29 +470,4 @@ fn model_entries(s: &mut Section, field: Field<Value>) -> BTreeMap<String, Model
         models.insert(name, info);
     }
     models
-}
-
-pub(super) fn non_empty(s: String) -> Result<String, String> {
-    if s.trim().is_empty() { Err("must not be empty".into()) } else { Ok(s) }
-}
-
-/// A share in (0, 1].
-pub(super) fn share(p: f64) -> Result<f64, String> {
-    if p > 0.0 && p <= 1.0 { Ok(p) } else { Err("must be in (0, 1]".into()) }
-}
-
-pub(super) fn positive_u32(value: u32) -> Result<u32, String> {
-    if value == 0 { Err("must be greater than 0".into()) } else { Ok(value) }
-}
-
-pub(super) fn positive(value: u64) -> Result<u64, String> {
-    if value == 0 { Err("must be greater than 0".into()) } else { Ok(value) }
-}
-
-pub(super) fn ms(value: u64) -> Result<Duration, String> {
-    Ok(Duration::from_millis(value))
-}
-
-pub(super) fn positive_ms(value: u64) -> Result<Duration, String> {
-    positive(value).map(Duration::from_millis)
 }

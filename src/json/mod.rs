@@ -1,19 +1,18 @@
 //! Raw JSON objects: keys in their original order, values as the client's original bytes, so
 //! compactor re-serializes only what it changes.
 //!
-//! One module per job: where a value ends (`measure`), reading values one at a time (`scan`),
-//! an object's fields and their duplicate check (`object`), string literals read as text
+//! One module per job: where a value ends (`measure`), reading values one at a time and an
+//! object's fields with their duplicate check (`scan`), string literals read as text
 //! (`unescape`), and writing or splicing JSON (`write`).
 
 mod measure;
-mod object;
 mod scan;
 mod unescape;
 mod write;
 
 pub use measure::value_end;
-pub use object::RawObject;
-pub(crate) use object::UniqueFields;
+pub use scan::RawObject;
+pub(crate) use scan::UniqueFields;
 pub use scan::{Scanner, as_array};
 pub use unescape::{CowStr, as_str};
 pub use write::{ArrayWriter, json_string, push_json_string, replace_within, span_in};

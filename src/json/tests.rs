@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde::de::{Deserializer, Visitor};
 use serde_json::value::RawValue;
 
-use super::object::SCANNED_FIELDS;
+use super::scan::SCANNED_FIELDS;
 use super::*;
 
 #[test]

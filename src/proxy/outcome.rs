@@ -11,7 +11,8 @@ use metrics::{Counter, Histogram, counter, histogram};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::record::Rewrite;
+use crate::rewrite::RewriteReport;
+use crate::rewrite::content::ContentChange;
 use crate::telemetry::metric::{self, ROUTES};
 use crate::usage::Usage;
 
@@ -313,5 +314,54 @@ fn status_label(status: u16) -> &'static str {
         s if s < 400 => "3xx",
         s if s < 500 => "4xx",
         _ => "5xx",
+    }
+}
+
+/// Pruned call ids named in one record at most (the count is always whole).
+pub const NAMED_IDS: usize = 8;
+
+/// What the proxy knows of a request's rewrite when its response starts: kept on the request's
+/// record until the inspector's row is written from it.
+#[derive(Debug, Default)]
+pub struct Rewrite {
+    pub model: String,
+    pub pruned: usize,
+    pub truncated: usize,
+    pub deduped: usize,
+    pub repaired: usize,
+    pub saved_by_prune: u32,
+    pub saved_by_truncate: u32,
+    pub saved_by_dedupe: u32,
+    pub reason: Option<&'static str>,
+    pub pruned_ids: Vec<String>,
+    pub held: u32,
+    pub compacted: Option<u32>,
+    pub window: u64,
+    pub threshold: u64,
+    pub content: Vec<ContentChange>,
+    pub content_omitted: u32,
+}
+
+impl Rewrite {
+    /// The descriptors of `report`; `window` and `threshold` in the provider's tokens.
+    pub fn of(report: &RewriteReport, model: &str, compacted: Option<u32>, window: u64, threshold: u64) -> Self {
+        Self {
+            model: model.to_string(),
+            pruned: report.pruned,
+            truncated: report.truncated,
+            deduped: report.deduped,
+            repaired: report.repaired,
+            saved_by_prune: report.saved_by_prune,
+            saved_by_truncate: report.saved_by_truncate,
+            saved_by_dedupe: report.saved_by_dedupe,
+            reason: report.prefix_break.map(|reason| reason.label()),
+            pruned_ids: report.pruned_call_ids.iter().take(NAMED_IDS).cloned().collect(),
+            held: report.held_tokens,
+            compacted,
+            window,
+            threshold,
+            content: report.content.as_ref().map(|kept| kept.changes.clone()).unwrap_or_default(),
+            content_omitted: report.content.as_ref().map_or(0, |kept| kept.omitted),
+        }
     }
 }

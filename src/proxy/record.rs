@@ -5,14 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::outcome::RequestOutcome;
+pub use super::outcome::{NAMED_IDS, Rewrite};
 use crate::compaction::Recovery;
 use crate::rewrite::ChangeKind;
-use crate::rewrite::RewriteReport;
 use crate::rewrite::content::ContentChange;
 use crate::session::Marks;
-
-/// Pruned call ids named in one record at most (the count is always whole).
-const NAMED_IDS: usize = 8;
 
 /// One request, as the inspector shows it. Sizes are in the provider's tokens: compactor's
 /// estimates calibrated by what the session measured of the provider's tokenizer (`sent`,
@@ -113,52 +110,6 @@ fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
 
-/// What the proxy knows of a request's rewrite when its response starts: kept on the request's
-/// `Finish` until the record is written.
-#[derive(Debug, Default)]
-pub struct Rewrite {
-    pub model: String,
-    pub pruned: usize,
-    pub truncated: usize,
-    pub deduped: usize,
-    pub repaired: usize,
-    pub saved_by_prune: u32,
-    pub saved_by_truncate: u32,
-    pub saved_by_dedupe: u32,
-    pub reason: Option<&'static str>,
-    pub pruned_ids: Vec<String>,
-    pub held: u32,
-    pub compacted: Option<u32>,
-    pub window: u64,
-    pub threshold: u64,
-    pub content: Vec<ContentChange>,
-    pub content_omitted: u32,
-}
-
-impl Rewrite {
-    /// The descriptors of `report`; `window` and `threshold` in the provider's tokens.
-    pub fn of(report: &RewriteReport, model: &str, compacted: Option<u32>, window: u64, threshold: u64) -> Self {
-        Self {
-            model: model.to_string(),
-            pruned: report.pruned,
-            truncated: report.truncated,
-            deduped: report.deduped,
-            repaired: report.repaired,
-            saved_by_prune: report.saved_by_prune,
-            saved_by_truncate: report.saved_by_truncate,
-            saved_by_dedupe: report.saved_by_dedupe,
-            reason: report.prefix_break.map(|reason| reason.label()),
-            pruned_ids: report.pruned_call_ids.iter().take(NAMED_IDS).cloned().collect(),
-            held: report.held_tokens,
-            compacted,
-            window,
-            threshold,
-            content: report.content.as_ref().map(|kept| kept.changes.clone()).unwrap_or_default(),
-            content_omitted: report.content.as_ref().map_or(0, |kept| kept.omitted),
-        }
-    }
-}
-
 impl RequestRecord {
     /// The record of a finished request from its log line's fields, its rewrite and its usage.
     pub fn of(log: &RequestOutcome, at_unix_ms: u64) -> Self {
@@ -242,6 +193,7 @@ impl RequestRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rewrite::RewriteReport;
     use crate::session::Usage;
 
     #[test]

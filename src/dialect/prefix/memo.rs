@@ -7,31 +7,9 @@ use std::sync::Arc;
 use super::key::PrefixKey;
 use super::renders::Renders;
 use super::skeleton::Skeleton;
+pub(super) use super::skeleton::{Counted, Cuts, Reused};
 use crate::conversation::Cut;
 use crate::tokens::Encoding;
-
-/// The tool outputs one request's truncation cut, by item, with the settings it cut them with.
-#[derive(Debug)]
-pub(super) struct Cuts {
-    pub(super) encoding: Encoding,
-    pub(super) max_tokens: u32,
-    pub(super) cuts: Vec<Cut>,
-}
-
-impl Cuts {
-    pub(super) fn size(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.cuts.iter().map(|cut| std::mem::size_of::<Cut>() + cut.text.len()).sum::<usize>()
-    }
-}
-
-/// Token counts of a skeleton's items, two slots per item (the rewrite's countable texts, in
-/// order), with the encoding they were counted in.
-#[derive(Debug)]
-pub(super) struct Counted {
-    pub(super) encoding: Encoding,
-    pub(super) slots: Vec<u32>,
-}
 
 /// What a parse through the cache carries across turns: the token counts, truncations and
 /// rendered messages of what it re-made from an earlier turn, and its own skeleton, which keeps
@@ -44,16 +22,6 @@ pub struct Memo {
     pub(super) own: Option<Arc<Skeleton>>,
     /// Where the own skeleton is kept, to weigh it again once the rewrite has added to it.
     pub(super) kept: Option<Kept>,
-}
-
-/// The earlier skeleton a parse re-made its head from, and how much of it.
-#[derive(Clone)]
-pub(super) struct Reused {
-    pub(super) skeleton: Arc<Skeleton>,
-    pub(super) items: usize,
-    pub(super) messages: usize,
-    /// The leading bytes the two bodies share.
-    pub(super) common: usize,
 }
 
 /// A cache entry holding a parse's own skeleton.

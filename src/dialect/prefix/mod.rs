@@ -18,6 +18,7 @@ mod cache;
 mod head;
 mod key;
 mod memo;
+mod rendered;
 mod renders;
 mod skeleton;
 

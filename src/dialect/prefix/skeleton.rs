@@ -8,11 +8,12 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use super::memo::{Counted, Cuts, Reused};
-use super::renders::RenderedAt;
+use super::rendered::RenderedAt;
+use crate::conversation::Cut;
 use crate::conversation::{Edit, Item, Kind, Role};
 use crate::dialect::{Dialect, Layout, Message, ParsedRequest};
 use crate::json;
+use crate::tokens::Encoding;
 
 /// A text of the earlier parse: where it lay in the body, or its own text when it was not a slice
 /// of the body (an unescaped string, a constant), shared by the skeletons of later turns and
@@ -304,4 +305,37 @@ impl Skeleton {
             + self.rendered.get().map_or(0, |r| r.iter().map(|(_, r)| r.size()).sum())
             + self.markers.get().map_or(0, |m| m.len() * std::mem::size_of::<usize>())
     }
+}
+
+/// The tool outputs one request's truncation cut, by item, with the settings it cut them with.
+#[derive(Debug)]
+pub(super) struct Cuts {
+    pub(super) encoding: Encoding,
+    pub(super) max_tokens: u32,
+    pub(super) cuts: Vec<Cut>,
+}
+
+impl Cuts {
+    pub(super) fn size(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.cuts.iter().map(|cut| std::mem::size_of::<Cut>() + cut.text.len()).sum::<usize>()
+    }
+}
+
+/// Token counts of a skeleton's items, two slots per item (the rewrite's countable texts, in
+/// order), with the encoding they were counted in.
+#[derive(Debug)]
+pub(super) struct Counted {
+    pub(super) encoding: Encoding,
+    pub(super) slots: Vec<u32>,
+}
+
+/// The earlier skeleton a parse re-made its head from, and how much of it.
+#[derive(Clone)]
+pub(super) struct Reused {
+    pub(super) skeleton: Arc<Skeleton>,
+    pub(super) items: usize,
+    pub(super) messages: usize,
+    /// The leading bytes the two bodies share.
+    pub(super) common: usize,
 }
