@@ -1,5 +1,8 @@
 //! The `compactor` binary: run the proxy, check its configuration, or probe its health.
 
+// No function over 80 lines (`too-many-lines-threshold` in clippy.toml), as in the library.
+#![warn(clippy::too_many_lines)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -215,6 +215,69 @@ fn scan_elements<'a>(
     }
 }
 
+/// A body's top level as scanned: its fields (the history's whole span among them), the history's
+/// new elements, where the history starts, and the head an earlier parse re-made (empty when
+/// none was given).
+struct TopLevel<'a> {
+    fields: json::UniqueFields<'a>,
+    elements: Vec<(&'a str, RawObject<'a>)>,
+    history_start: usize,
+    reused: prefix::Head<'a>,
+}
+
+/// Scans `text`'s top level in one pass, from after `head` when given, reading at most `allowed`
+/// messages of `history_field` in all.
+fn scan_top_level<'a>(
+    text: &'a str,
+    history_field: &str,
+    head: Option<prefix::Head<'a>>,
+    allowed: usize,
+) -> Option<TopLevel<'a>> {
+    let mut fields = json::UniqueFields::with_capacity(16);
+    let mut elements: Vec<(&'a str, RawObject<'a>)> = Vec::new();
+    let mut history_start = None;
+    let mut scan;
+    let mut reused = prefix::Head::default();
+    match head {
+        Some(mut head) => {
+            for (key, value) in std::mem::take(&mut head.fields) {
+                fields.push(key, value).ok()?;
+            }
+            scan = json::Scanner::new(text, head.resume);
+            let start = head.history_start;
+            let most = allowed.checked_sub(head.messages.len()).or_else(|| {
+                work::refuse_parse();
+                None
+            })?;
+            scan_elements(&mut scan, head.messages.is_empty(), &mut elements, most)?;
+            let key = std::mem::take(&mut head.history_key);
+            fields.push(key, text.get(start..scan.at())?).ok()?;
+            history_start = Some(start);
+            reused = head;
+        }
+        None => {
+            scan = json::Scanner::new(text, 0);
+            if !scan.eat(b'{') {
+                return None;
+            }
+            if scan.eat(b'}') {
+                return None;
+            }
+            read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start, allowed)?;
+        }
+    }
+    while !scan.eat(b'}') {
+        if !scan.eat(b',') {
+            return None;
+        }
+        read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start, allowed)?;
+    }
+    if !scan.at_end() {
+        return None;
+    }
+    Some(TopLevel { fields, elements, history_start: history_start?, reused })
+}
+
 impl<'a> ParsedRequest<'a> {
     /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
     /// the request is forwarded untouched.
@@ -240,61 +303,37 @@ impl<'a> ParsedRequest<'a> {
         head: Option<prefix::Head<'a>>,
         turns_before: usize,
     ) -> Option<Self> {
-        let body = text.as_bytes();
-        let history_field = dialect.history_field();
-        let mut fields = json::UniqueFields::with_capacity(16);
-        let mut elements: Vec<(&'a str, RawObject<'a>)> = Vec::new();
-        let mut history_start = None;
-        let mut scan;
-        let mut reused = prefix::Head::default();
         // Memory a parse holds grows with its messages, not its bytes: a body of one-letter
         // messages would take 30 times its size. Past the request's bound it goes as it came.
         let bound = work::ParseBound::current();
-        let allowed = bound.messages();
-        match head {
-            Some(mut head) => {
-                for (key, value) in std::mem::take(&mut head.fields) {
-                    fields.push(key, value).ok()?;
-                }
-                scan = json::Scanner::new(text, head.resume);
-                let start = head.history_start;
-                let most = allowed.checked_sub(head.messages.len()).or_else(|| {
-                    work::refuse_parse();
-                    None
-                })?;
-                scan_elements(&mut scan, head.messages.is_empty(), &mut elements, most)?;
-                let key = std::mem::take(&mut head.history_key);
-                fields.push(key, text.get(start..scan.at())?).ok()?;
-                history_start = Some(start);
-                reused = head;
-            }
-            None => {
-                scan = json::Scanner::new(text, 0);
-                if !scan.eat(b'{') {
-                    return None;
-                }
-                if scan.eat(b'}') {
-                    return None;
-                }
-                read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start, allowed)?;
-            }
-        }
-        while !scan.eat(b'}') {
-            if !scan.eat(b',') {
-                return None;
-            }
-            read_field(&mut scan, history_field, &mut fields, &mut elements, &mut history_start, allowed)?;
-        }
-        if !scan.at_end() {
-            return None;
-        }
-        let history_start = history_start?;
+        let TopLevel { fields, elements, history_start, mut reused } =
+            scan_top_level(text, dialect.history_field(), head, bound.messages())?;
         let top = RawObject { fields: fields.fields };
+        let count = reused.messages.len() + elements.len();
+        let mut parsed = Self::unread(dialect, text.as_bytes(), top, history_start, count, bound);
+        parsed.read_top_system(reused.top_system.take())?;
+        let top_system = parsed.system.len();
+        parsed.adopt_head(&mut reused, turns_before);
+        parsed.read_messages(elements, top_system)?;
+        parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
+        parsed.conversation.pairing = dialect.pairing();
+        Some(parsed)
+    }
+
+    /// A request whose top level is read (`top`, the history at `history_start`) and whose
+    /// `count` messages are not yet.
+    fn unread(
+        dialect: Dialect,
+        body: &'a [u8],
+        top: RawObject<'a>,
+        history_start: usize,
+        count: usize,
+        bound: work::ParseBound,
+    ) -> Self {
         let model = top.str("model");
         let stream = top.get("stream").is_some_and(|v| v == "true");
         let tools = top.get("tools");
-        let count = reused.messages.len() + elements.len();
-        let mut parsed = ParsedRequest {
+        ParsedRequest {
             dialect,
             body,
             top,
@@ -312,49 +351,62 @@ impl<'a> ParsedRequest<'a> {
             memo: prefix::Memo::default(),
             unapplied: Unapplied::default(),
             bound,
-        };
-        match reused.top_system.take() {
+        }
+    }
+
+    /// The system text outside the history: the head's when it was re-made (`reused`), else read
+    /// from the top level in the dialect's way.
+    fn read_top_system(&mut self, reused: Option<Vec<Cow<'a, str>>>) -> Option<()> {
+        match reused {
             Some(top_system) => {
-                parsed.system.clone_from(&top_system);
-                parsed.top_system = top_system;
+                self.system.clone_from(&top_system);
+                self.top_system = top_system;
             }
-            None => match dialect {
+            None => match self.dialect {
                 Dialect::ChatCompletions => {}
-                Dialect::AnthropicMessages => anthropic::parse_top(&mut parsed)?,
-                Dialect::Responses => responses::parse_top(&mut parsed)?,
-                Dialect::Gemini => gemini::parse_top(&mut parsed)?,
+                Dialect::AnthropicMessages => anthropic::parse_top(self)?,
+                Dialect::Responses => responses::parse_top(self)?,
+                Dialect::Gemini => gemini::parse_top(self)?,
             },
         }
-        let top_system = parsed.system.len();
-        parsed.messages.append(&mut reused.messages);
-        parsed.conversation.items.append(&mut reused.items);
-        parsed.system.append(&mut reused.system);
-        parsed.layout.system_ends.append(&mut reused.system_ends);
+        Some(())
+    }
+
+    /// Takes the messages re-made from an earlier parse (`reused`, emptied), with their items and
+    /// system texts, and counts their assistant turns after `turns_before`.
+    fn adopt_head(&mut self, reused: &mut prefix::Head<'a>, turns_before: usize) {
+        self.messages.append(&mut reused.messages);
+        self.conversation.items.append(&mut reused.items);
+        self.system.append(&mut reused.system);
+        self.layout.system_ends.append(&mut reused.system_ends);
         // Counted again over the re-made messages, as a fresh parse counts them.
-        parsed.assistant_turns = turns_before + parsed.messages.iter().filter(|m| m.role == Role::Assistant).count();
-        parsed.last_assistant = parsed.messages.iter().rposition(|m| m.role == Role::Assistant);
-        let first_new = parsed.messages.len();
+        self.assistant_turns = turns_before + self.messages.iter().filter(|m| m.role == Role::Assistant).count();
+        self.last_assistant = self.messages.iter().rposition(|m| m.role == Role::Assistant);
+    }
+
+    /// Reads each new message (`elements`, after those already held) in the dialect's way, within
+    /// the parse's bound; `top_system`: how many system texts came from outside the history.
+    fn read_messages(&mut self, elements: Vec<(&'a str, RawObject<'a>)>, top_system: usize) -> Option<()> {
+        let first_new = self.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
             let index = first_new + offset;
-            match dialect {
-                Dialect::ChatCompletions => chat::parse_message(&mut parsed, index, raw, object)?,
-                Dialect::AnthropicMessages => anthropic::parse_message(&mut parsed, index, raw, object)?,
-                Dialect::Responses => responses::parse_message(&mut parsed, index, raw, object)?,
-                Dialect::Gemini => gemini::parse_message(&mut parsed, index, raw, object)?,
+            match self.dialect {
+                Dialect::ChatCompletions => chat::parse_message(self, index, raw, object)?,
+                Dialect::AnthropicMessages => anthropic::parse_message(self, index, raw, object)?,
+                Dialect::Responses => responses::parse_message(self, index, raw, object)?,
+                Dialect::Gemini => gemini::parse_message(self, index, raw, object)?,
             }
-            if !parsed.bound.holds(parsed.messages.len(), parsed.conversation.items.len()) {
+            if !self.bound.holds(self.messages.len(), self.conversation.items.len()) {
                 return None;
             }
-            parsed.layout.system_ends.push(parsed.system.len() - top_system);
-            let read = parsed.messages.get(index..).unwrap_or_default();
-            parsed.assistant_turns += read.iter().filter(|m| m.role == Role::Assistant).count();
+            self.layout.system_ends.push(self.system.len() - top_system);
+            let read = self.messages.get(index..).unwrap_or_default();
+            self.assistant_turns += read.iter().filter(|m| m.role == Role::Assistant).count();
             if let Some(at) = read.iter().rposition(|m| m.role == Role::Assistant) {
-                parsed.last_assistant = Some(index + at);
+                self.last_assistant = Some(index + at);
             }
         }
-        parsed.conversation.roles = parsed.messages.iter().map(|m| m.role).collect();
-        parsed.conversation.pairing = dialect.pairing();
-        Some(parsed)
+        Some(())
     }
 
     /// The new body when policies changed something, `None` when the original bytes stand.

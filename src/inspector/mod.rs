@@ -94,23 +94,8 @@ where
             }
         };
     }
-    if let Some(login) = access.login() {
-        match store.login_ended(&login.id, login.expires, now).await {
-            Ok(false) => {}
-            Ok(true) => access = Access::Denied,
-            // Fail closed: the pages are an admin tool, and a cookie whose logout cannot be
-            // checked may be one that was stolen and logged out. The bearer token still serves.
-            Err(error) => {
-                return html::message(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    None,
-                    "Session store unavailable",
-                    &format!(
-                        "Whether this login was ended cannot be checked ({error}), so it is not taken. Try again, or use the admin token as a bearer."
-                    ),
-                );
-            }
-        }
+    if let Some(unavailable) = deny_ended_login(store, &mut access, now).await {
+        return unavailable;
     }
     if access == Access::Denied {
         if method != Method::GET && method != Method::HEAD {
@@ -145,7 +130,35 @@ where
         );
     }
     let query = request.uri().query().unwrap_or("").to_string();
-    let value = |name: &str| query_value(&query, name).unwrap_or_default();
+    show(config, store, &path, &query, &csrf).await
+}
+
+/// Denies `access` by a login cookie that was logged out; the answer to give instead when the
+/// store cannot say whether it was.
+async fn deny_ended_login(store: &Store, access: &mut Access, now: u64) -> Option<Response<ResponseBody>> {
+    let login = access.login()?;
+    match store.login_ended(&login.id, login.expires, now).await {
+        Ok(false) => None,
+        Ok(true) => {
+            *access = Access::Denied;
+            None
+        }
+        // Fail closed: the pages are an admin tool, and a cookie whose logout cannot be
+        // checked may be one that was stolen and logged out. The bearer token still serves.
+        Err(error) => Some(html::message(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            "Session store unavailable",
+            &format!(
+                "Whether this login was ended cannot be checked ({error}), so it is not taken. Try again, or use the admin token as a bearer."
+            ),
+        )),
+    }
+}
+
+/// The page a GET asks for at `path` (with `query`), for a reader whose form token is `csrf`.
+async fn show(config: &Config, store: &Store, path: &str, query: &str, csrf: &str) -> Response<ResponseBody> {
+    let value = |name: &str| query_value(query, name).unwrap_or_default();
     if path == "/ui" || path == "/ui/" {
         return html::redirect("/ui/sessions", None);
     }
@@ -157,13 +170,13 @@ where
             overflow: !value("overflow").is_empty(),
             pruned: !value("pruned").is_empty(),
         };
-        return pages::sessions(store, &filter, &csrf).await;
+        return pages::sessions(store, &filter, csrf).await;
     }
-    let Some(rest) = path.strip_prefix("/ui/sessions/") else { return not_found(&csrf) };
+    let Some(rest) = path.strip_prefix("/ui/sessions/") else { return not_found(csrf) };
     let parts: Vec<&str> = rest.split('/').collect();
     match parts.as_slice() {
-        [key] if valid_key(key) => pages::session(store, key, &csrf).await,
-        [key, "c", id] if valid_key(key) && valid_id(id) => pages::conversation(config, store, key, id, &csrf).await,
+        [key] if valid_key(key) => pages::session(store, key, csrf).await,
+        [key, "c", id] if valid_key(key) && valid_id(id) => pages::conversation(config, store, key, id, csrf).await,
         [key, "c", id, "rows"] if valid_key(key) && valid_id(id) => {
             match pages::new_rows(config, store, key, id, &value("seen")).await {
                 Ok((rows, newest)) => {
@@ -174,14 +187,14 @@ where
                     response
                 }
                 Err(error) => {
-                    html::message(StatusCode::SERVICE_UNAVAILABLE, Some(&csrf), "Session store unavailable", &error)
+                    html::message(StatusCode::SERVICE_UNAVAILABLE, Some(csrf), "Session store unavailable", &error)
                 }
             }
         }
         [key, "c", id, "r", request_id] if valid_key(key) && valid_id(id) && valid_request(request_id) => {
-            pages::request(config, store, key, id, request_id, &csrf).await
+            pages::request(config, store, key, id, request_id, csrf).await
         }
-        _ => not_found(&csrf),
+        _ => not_found(csrf),
     }
 }
 

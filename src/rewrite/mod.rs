@@ -12,6 +12,7 @@ pub mod repair;
 pub mod truncate;
 pub mod units;
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -176,105 +177,19 @@ impl Rewriter {
         history: &History,
         settings: &RewriteSettings,
     ) -> Rewritten {
-        let encoding = model.encoding;
-        // Truncation's cuts are counted as they are made (or come counted from the last turn):
-        // compared by length, then bytes, they are not hashed again at every step.
-        // Sorted by length: a text is compared with the cuts of its length only.
-        let cut_counts: std::cell::OnceCell<Vec<truncate::Cut>> = std::cell::OnceCell::new();
-        let count = |text: &str| {
-            let cut = cut_counts.get().and_then(|cuts| {
-                let from = cuts.partition_point(|c| c.text.len() < text.len());
-                cuts[from..].iter().take_while(|c| c.text.len() == text.len()).find(|c| *c.text == *text)
-            });
-            match cut {
-                Some(cut) => cut.tokens,
-                None => self.counter.count(encoding, text),
-            }
-        };
-        let mut report = RewriteReport {
-            model,
-            message_count: parsed.messages.len(),
-            max_tokens: parsed.max_tokens(),
-            ..Default::default()
-        };
+        let counting = CutAwareCount { counter: &self.counter, encoding: model.encoding, cuts: OnceCell::new() };
+        let count = |text: &str| counting.count(text);
         let message_count = parsed.messages.len();
-        let conversation = &mut parsed.conversation;
-        let before = conversation.tokens_before();
-
-        let mut last = before;
-        let mut step = |conversation: &Conversation, saved: &mut u32| {
-            let now = conversation.tokens_after(count);
-            *saved = last.saturating_sub(now);
-            last = now;
-        };
-        if settings.repair_enabled {
-            // Orphans out first, so no policy sizes its windows with results that will not be sent.
-            report.repaired = repair::apply(conversation);
-        }
-        if settings.truncate_enabled {
-            let max_tokens = settings.tool_output_max_tokens;
-            let earlier = |item: usize| parsed.memo.earlier_cut(encoding, max_tokens, item).cloned();
-            let cuts = truncate::apply(conversation, max_tokens, &count, &earlier);
-            report.truncated = cuts.len();
-            parsed.memo.remember_cuts(encoding, max_tokens, cuts.clone());
-            let mut by_length = cuts;
-            by_length.sort_by_key(|c| c.text.len());
-            let _ = cut_counts.set(by_length);
-            step(conversation, &mut report.saved_by_truncate);
-        }
-        if settings.prune_enabled {
-            // Prune first: dedupe then never points at a pruned copy.
-            let pruned = prune::apply(conversation, &settings.prune, history, &count);
-            report.pruned = pruned.count;
-            report.pruned_call_ids = pruned.call_ids;
-            report.held_tokens = scale(pruned.held_tokens, model.token_factor);
-            report.prefix_break = pruned.prefix_break;
-            step(conversation, &mut report.saved_by_prune);
-            if settings.dedupe {
-                report.deduped = dedupe::apply(conversation, &settings.prune.placeholder);
-                step(conversation, &mut report.saved_by_dedupe);
-            }
-        }
-        if settings.repair_enabled {
-            // And last, so nothing any policy did can leave a call unpaired.
-            report.repaired += repair::apply(conversation);
-        }
-        let mut after = conversation.tokens_after(count);
-        if conversation.is_changed() {
-            // A rewrite of what the provider has seen keeps the prefix before it cached.
-            crate::dialect::breakpoints::place(parsed, history.seen_messages);
-        }
-        parsed.unapplied.take();
-        let mut body = parsed.render();
-        let unapplied = parsed.unapplied.take();
-        if !unapplied.is_empty() || (body.is_none() && parsed.conversation.is_changed()) {
-            // What went upstream is not what the policies decided: the messages whose original
-            // bytes went (every message, when nothing could be rendered) save nothing.
-            let everything = body.is_none();
-            let mut undone = vec![everything; message_count];
-            for message in unapplied {
-                if let Some(slot) = undone.get_mut(message) {
-                    *slot = true;
-                }
-            }
-            undo_edits(&mut parsed.conversation, |message| undone.get(message).copied().unwrap_or(everything));
-            let kept = parsed.conversation.tokens_after(count);
-            undo_savings(&mut report, kept.saturating_sub(after));
-            after = kept;
-            let pruned = still_pruned(&parsed.conversation);
-            report.pruned_call_ids.retain(|id| pruned.contains(id.as_str()));
-            report.pruned = report.pruned.min(report.pruned_call_ids.len());
-            body = if parsed.conversation.is_changed() && !everything { parsed.render() } else { None };
-        }
+        let mut report = RewriteReport { model, message_count, max_tokens: parsed.max_tokens(), ..Default::default() };
+        let before = parsed.conversation.tokens_before();
+        run_policies(parsed, history, settings, &counting, before, &mut report);
+        let after = parsed.conversation.tokens_after(count);
+        let (body, after) = render_as_decided(parsed, history, &mut report, after, count);
         report.message_tokens = message_tokens(&parsed.conversation, message_count, count);
         if settings.keep_content_bytes > 0 {
             report.content = Some(Box::new(content::kept(&parsed.conversation, settings.keep_content_bytes)));
         }
-        report.tokens_before = scale(before, model.token_factor);
-        report.tokens_after = scale(after, model.token_factor);
-        report.saved_by_truncate = scale(report.saved_by_truncate, model.token_factor);
-        report.saved_by_dedupe = scale(report.saved_by_dedupe, model.token_factor);
-        report.saved_by_prune = scale(report.saved_by_prune, model.token_factor);
+        scale_report(&mut report, before, after, model.token_factor);
         // What the rewrite kept for the next turn (cuts, renders) counts against the cache's bound.
         parsed.memo.settle();
         Rewritten { body, report }
@@ -410,6 +325,130 @@ impl Rewriter {
         }
         parsed.conversation.fixed_tokens = fixed;
     }
+}
+
+/// Counts a text for the policies: truncation's cuts are counted as they are made (or come
+/// counted from the last turn), so compared by length, then bytes, they are not hashed again at
+/// every step.
+struct CutAwareCount<'r> {
+    counter: &'r TokenCounter,
+    encoding: Encoding,
+    /// The cuts, sorted by length: a text is compared with the cuts of its length only.
+    cuts: OnceCell<Vec<truncate::Cut>>,
+}
+
+impl CutAwareCount<'_> {
+    fn count(&self, text: &str) -> u32 {
+        let cut = self.cuts.get().and_then(|cuts| {
+            let from = cuts.partition_point(|c| c.text.len() < text.len());
+            cuts[from..].iter().take_while(|c| c.text.len() == text.len()).find(|c| *c.text == *text)
+        });
+        match cut {
+            Some(cut) => cut.tokens,
+            None => self.counter.count(self.encoding, text),
+        }
+    }
+}
+
+/// Runs repair, truncation, pruning and dedupe on `parsed`'s conversation as `settings` enable
+/// them, noting in `report` what each did and saved from the `before` tokens.
+fn run_policies(
+    parsed: &mut ParsedRequest,
+    history: &History,
+    settings: &RewriteSettings,
+    counting: &CutAwareCount,
+    before: u32,
+    report: &mut RewriteReport,
+) {
+    let count = |text: &str| counting.count(text);
+    let encoding = counting.encoding;
+    let conversation = &mut parsed.conversation;
+    let mut last = before;
+    let mut step = |conversation: &Conversation, saved: &mut u32| {
+        let now = conversation.tokens_after(count);
+        *saved = last.saturating_sub(now);
+        last = now;
+    };
+    if settings.repair_enabled {
+        // Orphans out first, so no policy sizes its windows with results that will not be sent.
+        report.repaired = repair::apply(conversation);
+    }
+    if settings.truncate_enabled {
+        let max_tokens = settings.tool_output_max_tokens;
+        let earlier = |item: usize| parsed.memo.earlier_cut(encoding, max_tokens, item).cloned();
+        let cuts = truncate::apply(conversation, max_tokens, &count, &earlier);
+        report.truncated = cuts.len();
+        parsed.memo.remember_cuts(encoding, max_tokens, cuts.clone());
+        let mut by_length = cuts;
+        by_length.sort_by_key(|c| c.text.len());
+        let _ = counting.cuts.set(by_length);
+        step(conversation, &mut report.saved_by_truncate);
+    }
+    if settings.prune_enabled {
+        // Prune first: dedupe then never points at a pruned copy.
+        let pruned = prune::apply(conversation, &settings.prune, history, &count);
+        report.pruned = pruned.count;
+        report.pruned_call_ids = pruned.call_ids;
+        report.held_tokens = scale(pruned.held_tokens, report.model.token_factor);
+        report.prefix_break = pruned.prefix_break;
+        step(conversation, &mut report.saved_by_prune);
+        if settings.dedupe {
+            report.deduped = dedupe::apply(conversation, &settings.prune.placeholder);
+            step(conversation, &mut report.saved_by_dedupe);
+        }
+    }
+    if settings.repair_enabled {
+        // And last, so nothing any policy did can leave a call unpaired.
+        report.repaired += repair::apply(conversation);
+    }
+}
+
+/// Renders the decided conversation (`after` tokens); the messages the render could not write as
+/// decided go as they came, and their edits and savings are taken back. The body, if any, and the
+/// tokens that go.
+fn render_as_decided(
+    parsed: &mut ParsedRequest,
+    history: &History,
+    report: &mut RewriteReport,
+    mut after: u32,
+    count: impl Fn(&str) -> u32 + Copy,
+) -> (Option<Vec<u8>>, u32) {
+    if parsed.conversation.is_changed() {
+        // A rewrite of what the provider has seen keeps the prefix before it cached.
+        crate::dialect::breakpoints::place(parsed, history.seen_messages);
+    }
+    parsed.unapplied.take();
+    let mut body = parsed.render();
+    let unapplied = parsed.unapplied.take();
+    if !unapplied.is_empty() || (body.is_none() && parsed.conversation.is_changed()) {
+        // What went upstream is not what the policies decided: the messages whose original
+        // bytes went (every message, when nothing could be rendered) save nothing.
+        let everything = body.is_none();
+        let mut undone = vec![everything; report.message_count];
+        for message in unapplied {
+            if let Some(slot) = undone.get_mut(message) {
+                *slot = true;
+            }
+        }
+        undo_edits(&mut parsed.conversation, |message| undone.get(message).copied().unwrap_or(everything));
+        let kept = parsed.conversation.tokens_after(count);
+        undo_savings(report, kept.saturating_sub(after));
+        after = kept;
+        let pruned = still_pruned(&parsed.conversation);
+        report.pruned_call_ids.retain(|id| pruned.contains(id.as_str()));
+        report.pruned = report.pruned.min(report.pruned_call_ids.len());
+        body = if parsed.conversation.is_changed() && !everything { parsed.render() } else { None };
+    }
+    (body, after)
+}
+
+/// The report's raw counts scaled by the model's vendor factor, `before` and `after` the rewrite.
+fn scale_report(report: &mut RewriteReport, before: u32, after: u32, factor: f32) {
+    report.tokens_before = scale(before, factor);
+    report.tokens_after = scale(after, factor);
+    report.saved_by_truncate = scale(report.saved_by_truncate, factor);
+    report.saved_by_dedupe = scale(report.saved_by_dedupe, factor);
+    report.saved_by_prune = scale(report.saved_by_prune, factor);
 }
 
 /// Every message's tokens as they go (items plus framing).

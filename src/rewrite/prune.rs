@@ -3,11 +3,13 @@
 //! it breaks ([`payback`]). Decisions are remembered per session so the rewritten prefix stays
 //! byte-stable across turns.
 
+use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::HashSet;
 
 use super::payback::{self, History, Reason};
 use super::placeholder::{Calls, Template};
-use crate::conversation::{Conversation, Edit, Kind};
+use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 
 /// `[prune]` settings the policy needs.
 #[derive(Debug, Clone)]
@@ -47,46 +49,120 @@ pub fn apply(
     history: &History,
     count: &dyn Fn(&str) -> u32,
 ) -> Pruned {
+    let protected_ids = protected_call_ids(conversation, &settings.protected_tools);
+    let placeholders = Placeholders::of(conversation, &settings.placeholder, count);
+    let mut selection = select(conversation, settings, history, &placeholders, &protected_ids, count);
+    let mut pruned = Pruned::default();
+    if selection.prunable_tokens < settings.minimum_tokens {
+        selection.prunable.clear();
+    }
+    hold_unless_it_pays(conversation, history, &placeholders, &mut selection, &mut pruned, count);
+    let Selection { forced, prunable, sizes, .. } = selection;
+    let texts: Vec<(usize, String)> = forced
+        .into_iter()
+        .chain(prunable)
+        .map(|index| (index, placeholders.text(index, sizes[index]).into_owned()))
+        .collect();
+    drop(placeholders);
+    for (index, text) in texts {
+        let item = &mut conversation.items[index];
+        item.edit = Edit::Replace(text);
+        pruned.count += 1;
+        if let Kind::ToolResult { call_id: Some(id), .. } = &item.kind {
+            pruned.call_ids.push(id.to_string());
+        }
+    }
+    pruned
+}
+
+/// Call ids of the `protected_tools`' calls, looked up once: one scan per result would be O(n^2).
+fn protected_call_ids(conversation: &Conversation, protected_tools: &[String]) -> HashSet<String> {
+    if protected_tools.is_empty() {
+        return HashSet::new();
+    }
+    conversation
+        .tool_names()
+        .into_iter()
+        .filter(|(_, name)| protected_tools.iter().any(|p| p.eq_ignore_ascii_case(name)))
+        .map(|(id, _)| id.to_string())
+        .collect()
+}
+
+/// Each output's own placeholder (it names its call and the size it replaces, `tokens`: the
+/// output as it would be sent, after any cut): the same bytes on every turn, and the same again
+/// when a rewritten body is rewritten (a cut output's placeholder names the cut's size, so its
+/// own size cannot tip the decision the other way on a second pass).
+struct Placeholders<'p, 'c> {
+    conversation: &'p Conversation<'c>,
+    template: &'p Template,
+    calls: Calls<'p, 'c>,
+    count: &'p dyn Fn(&str) -> u32,
+    /// No placeholder is larger: a larger output is worth pruning without rendering its own
+    /// (worked out once, at the first output: a request without any pays nothing).
+    largest: OnceCell<u32>,
+}
+
+impl<'p, 'c> Placeholders<'p, 'c> {
+    fn of(conversation: &'p Conversation<'c>, template: &'p Template, count: &'p dyn Fn(&str) -> u32) -> Self {
+        Self { conversation, template, calls: Calls::of(conversation), count, largest: OnceCell::new() }
+    }
+
+    /// The placeholder of item `index`, replacing `tokens`.
+    fn text(&self, index: usize, tokens: u32) -> Cow<'p, str> {
+        match &self.conversation.items[index].kind {
+            Kind::ToolResult { call_id, .. } => self.template.render(&self.calls, call_id.as_deref(), tokens),
+            _ => Cow::Borrowed(self.template.as_str()),
+        }
+    }
+
+    /// Whether `text` is item `index`'s placeholder already.
+    fn is_placeholder(&self, index: usize, text: &str) -> bool {
+        let call_id = self.conversation.items[index].call_id();
+        self.template.rendered(&self.calls, call_id, text)
+    }
+
+    /// The tokens of item `index`'s placeholder as sent (framing included).
+    fn tokens(&self, index: usize, tokens: u32) -> u32 {
+        (self.count)(&self.text(index, tokens)) + FRAMING_TOKENS
+    }
+
+    fn largest(&self) -> u32 {
+        *self.largest.get_or_init(|| self.template.max_tokens(self.count) + FRAMING_TOKENS)
+    }
+}
+
+/// The tool outputs one pass over the conversation, newest first, picked to prune.
+struct Selection {
+    /// Outputs of calls pruned in earlier requests: pruned again, whatever the window holds.
+    forced: Vec<usize>,
+    /// Outputs past the protected window, newest first: the new batch.
+    prunable: Vec<usize>,
+    prunable_tokens: u32,
+    /// The size of every item as it would go with no new batch, for the pay-back rule.
+    sizes: Vec<u32>,
+}
+
+/// Walks the tool outputs newest first: the newest `protect_tokens` of them stay (the window),
+/// older ones worth more than their placeholder join the batch.
+fn select<'c>(
+    conversation: &'c Conversation,
+    settings: &PruneSettings,
+    history: &History,
+    placeholders: &Placeholders,
+    protected_ids: &HashSet<String>,
+    count: &dyn Fn(&str) -> u32,
+) -> Selection {
     let previously = history.pruned_before;
-    // Call ids of protected tools, looked up once: one scan per result would be O(n^2).
-    let protected_ids: HashSet<String> = if settings.protected_tools.is_empty() {
-        HashSet::new()
-    } else {
-        conversation
-            .tool_names()
-            .into_iter()
-            .filter(|(_, name)| settings.protected_tools.iter().any(|p| p.eq_ignore_ascii_case(name)))
-            .map(|(id, _)| id.to_string())
-            .collect()
-    };
     let protected_call = |call_id: Option<&str>| call_id.is_some_and(|id| protected_ids.contains(id));
-    let calls = Calls::of(conversation);
-    // Each output's own placeholder (it names its call and the size it replaces, `tokens`: the
-    // output as it would be sent, after any cut): the same bytes on every turn, and the same
-    // again when a rewritten body is rewritten (a cut output's placeholder names the cut's size,
-    // so its own size cannot tip the decision the other way on a second pass).
-    let placeholder_of = |index: usize, tokens: u32| match &conversation.items[index].kind {
-        Kind::ToolResult { call_id, .. } => settings.placeholder.render(&calls, call_id.as_deref(), tokens),
-        _ => std::borrow::Cow::Borrowed(settings.placeholder.as_str()),
-    };
-    let is_placeholder = |index: usize, text: &str| {
-        let call_id = conversation.items[index].call_id();
-        settings.placeholder.rendered(&calls, call_id, text)
-    };
-    let framing = crate::conversation::FRAMING_TOKENS;
-    let placeholder_tokens = |index: usize, tokens: u32| count(&placeholder_of(index, tokens)) + framing;
-    // No placeholder is larger: a larger output is worth pruning without rendering its own
-    // (worked out once, at the first output: a request without any pays nothing).
-    let largest = std::cell::OnceCell::new();
-    let largest = || *largest.get_or_init(|| settings.placeholder.max_tokens(count) + framing);
     let mut protected = 0u32;
-    let mut forced = Vec::new();
-    let mut prunable = Vec::new();
-    let mut prunable_tokens = 0u32;
+    let mut selection = Selection {
+        forced: Vec::new(),
+        prunable: Vec::new(),
+        prunable_tokens: 0,
+        sizes: vec![0u32; conversation.items.len()],
+    };
     // Call ids of the outputs the window keeps.
-    let mut kept_calls: HashSet<&str> = HashSet::new();
-    // The size of every item as it would go with no new batch, for the pay-back rule.
-    let mut sizes = vec![0u32; conversation.items.len()];
+    let mut kept_calls: HashSet<&'c str> = HashSet::new();
     for index in (0..conversation.items.len()).rev() {
         let item = &conversation.items[index];
         let Kind::ToolResult { call_id, text, .. } = &item.kind else { continue };
@@ -100,23 +176,23 @@ pub fn apply(
         }
         let call_id = call_id.as_deref();
         let current = match &item.edit {
-            Edit::Keep if is_placeholder(index, text) => continue,
+            Edit::Keep if placeholders.is_placeholder(index, text) => continue,
             Edit::Keep => item.tokens,
-            Edit::Replace(text) if is_placeholder(index, text) => continue,
+            Edit::Replace(text) if placeholders.is_placeholder(index, text) => continue,
             // Counted as an item would be, framing included, so a second pass sees the same sizes.
-            Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
+            Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
             Edit::Remove => continue,
         };
-        sizes[index] = current;
+        selection.sizes[index] = current;
         // Outputs no bigger than their placeholder (a synthetic "aborted", an empty result) gain
         // nothing from pruning; leaving them out of the window too keeps a second pass deciding
         // the same.
-        let not_worth = current <= largest() && current <= placeholder_tokens(index, current);
+        let not_worth = current <= placeholders.largest() && current <= placeholders.tokens(index, current);
         if not_worth || protected_call(call_id) {
             continue;
         }
         if call_id.is_some_and(|id| previously.contains(id)) {
-            forced.push(index);
+            selection.forced.push(index);
         } else if protected < settings.protect_tokens {
             // The output that crosses the window's edge stays whole: no splitting.
             protected = protected.saturating_add(current);
@@ -127,58 +203,54 @@ pub fn apply(
             // prune the kept one on the next turn, changing bytes already sent.
             continue;
         } else {
-            prunable.push(index);
-            prunable_tokens = prunable_tokens.saturating_add(current);
+            selection.prunable.push(index);
+            selection.prunable_tokens = selection.prunable_tokens.saturating_add(current);
         }
     }
-    let mut pruned = Pruned::default();
-    if prunable_tokens < settings.minimum_tokens {
-        prunable.clear();
-    }
+    selection
+}
+
+/// A batch that changes what the provider has already seen goes only when it pays for the cache
+/// it breaks ([`payback::decide`]): then `pruned` says why; else it is held back (`prunable`
+/// emptied) and `pruned` notes what it would have freed.
+fn hold_unless_it_pays(
+    conversation: &Conversation,
+    history: &History,
+    placeholders: &Placeholders,
+    selection: &mut Selection,
+    pruned: &mut Pruned,
+    count: &dyn Fn(&str) -> u32,
+) {
+    let (prunable, sizes) = (&mut selection.prunable, &selection.sizes);
     // `prunable` runs newest first: its last entry is the batch's first change.
-    if let Some(&first) = prunable.last() {
-        let freed = prunable
-            .iter()
-            .map(|&i| sizes[i].saturating_sub(placeholder_tokens(i, sizes[i])))
-            .fold(0, u32::saturating_add);
-        let seen = |index: usize| conversation.items[index].message < history.seen_messages;
-        if seen(first) {
-            let batch: HashSet<usize> = prunable.iter().copied().collect();
-            let mut pending = payback::Pending { freed: u64::from(freed), ..payback::Pending::default() };
-            for index in (0..conversation.items.len()).filter(|i| !batch.contains(i)) {
-                let size = u64::from(item_size(conversation, index, &sizes, count));
-                match (seen(index), index < first) {
-                    (true, true) => pending.before += size,
-                    (true, false) => pending.after += size,
-                    (false, _) => pending.new += size,
-                }
-            }
-            // What replaces the batch stays after the first change: re-written, not read.
-            pending.after += prunable.iter().map(|&i| u64::from(placeholder_tokens(i, sizes[i]))).sum::<u64>();
-            match payback::decide(history, &pending) {
-                Some(reason) => pruned.prefix_break = Some(reason),
-                None => {
-                    pruned.held_tokens = freed;
-                    prunable.clear();
-                }
-            }
+    let Some(&first) = prunable.last() else { return };
+    let freed = prunable
+        .iter()
+        .map(|&i| sizes[i].saturating_sub(placeholders.tokens(i, sizes[i])))
+        .fold(0, u32::saturating_add);
+    let seen = |index: usize| conversation.items[index].message < history.seen_messages;
+    if !seen(first) {
+        return;
+    }
+    let batch: HashSet<usize> = prunable.iter().copied().collect();
+    let mut pending = payback::Pending { freed: u64::from(freed), ..payback::Pending::default() };
+    for index in (0..conversation.items.len()).filter(|i| !batch.contains(i)) {
+        let size = u64::from(item_size(conversation, index, sizes, count));
+        match (seen(index), index < first) {
+            (true, true) => pending.before += size,
+            (true, false) => pending.after += size,
+            (false, _) => pending.new += size,
         }
     }
-    let texts: Vec<(usize, String)> = forced
-        .into_iter()
-        .chain(prunable)
-        .map(|index| (index, placeholder_of(index, sizes[index]).into_owned()))
-        .collect();
-    drop(calls);
-    for (index, text) in texts {
-        let item = &mut conversation.items[index];
-        item.edit = Edit::Replace(text);
-        pruned.count += 1;
-        if let Kind::ToolResult { call_id: Some(id), .. } = &item.kind {
-            pruned.call_ids.push(id.to_string());
+    // What replaces the batch stays after the first change: re-written, not read.
+    pending.after += prunable.iter().map(|&i| u64::from(placeholders.tokens(i, sizes[i]))).sum::<u64>();
+    match payback::decide(history, &pending) {
+        Some(reason) => pruned.prefix_break = Some(reason),
+        None => {
+            pruned.held_tokens = freed;
+            prunable.clear();
         }
     }
-    pruned
 }
 
 /// An item's tokens as it would be sent now (`sizes` holds the tool results already sized).
@@ -187,7 +259,7 @@ fn item_size(conversation: &Conversation, index: usize, sizes: &[u32], count: &d
     match &item.edit {
         _ if sizes[index] > 0 => sizes[index],
         Edit::Keep => item.tokens,
-        Edit::Replace(text) => count(text).saturating_add(crate::conversation::FRAMING_TOKENS),
+        Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
         Edit::Remove => 0,
     }
 }

@@ -40,13 +40,26 @@ pub fn apply(conversation: &mut Conversation) -> usize {
 /// What repair changes, worked out on the conversation as it stands (every id borrowed from it):
 /// the results to remove, and the results to insert.
 fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
-    // Ids of calls repair must not touch: results claiming them are not orphans of ours either.
-    let untouchable: HashSet<&str> = conversation
+    let untouchable = untouchable_ids(conversation);
+    let mut claimants = claimants(conversation);
+    let matching = match_calls(conversation, &mut claimants);
+    let (removed, moved) = orphans(conversation, &matching, &untouchable);
+    let inserts = inserts(conversation, matching, moved);
+    (removed, inserts)
+}
+
+/// Ids of calls repair must not touch: results claiming them are not orphans of ours either.
+fn untouchable_ids<'c>(conversation: &'c Conversation) -> HashSet<&'c str> {
+    conversation
         .items
         .iter()
         .filter(|item| !item.repairable && matches!(item.kind, Kind::ToolCall { .. }))
         .filter_map(|item| item.call_id())
-        .collect();
+        .collect()
+}
+
+/// The repairable results still sent, by the call id they claim.
+fn claimants<'c>(conversation: &'c Conversation) -> HashMap<&'c str, Claimants> {
     let mut claimants: HashMap<&str, Claimants> = HashMap::new();
     for (index, item) in conversation.items.iter().enumerate() {
         if let Kind::ToolResult { call_id: Some(id), .. } = &item.kind
@@ -56,13 +69,24 @@ fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
             claimants.entry(id.as_ref()).or_default().results.push(index);
         }
     }
+    claimants
+}
 
-    // Each call's result must be in the zone right after its assistant message: the first
-    // unmatched result with its id there. Assistant turns come in order and their zones start
-    // later and later, so a result passed over for one call is never wanted by a later one.
-    let mut calls: Vec<(usize, &str)> = Vec::new();
-    let mut matched: HashSet<usize> = HashSet::new();
-    let mut answered: HashSet<&str> = HashSet::new();
+/// The repairable calls, and which of them a result answers where it stands.
+struct Matching<'c> {
+    /// Every repairable call still sent: its item and id, in order.
+    calls: Vec<(usize, &'c str)>,
+    /// The results that answer a call.
+    matched: HashSet<usize>,
+    /// The ids of the calls answered.
+    answered: HashSet<&'c str>,
+}
+
+/// Each call's result must be in the zone right after its assistant message: the first unmatched
+/// result with its id there. Assistant turns come in order and their zones start later and
+/// later, so a result passed over for one call is never wanted by a later one.
+fn match_calls<'c>(conversation: &'c Conversation, claimants: &mut HashMap<&'c str, Claimants>) -> Matching<'c> {
+    let mut matching = Matching { calls: Vec::new(), matched: HashSet::new(), answered: HashSet::new() };
     for assistant in 0..conversation.roles.len() {
         if conversation.roles[assistant] != Role::Assistant {
             continue;
@@ -74,7 +98,7 @@ fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
                 continue;
             }
             let Kind::ToolCall { id: Some(id), .. } = &item.kind else { continue };
-            calls.push((index, id.as_ref()));
+            matching.calls.push((index, id.as_ref()));
             let Some(claim) = claimants.get_mut(id.as_ref()) else { continue };
             while claim.results.get(claim.next).is_some_and(|&r| conversation.items[r].message < zone.start) {
                 claim.next += 1;
@@ -83,19 +107,27 @@ fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
                 && zone.contains(&conversation.items[r].message)
             {
                 claim.next += 1;
-                matched.insert(r);
-                answered.insert(id.as_ref());
+                matching.matched.insert(r);
+                matching.answered.insert(id.as_ref());
             }
         }
     }
+    matching
+}
 
-    // Results that answer no call where they stand: moved to their call if it lacks one, else removed.
-    let call_ids: HashSet<&str> = calls.iter().map(|(_, id)| *id).collect();
+/// Results that answer no call where they stand, all removed: the content of each to move to
+/// its call, if that call lacks one.
+fn orphans<'c>(
+    conversation: &'c Conversation,
+    matching: &Matching<'c>,
+    untouchable: &HashSet<&str>,
+) -> (Vec<usize>, HashMap<&'c str, String>) {
+    let call_ids: HashSet<&str> = matching.calls.iter().map(|(_, id)| *id).collect();
     let mut removed = Vec::new();
     let mut moved: HashMap<&str, String> = HashMap::new();
     for (index, item) in conversation.items.iter().enumerate() {
         let Kind::ToolResult { call_id: Some(id), text, .. } = &item.kind else { continue };
-        if matched.contains(&index)
+        if matching.matched.contains(&index)
             || item.edit == Edit::Remove
             || !item.repairable
             || untouchable.contains(id.as_ref())
@@ -103,7 +135,7 @@ fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
             continue;
         }
         let exists = call_ids.contains(id.as_ref());
-        if exists && !answered.contains(id.as_ref()) && !moved.contains_key(id.as_ref()) {
+        if exists && !matching.answered.contains(id.as_ref()) && !moved.contains_key(id.as_ref()) {
             let content = match &item.edit {
                 Edit::Replace(replaced) => replaced.clone(),
                 _ => text.to_string(),
@@ -112,7 +144,13 @@ fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
         }
         removed.push(index);
     }
+    (removed, moved)
+}
 
+/// A result for every call still without one (and none inserted already): a moved one's
+/// content, else [`ABORTED`].
+fn inserts(conversation: &Conversation, matching: Matching, mut moved: HashMap<&str, String>) -> Vec<InsertResult> {
+    let Matching { calls, answered, .. } = matching;
     let mut inserted: HashSet<&str> = conversation.inserts.iter().map(|i| i.call_id.as_str()).collect();
     let mut inserts = Vec::new();
     for (call_item, id) in calls {
@@ -123,5 +161,5 @@ fn decide(conversation: &Conversation) -> (Vec<usize>, Vec<InsertResult>) {
         inserted.insert(id);
         inserts.push(InsertResult { call_item, call_id: id.to_string(), text });
     }
-    (removed, inserts)
+    inserts
 }
