@@ -91,10 +91,11 @@ pub struct Prepared {
     pub session: Option<SessionKey>,
     /// The conversation inside the session, when compactor keeps state for it.
     pub conversation: Option<ConversationId>,
-    /// The rewrite of `body`. Its `tokens_before` and `tokens_after` are in the provider's tokens
-    /// (compactor's estimates calibrated, as the headers and the log show them); its savings
-    /// (`saved_by_*`, `held_tokens`) stay compactor's estimates.
+    /// The rewrite of `body`, in compactor's estimates.
     pub report: Option<RewriteReport>,
+    /// The same rewrite's sizes in the provider's tokens: what the headers, the log and the
+    /// inspector show.
+    pub sizes: Option<ProviderSizes>,
     /// The compaction generation applied to `body`.
     pub compacted: Option<u32>,
     /// The session's state for this request, when it was loaded; to commit once the response is done.
@@ -107,6 +108,32 @@ pub struct Prepared {
     /// Held until the request is answered: a summary this request starts in the background waits
     /// for it to be dropped (see [`AnsweredGate`]).
     pub answered: Option<AnsweredGate>,
+}
+
+/// A rewrite's sizes in the provider's tokens (compactor's estimates calibrated by what the session
+/// measured of the provider's tokenizer): the request as the client sent it and as it goes, and
+/// what each kind of change took off, so the inspector's changes add up to the difference.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProviderSizes {
+    pub before: u32,
+    pub after: u32,
+    pub saved_by_prune: u32,
+    pub saved_by_truncate: u32,
+    pub saved_by_dedupe: u32,
+}
+
+impl ProviderSizes {
+    /// `report`'s sizes under `pressure`'s calibration.
+    pub fn of(pressure: &Pressure, report: &RewriteReport) -> Self {
+        let calibrated = |tokens: u32| pressure.calibrated(crate::rewrite::Estimated::from(tokens)).as_u32();
+        Self {
+            before: calibrated(report.tokens_before),
+            after: calibrated(report.tokens_after),
+            saved_by_prune: calibrated(report.saved_by_prune),
+            saved_by_truncate: calibrated(report.saved_by_truncate),
+            saved_by_dedupe: calibrated(report.saved_by_dedupe),
+        }
+    }
 }
 
 /// Dropped when the request that started a background summary has been answered: the summary's
@@ -129,6 +156,7 @@ impl Prepared {
             session: None,
             conversation: None,
             report: None,
+            sizes: None,
             compacted: None,
             ctx: None,
             ladder: None,

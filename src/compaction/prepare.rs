@@ -8,13 +8,14 @@
 use bytes::Bytes;
 use tracing::Instrument;
 
+use super::ProviderSizes;
 use super::decision::Untouched;
 use super::request::RequestState;
 use super::{AnsweredGate, Compactor, Prepared, agent, budget, count_used, over_budget, plan, prefill};
 use crate::boxed::boxed;
 use crate::dialect::prefix::{self, Reuse};
 use crate::dialect::{Dialect, ParsedRequest};
-use crate::rewrite::{Estimated, Reason, RewriteReport};
+use crate::rewrite::{Reason, RewriteReport};
 use crate::session::{ModelKey, SessionCtx, SessionKey};
 use crate::telemetry::{metric, trace};
 use crate::upstream::RequestHead;
@@ -130,27 +131,19 @@ impl Compactor {
         &self,
         mut state: Box<RequestState>,
         ctx: Box<SessionCtx>,
-        (sent, mut report): Derived,
+        (sent, report): Derived,
         answered: Option<AnsweredGate>,
     ) -> Prepared {
         state.sent = Some(report.clone());
-        // What the headers and the log say is in the provider's tokens, as calibrated.
+        // What the headers, the log and the inspector say is in the provider's tokens.
         let pressure = self.pressure(&ctx, &report);
-        let calibrated = |tokens: u32| pressure.calibrated(Estimated::from(tokens)).as_u32();
-        (report.tokens_before, report.tokens_after) =
-            (calibrated(report.tokens_before), calibrated(report.tokens_after));
-        // And what each kind of change took off, so the inspector's changes add up to the
-        // difference between the sizes beside them.
-        (report.saved_by_prune, report.saved_by_truncate, report.saved_by_dedupe) = (
-            calibrated(report.saved_by_prune),
-            calibrated(report.saved_by_truncate),
-            calibrated(report.saved_by_dedupe),
-        );
+        let sizes = ProviderSizes::of(&pressure, &report);
         Prepared {
             body: sent,
             session: Some(ctx.key().clone()),
             conversation: Some(ctx.conversation_id().clone()),
             report: Some(report),
+            sizes: Some(sizes),
             compacted: state.compacted(),
             ctx: Some(ctx),
             ladder: self.settings.auto.then_some(state),
@@ -192,6 +185,7 @@ impl Compactor {
             session: Some(ctx.key().clone()),
             conversation: Some(ctx.conversation_id().clone()),
             report: None,
+            sizes: None,
             compacted: state.compacted(),
             ctx: None,
             ladder: None,

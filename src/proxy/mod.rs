@@ -27,7 +27,7 @@ use hyper::body::Incoming;
 use tokio_util::task::TaskTracker;
 
 use crate::boxed::boxed;
-use crate::compaction::Compactor;
+use crate::compaction::{Compactor, ProviderSizes};
 use crate::config::Config;
 use crate::error::{Chain, ProxyError};
 use crate::rewrite::RewriteReport;
@@ -176,18 +176,18 @@ impl Proxy {
         outcome.status = response_parts.status.as_u16();
         outcome.retries = forwarded.retries;
         outcome.compacted = forwarded.compacted.or(answer.compacted);
-        if let Some(report) = &answer.report {
-            let after = forwarded.tokens_after.unwrap_or(report.tokens_after);
+        if let Some((report, sizes)) = &answer.report {
+            let after = forwarded.tokens_after.unwrap_or(sizes.after);
             // Outputs replaced by the placeholder in the body that went out, whichever rung did it.
             let pruned = forwarded.recovery.as_ref().map_or(report.pruned, |r| r.pruned.max(report.pruned));
-            outcome.tokens = Some((report.tokens_before, after, pruned));
+            outcome.tokens = Some((sizes.before, after, pruned));
             let compacted = outcome.compacted;
             let rewrite = finish.ctx().filter(|ctx| ctx.records_requests()).map(|ctx| {
                 // The window and threshold in the provider's tokens, as the sizes beside them
                 // (the report's are calibrated by the preparation).
                 let pressure = self.compactor.pressure(ctx, report);
                 let (window, threshold) = (pressure.window.get(), pressure.budget().get());
-                Rewrite::of(report, ctx.model_name(), compacted, window, threshold)
+                Rewrite::of(report, sizes, ctx.model_name(), compacted, window, threshold)
             });
             finish.outcome.rewrite = rewrite;
             finish.span.record("compactor.retries", forwarded.retries);
@@ -225,7 +225,8 @@ struct Taken {
 /// What the response tells the client about what compactor did (the session and conversation
 /// are on the request's outcome already).
 struct Answer {
-    report: Option<RewriteReport>,
+    /// The rewrite (in compactor's estimates) and its sizes in the provider's tokens.
+    report: Option<(RewriteReport, ProviderSizes)>,
     /// The compaction generation applied before forwarding.
     compacted: Option<u32>,
     /// Whether the session wants the response's usage (the upstream was asked not to compress).

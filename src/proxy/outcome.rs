@@ -11,6 +11,7 @@ use metrics::{Counter, Histogram, counter, histogram};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::compaction::ProviderSizes;
 use crate::rewrite::RewriteReport;
 use crate::rewrite::content::ContentChange;
 use crate::telemetry::metric::{self, ROUTES};
@@ -344,16 +345,23 @@ pub struct Rewrite {
 
 impl Rewrite {
     /// The descriptors of `report`; `window` and `threshold` in the provider's tokens.
-    pub fn of(report: &RewriteReport, model: &str, compacted: Option<u32>, window: u64, threshold: u64) -> Self {
+    pub fn of(
+        report: &RewriteReport,
+        sizes: &ProviderSizes,
+        model: &str,
+        compacted: Option<u32>,
+        window: u64,
+        threshold: u64,
+    ) -> Self {
         Self {
             model: model.to_string(),
             pruned: report.pruned,
             truncated: report.truncated,
             deduped: report.deduped,
             repaired: report.repaired,
-            saved_by_prune: report.saved_by_prune,
-            saved_by_truncate: report.saved_by_truncate,
-            saved_by_dedupe: report.saved_by_dedupe,
+            saved_by_prune: sizes.saved_by_prune,
+            saved_by_truncate: sizes.saved_by_truncate,
+            saved_by_dedupe: sizes.saved_by_dedupe,
             reason: report.prefix_break.map(|reason| reason.label()),
             pruned_ids: report.pruned_call_ids.iter().take(NAMED_IDS).cloned().collect(),
             held: report.held_tokens,

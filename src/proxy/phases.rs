@@ -174,10 +174,10 @@ impl Proxy {
     /// Takes a prepared request apart: its session state and what the log says go to the
     /// request's finish; the body, the ladder and what the response tells are left.
     fn take(&self, prepared: Prepared, finish: &mut Finish, counted: bool) -> Taken {
-        let Prepared { body, session, conversation, report, compacted, ctx, ladder, answered } = prepared;
+        let Prepared { body, session, conversation, report, sizes, compacted, ctx, ladder, answered } = prepared;
         finish.answered = answered;
-        if let Some(report) = &report {
-            finish.outcome.tokens = Some((report.tokens_before, report.tokens_after, report.pruned));
+        if let (Some(report), Some(sizes)) = (&report, &sizes) {
+            finish.outcome.tokens = Some((sizes.before, sizes.after, report.pruned));
         }
         finish.outcome.session = session.as_ref().map(|s| s.key.clone());
         finish.outcome.conversation = conversation.as_ref().map(|c| c.to_string());
@@ -185,7 +185,7 @@ impl Proxy {
             finish.keep(&self.finishers, ctx);
         }
         let tap_usage = session.is_some() && !counted;
-        let answer = Answer { report, compacted, tap_usage };
+        let answer = Answer { report: report.zip(sizes), compacted, tap_usage };
         Taken { body, ladder, answer }
     }
 

@@ -209,7 +209,14 @@ mod tests {
             pruned_call_ids: (0..12).map(|i| format!("toolu_01ABCDEFGHIJKLMNOPQRSTU{i:02}")).collect(),
             ..RewriteReport::default()
         };
-        let rewrite = Rewrite::of(&report, "claude-sonnet-4-5-20250929", Some(2), 190_000, 150_000);
+        let sizes = crate::compaction::ProviderSizes {
+            before: 181_000,
+            after: 92_000,
+            saved_by_prune: 60_000,
+            saved_by_truncate: 9_000,
+            saved_by_dedupe: 0,
+        };
+        let rewrite = Rewrite::of(&report, &sizes, "claude-sonnet-4-5-20250929", Some(2), 190_000, 150_000);
         let usage = Usage {
             prompt_tokens: 95_000,
             cached_tokens: 80_000,
