@@ -44,7 +44,9 @@ pub(super) enum Admitted {
     Rewritable { counted: Option<Dialect> },
 }
 
-/// A request whose body was read whole ([`Proxy::read`]).
+/// A request whose body was read whole ([`Proxy::read`]). Boxed from phase to phase, as is
+/// [`Ready`]: each is hundreds of bytes (the request's head, its answer so far), copied whole at
+/// each move between the phases' futures, where a box moves as a pointer.
 pub(super) struct Read {
     parts: Parts,
     body: Bytes,
@@ -91,7 +93,12 @@ impl Proxy {
 
     /// Phase 2: the body, whole (up to `limits.max_body_bytes`), its share of the in-flight
     /// budget taken before it is read when it declares its length, else once read.
-    pub(super) async fn read(&self, parts: Parts, body: Incoming, finish: &mut Finish) -> Result<Read, ProxyError> {
+    pub(super) async fn read(
+        &self,
+        parts: Parts,
+        body: Incoming,
+        finish: &mut Finish,
+    ) -> Result<Box<Read>, ProxyError> {
         let limits = &self.config.limits;
         let mut held = Held::default();
         if let Some(length) = request_body::declared_length(&parts.headers)
@@ -104,7 +111,7 @@ impl Proxy {
             request_body::read_whole(&parts.headers, body, limits.max_body_bytes, limits.client_body_timeout).await?;
         finish.outcome.bytes_in = body.len() as u64;
         self.compactor.inflight().hold(&mut held, body.len() as u64)?;
-        Ok(Read { parts, body, held })
+        Ok(Box::new(Read { parts, body, held }))
     }
 
     /// Phase 3: what goes upstream. A request compactor has no reason to touch goes now and is
@@ -113,11 +120,11 @@ impl Proxy {
     pub(super) async fn prepare(
         &self,
         route: Route,
-        read: Read,
+        read: Box<Read>,
         counted: Option<Dialect>,
         finish: &mut Finish,
-    ) -> Result<Ready, ProxyError> {
-        let Read { parts, body, held } = read;
+    ) -> Result<Box<Ready>, ProxyError> {
+        let Read { parts, body, held } = *read;
         let quiet = counted.is_none()
             && !parts.headers.contains_key(header::CONTENT_ENCODING)
             && self.compactor.nothing_to_decide(route.endpoint, &body);
@@ -138,7 +145,7 @@ impl Proxy {
         mut held: Held,
         counted: Option<Dialect>,
         finish: &mut Finish,
-    ) -> Result<Ready, ProxyError> {
+    ) -> Result<Box<Ready>, ProxyError> {
         let limits = &self.config.limits;
         let budget = Budget::new(limits.rewrite_budget, body.len());
         let stop_when_gone = budget.stop_on_drop();
@@ -168,7 +175,16 @@ impl Proxy {
             }
         };
         let taken = self.take(prepared, finish, counted.is_some());
-        Ok(Ready { head, budget, _stop_when_gone: stop_when_gone, tenant, taken, encoded, sent_ahead: None, held })
+        Ok(Box::new(Ready {
+            head,
+            budget,
+            _stop_when_gone: stop_when_gone,
+            tenant,
+            taken,
+            encoded,
+            sent_ahead: None,
+            held,
+        }))
     }
 
     /// Takes a prepared request apart: its session state and what the log says go to the
@@ -192,7 +208,7 @@ impl Proxy {
     /// A request sent upstream before its preparation (see `ahead`): the send goes first, then
     /// what the preparation needs (the budget, the tenant) and the preparation itself, while the
     /// provider reads the request.
-    async fn prepare_ahead(&self, head: RequestHead, body: Bytes, held: Held, finish: &mut Finish) -> Ready {
+    async fn prepare_ahead(&self, head: RequestHead, body: Bytes, held: Held, finish: &mut Finish) -> Box<Ready> {
         let forwarded_at = Instant::now();
         finish.outcome.overhead = forwarded_at - finish.outcome.started;
         finish.outcome.forwarded_at = Some(forwarded_at);
@@ -211,7 +227,7 @@ impl Proxy {
         };
         let same = |(.., taken): &(_, _, _, Taken)| taken.body == body;
         let (answer, (budget, stop_when_gone, tenant, taken)) = ahead::ahead_of(sending, preparing, same).await;
-        Ready {
+        Box::new(Ready {
             head,
             budget,
             _stop_when_gone: stop_when_gone,
@@ -220,13 +236,17 @@ impl Proxy {
             encoded: None,
             sent_ahead: Some(answer),
             held,
-        }
+        })
     }
 
     /// Phases 4 and 5: sent (or the answer to the request sent ahead taken), and after an
     /// overflow recovered with the next rung's body while the ladder allows (`forward`).
-    pub(super) async fn forward(&self, ready: Ready, finish: &mut Finish) -> Result<(Forwarded, Answer), ProxyError> {
-        let Ready { head, budget, _stop_when_gone, tenant, taken, encoded, sent_ahead, held } = ready;
+    pub(super) async fn forward(
+        &self,
+        ready: Box<Ready>,
+        finish: &mut Finish,
+    ) -> Result<(Forwarded, Answer), ProxyError> {
+        let Ready { head, budget, _stop_when_gone, tenant, taken, encoded, sent_ahead, held } = *ready;
         let Taken { body, mut ladder, answer } = taken;
         // A compressed body compactor did not change goes as the client sent it.
         let encoded = encoded.filter(|(_, decoded)| *decoded == body).map(|(encoded, _)| encoded);
