@@ -176,7 +176,7 @@ impl Proxy {
         outcome.status = response_parts.status.as_u16();
         outcome.retries = forwarded.retries;
         outcome.compacted = forwarded.compacted.or(answer.compacted);
-        if let Some((report, sizes)) = &answer.report {
+        if let Some((report, sizes)) = answer.report.as_deref() {
             let after = forwarded.tokens_after.unwrap_or(sizes.after);
             // Outputs replaced by the placeholder in the body that went out, whichever rung did it.
             let pruned = forwarded.recovery.as_ref().map_or(report.pruned, |r| r.pruned.max(report.pruned));
@@ -189,7 +189,7 @@ impl Proxy {
                 let (window, threshold) = (pressure.window.get(), pressure.budget().get());
                 Rewrite::of(report, sizes, ctx.model_name(), compacted, window, threshold)
             });
-            finish.outcome.rewrite = rewrite;
+            finish.outcome.rewrite = rewrite.map(Box::new);
             finish.span.record("compactor.retries", forwarded.retries);
         }
         finish.outcome.recovery = forwarded.recovery;
@@ -226,7 +226,8 @@ struct Taken {
 /// are on the request's outcome already).
 struct Answer {
     /// The rewrite (in compactor's estimates) and its sizes in the provider's tokens.
-    report: Option<(RewriteReport, ProviderSizes)>,
+    /// Boxed: a report is hundreds of bytes, moved from the preparation to the response.
+    report: Option<Box<(RewriteReport, ProviderSizes)>>,
     /// The compaction generation applied before forwarding.
     compacted: Option<u32>,
     /// Whether the session wants the response's usage (the upstream was asked not to compress).

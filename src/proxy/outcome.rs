@@ -89,7 +89,9 @@ pub struct RequestOutcome {
     /// The compaction generation the body that went out carried.
     pub compacted: Option<u32>,
     /// What the rewrite did, for the inspector's record (set only when the store keeps records).
-    pub rewrite: Option<Rewrite>,
+    /// Boxed: set only when the store keeps records, and large; the record is moved whole
+    /// several times a request (into its `Finish`, out to the recording).
+    pub rewrite: Option<Box<Rewrite>>,
     /// The token usage the upstream reported, read by the response's tap.
     pub usage: Option<Usage>,
     /// When the response ended (body done, or the client gone).

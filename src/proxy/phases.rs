@@ -201,7 +201,7 @@ impl Proxy {
             finish.keep(&self.finishers, ctx);
         }
         let tap_usage = session.is_some() && !counted;
-        let answer = Answer { report: report.zip(sizes), compacted, tap_usage };
+        let answer = Answer { report: report.zip(sizes).map(Box::new), compacted, tap_usage };
         Taken { body, ladder, answer }
     }
 

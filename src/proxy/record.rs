@@ -113,7 +113,7 @@ fn is_zero_u32(n: &u32) -> bool {
 impl RequestRecord {
     /// The record of a finished request from its log line's fields, its rewrite and its usage.
     pub fn of(log: &RequestOutcome, at_unix_ms: u64) -> Self {
-        let (rewrite, usage) = (log.rewrite.as_ref(), log.usage.as_ref());
+        let (rewrite, usage) = (log.rewrite.as_deref(), log.usage.as_ref());
         let (sent, forwarded, pruned) = log.tokens.unwrap_or_default();
         let recovery: Option<&Recovery> = log.recovery.as_ref();
         let upstream_ms = match (log.forwarded_at, log.ended_at) {
@@ -225,7 +225,7 @@ mod tests {
             message_count: 0,
             generation: 2,
         };
-        (log.rewrite, log.usage) = (Some(rewrite), Some(usage));
+        (log.rewrite, log.usage) = (Some(Box::new(rewrite)), Some(usage));
         let record = RequestRecord::of(&log, 1_764_000_000_000);
         let json = serde_json::to_string(&record).unwrap();
         assert!(json.len() < 800, "{} bytes: {json}", json.len());
