@@ -115,12 +115,17 @@ impl Proxy {
             Ok(phases::Admitted::Rewritable { counted }) => counted,
             Err(error) => return fail(error, route, finish),
         };
-        let through = async {
-            let read = self.read(parts, body, &mut finish).await?;
-            let ready = self.prepare(route, read, counted, &mut finish).await?;
-            self.forward(ready, &mut finish).await
+        // Each phase awaited here, not inside an async block of its own: a block is one more
+        // future around the phases', and each move between them copies its state.
+        let read = match self.read(parts, body, &mut finish).await {
+            Ok(read) => read,
+            Err(error) => return fail(error, route, finish),
         };
-        match through.await {
+        let ready = match self.prepare(route, read, counted, &mut finish).await {
+            Ok(ready) => ready,
+            Err(error) => return fail(error, route, finish),
+        };
+        match self.forward(ready, &mut finish).await {
             Ok((forwarded, answer)) => self.respond(forwarded, answer, finish),
             Err(error) => fail(error, route, finish),
         }
