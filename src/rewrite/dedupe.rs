@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use xxhash_rust::xxh3::xxh3_128;
 
-use super::placeholder::{Calls, Template, pointer};
+use super::placeholder::{Calls, Template, is_pointer, pointer};
 use crate::conversation::{Conversation, Edit, Kind};
 
 /// Outputs smaller than this are not worth a pointer.
@@ -31,6 +31,8 @@ pub fn apply(conversation: &mut Conversation, placeholder: &Template) -> usize {
             continue;
         }
         let sent = match &item.edit {
+            // A pointer an earlier rewrite wrote is left as it is, not pointed at.
+            Edit::Keep if is_pointer(text) => continue,
             Edit::Keep => &text[..],
             Edit::Replace(cut) if !placeholder.rendered(&calls, call_id.as_deref(), cut) => &cut[..],
             _ => continue,

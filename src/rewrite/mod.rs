@@ -376,7 +376,7 @@ fn run_policies(
     if settings.truncate_enabled {
         let max_tokens = settings.tool_output_max_tokens;
         let earlier = |item: usize| parsed.memo.earlier_cut(encoding, max_tokens, item).cloned();
-        let cuts = truncate::apply(conversation, max_tokens, &count, &earlier);
+        let cuts = truncate::apply(conversation, max_tokens, &settings.prune.placeholder, &count, &earlier);
         report.truncated = cuts.len();
         parsed.memo.remember_cuts(encoding, max_tokens, cuts.clone());
         let mut by_length = cuts;

@@ -80,6 +80,12 @@ impl Template {
         rest.is_empty()
     }
 
+    /// Whether `text` is a stand-in compactor writes: this template's placeholder of call
+    /// `call_id`'s output, or a duplicate's [`pointer`]. No policy shortens a stand-in again.
+    pub fn stands_in(&self, calls: &Calls, call_id: Option<&str>, text: &str) -> bool {
+        is_pointer(text) || self.rendered(calls, call_id, text)
+    }
+
     /// The template with the call named (`{tokens}` left as it is).
     fn naming(&self, calls: &Calls, call_id: Option<&str>) -> String {
         let call = call_id.and_then(|id| calls.get(id));
@@ -160,6 +166,19 @@ pub fn pointer(calls: &Calls, older: &str) -> String {
             bounded(older, MAX_TOOL_CHARS)
         ),
     }
+}
+
+/// The first words of every [`pointer`].
+const POINTER_HEAD: &str = "[Duplicate tool output: identical to ";
+
+/// The longest [`pointer`], in bytes: a tool name and a call id of at most `MAX_TOOL_CHARS`
+/// characters, arguments of at most `MAX_ARGS_CHARS`, each character at most 4 bytes.
+const POINTER_MAX_LEN: usize = 128 + 4 * (2 * MAX_TOOL_CHARS + MAX_ARGS_CHARS) + 3 * 3;
+
+/// Whether `text` is a duplicate's pointer (or a client's text that reads as one, which is as
+/// short: left whole).
+pub fn is_pointer(text: &str) -> bool {
+    text.len() <= POINTER_MAX_LEN && text.starts_with(POINTER_HEAD) && text.ends_with(']')
 }
 
 /// `text` on one line (every run of whitespace one space), cut to `max` characters with "..."

@@ -8,7 +8,7 @@ use std::cell::OnceCell;
 use std::collections::HashSet;
 
 use super::payback::{self, History, Reason};
-use super::placeholder::{Calls, Template};
+use super::placeholder::{Calls, Template, is_pointer};
 use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 
 /// `[prune]` settings the policy needs.
@@ -115,10 +115,11 @@ impl<'p, 'c> Placeholders<'p, 'c> {
         }
     }
 
-    /// Whether `text` is item `index`'s placeholder already.
-    fn is_placeholder(&self, index: usize, text: &str) -> bool {
+    /// Whether `text` is item `index`'s placeholder already, or another stand-in compactor
+    /// writes (a duplicate's pointer): nothing to prune.
+    fn stands_in(&self, index: usize, text: &str) -> bool {
         let call_id = self.conversation.items[index].call_id();
-        self.template.rendered(&self.calls, call_id, text)
+        self.template.stands_in(&self.calls, call_id, text)
     }
 
     /// The tokens of item `index`'s placeholder as sent (framing included).
@@ -176,9 +177,18 @@ fn select<'c>(
         }
         let call_id = call_id.as_deref();
         let current = match &item.edit {
-            Edit::Keep if placeholders.is_placeholder(index, text) => continue,
+            // A duplicate's pointer an earlier rewrite wrote: an output kept (losslessly), in the
+            // window as the copy it stands for was, so an older output of its call stays too.
+            Edit::Keep if is_pointer(text) => {
+                if protected < settings.protect_tokens {
+                    protected = protected.saturating_add(item.tokens);
+                }
+                kept_calls.extend(call_id);
+                continue;
+            }
+            Edit::Keep if placeholders.stands_in(index, text) => continue,
             Edit::Keep => item.tokens,
-            Edit::Replace(text) if placeholders.is_placeholder(index, text) => continue,
+            Edit::Replace(text) if placeholders.stands_in(index, text) => continue,
             // Counted as an item would be, framing included, so a second pass sees the same sizes.
             Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
             Edit::Remove => continue,

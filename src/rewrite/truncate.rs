@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::placeholder::{Calls, Template};
 use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 
 /// Tokens reserved for the marker and the line-count header.
@@ -12,23 +13,38 @@ pub use crate::conversation::Cut;
 /// Truncates every text-only tool output over `max_tokens` that may be shortened, in a counted
 /// conversation (each item's `tokens` is its text's count plus framing); returns the cuts, in
 /// item order. `earlier(item)` is the cut an earlier turn made of the same text with the same
-/// settings, taken instead of cutting it again.
+/// settings, taken instead of cutting it again. A stand-in compactor wrote on an earlier turn (a
+/// placeholder of `placeholder`, a duplicate's pointer) is never cut: the policies that wrote it
+/// run after this one, so cutting it on the next turn would change bytes a turn already sent.
 pub fn apply(
     conversation: &mut Conversation,
     max_tokens: u32,
+    placeholder: &Template,
     count: &dyn Fn(&str) -> u32,
     earlier: &dyn Fn(usize) -> Option<Cut>,
 ) -> Vec<Cut> {
-    let mut cuts = Vec::new();
     if max_tokens == 0 {
-        return cuts;
+        return Vec::new();
     }
-    for (index, item) in conversation.items.iter_mut().enumerate() {
-        let Kind::ToolResult { text, attachments: 0, .. } = &item.kind else { continue };
-        // The item's count is its text's (no attachments), framing aside: no need to count again.
-        if item.edit != Edit::Keep || !item.shortenable || item.tokens.saturating_sub(FRAMING_TOKENS) <= max_tokens {
-            continue;
-        }
+    let over: Vec<usize> = {
+        let calls = Calls::of(conversation);
+        let items = conversation.items.iter().enumerate();
+        items
+            .filter(|(_, item)| {
+                let Kind::ToolResult { call_id, text, attachments: 0 } = &item.kind else { return false };
+                // The item's count is its text's (no attachments), framing aside: no need to count again.
+                item.edit == Edit::Keep
+                    && item.shortenable
+                    && item.tokens.saturating_sub(FRAMING_TOKENS) > max_tokens
+                    && !placeholder.stands_in(&calls, call_id.as_deref(), text)
+            })
+            .map(|(index, _)| index)
+            .collect()
+    };
+    let mut cuts = Vec::with_capacity(over.len());
+    for index in over {
+        let item = &mut conversation.items[index];
+        let Kind::ToolResult { text, .. } = &item.kind else { continue };
         let cut = earlier(index).unwrap_or_else(|| {
             let text: Arc<str> = head_and_tail(text, max_tokens, count).into();
             Cut { item: index, tokens: count(&text), text }

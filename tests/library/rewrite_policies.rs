@@ -447,3 +447,68 @@ fn a_cut_output_kept_with_a_cold_cache_is_kept_on_a_second_pass() {
         assert_eq!(String::from_utf8(second.to_vec()).unwrap(), first, "a second rewrite changed the body");
     }
 }
+
+/// Found by the `dialects` fuzzer (CI): a Codex conversation in which the client sent one patch
+/// call and its output twice under the same id. The first pass made the newer copy a pointer to
+/// the older (dedupe runs after truncation); the pointer names the patch, so with a small
+/// `tool_output_max_tokens` it is longer than the cut, and the rewritten body, rewritten again,
+/// cut the pointer itself. A stand-in compactor wrote is never shortened again.
+#[test]
+fn a_duplicates_pointer_longer_than_the_cut_is_left_whole_on_a_second_pass() {
+    use compactor::config::Config;
+    use compactor::tokens::{ModelTable, TokenCounter};
+    let mut settings = Config::default().rewrite_settings();
+    settings.prune.protect_tokens = 40;
+    settings.prune.minimum_tokens = 10;
+    settings.tool_output_max_tokens = 60;
+    let rewriter = Rewriter::new(settings, TokenCounter::new(32 << 20), ModelTable::default());
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/regressions/responses-duplicate-pointer-cut-on-second-pass.json"
+    ))
+    .unwrap();
+    let first = rewriter.rewrite_body(Dialect::Responses, &body, &BTreeSet::new()).unwrap();
+    let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
+    let first = String::from_utf8(first.body.expect("the fixture is rewritten").to_vec()).unwrap();
+    let pointer = "[Duplicate tool output: identical to the earlier result of apply_patch";
+    assert!(first.contains(pointer), "the repeated patch output is a pointer after the first pass");
+    let again = rewriter.rewrite_body(Dialect::Responses, first.as_bytes(), &pruned).unwrap();
+    if let Some(second) = again.body {
+        let second = String::from_utf8(second.to_vec()).unwrap();
+        assert!(second.contains(pointer), "the pointer was cut: {second}");
+        assert_eq!(second, first, "a second rewrite changed the body");
+    }
+}
+
+/// Found by the `dialects` fuzzer: a Claude Code conversation in which the client sent one
+/// `cargo test` call and its output twice under the same id. The first pass kept the newer output
+/// in the protected window, so the older one of the same call stayed too, and dedupe then made the
+/// newer a pointer to the older. Rewritten again, the pointer was no kept output any more and the
+/// older copy, the one the pointer names, was pruned. A pointer stands in the window as the copy it
+/// repeats did.
+#[test]
+fn the_output_a_pointer_names_is_kept_on_a_second_pass() {
+    use compactor::config::Config;
+    use compactor::tokens::{ModelTable, TokenCounter};
+    let mut settings = Config::default().rewrite_settings();
+    settings.prune.protect_tokens = 40;
+    settings.prune.minimum_tokens = 10;
+    settings.tool_output_max_tokens = 60;
+    let rewriter = Rewriter::new(settings, TokenCounter::new(32 << 20), ModelTable::default());
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/regressions/anthropic-reused-call-id-pointer-then-older-pruned.json"
+    ))
+    .unwrap();
+    let dialect = Dialect::AnthropicMessages;
+    let first = rewriter.rewrite_body(dialect, &body, &BTreeSet::new()).unwrap();
+    let pruned: BTreeSet<String> = first.report.pruned_call_ids.iter().cloned().collect();
+    let first = String::from_utf8(first.body.expect("the fixture is rewritten").to_vec()).unwrap();
+    let pointer = "[Duplicate tool output: identical to the earlier result of Bash";
+    assert!(first.contains(pointer), "the repeated test output is a pointer after the first pass");
+    let again = rewriter.rewrite_body(dialect, first.as_bytes(), &pruned).unwrap();
+    assert_eq!(again.report.pruned, 0, "a second rewrite pruned the output the pointer names");
+    if let Some(second) = again.body {
+        assert_eq!(String::from_utf8(second.to_vec()).unwrap(), first, "a second rewrite changed the body");
+    }
+}
