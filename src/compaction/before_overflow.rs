@@ -13,15 +13,40 @@ use super::request::RequestState;
 use super::{Compactor, count_used, with_summary_break};
 use crate::boxed::boxed;
 use crate::error::Chain;
-use crate::rewrite::{Reason, RewriteReport};
+use crate::rewrite::{ProviderTokens, Reason, RewriteReport};
 use crate::session::SessionCtx;
 use crate::telemetry::metric;
 use crate::upstream::RequestHead;
 
+/// A compaction before the overflow that is due ([`Compactor::due`]).
+pub(super) struct Due {
+    requested: bool,
+    prefilled: bool,
+    pressure: budget::Pressure,
+    prompt: ProviderTokens,
+}
+
 impl Compactor {
-    /// Compacts `derived` before it goes when the window or an operator asks for it, and a
-    /// compaction is worth its call; whether an operator asked (the admin API's request belongs
-    /// to the session: the first of its conversations with something to summarize answers it).
+    /// Whether a compaction before the overflow is due for `derived`: `Err` with whether an
+    /// operator asked when it is not (most requests), told without entering the compaction's
+    /// future; `Ok` with what [`Compactor::compact_if_due`] goes on from.
+    pub(super) fn due(&self, state: &RequestState, ctx: &SessionCtx, derived: &Derived) -> Result<Due, bool> {
+        let requested = ctx.session().counters.compact_requested > 0;
+        // The server's cache holds the prompt rebuilt around the ready record (a prefill of the
+        // prepared summary): applying it now extends that prefix, not applying it re-prefills the
+        // lot.
+        let prefilled = state.ready.as_ref().is_some_and(|ready| ready.generation == ctx.conversation().prefilled);
+        let pressure = self.pressure(ctx, &derived.1);
+        let prompt = budget::prompt_tokens(&pressure, ctx.conversation(), state.message_count, &derived.1, true);
+        if !(requested || prefilled || prompt > pressure.budget()) {
+            return Err(requested);
+        }
+        Ok(Due { requested, prefilled, pressure, prompt })
+    }
+
+    /// Compacts `derived` before it goes, a compaction being [`due`](Compactor::due), when it is
+    /// worth its call; whether an operator asked (the admin API's request belongs to the session:
+    /// the first of its conversations with something to summarize answers it).
     pub(super) async fn compact_if_due(
         &self,
         head: &RequestHead,
@@ -29,18 +54,10 @@ impl Compactor {
         ctx: &mut SessionCtx,
         derived: &mut Derived,
         rewrite: &tracing::Span,
+        due: Due,
     ) -> bool {
-        let requested = ctx.session().counters.compact_requested > 0;
-        // The server's cache holds the prompt rebuilt around the ready record (a prefill of the
-        // prepared summary): applying it now extends that prefix, not applying it re-prefills the
-        // lot.
-        let prefilled = state.ready.as_ref().is_some_and(|ready| ready.generation == ctx.conversation().prefilled);
+        let Due { requested, prefilled, pressure, prompt } = due;
         let report = &derived.1;
-        let pressure = self.pressure(ctx, report);
-        let prompt = budget::prompt_tokens(&pressure, ctx.conversation(), state.message_count, report, true);
-        if !(requested || prefilled || prompt > pressure.budget()) {
-            return requested;
-        }
         let trigger = if requested { Trigger::Admin } else { Trigger::Threshold };
         // A compaction is worth its summary call only when what it leaves, and two more turns,
         // land under the budget; when they cannot (the fixed part leaves room for a turn or two),

@@ -33,7 +33,9 @@ impl Compactor {
         let route = head.route.label();
         let Some(dialect) = Dialect::of(head.route.endpoint) else { return Prepared::untouched(body) };
         let earlier = prefix::Earlier::default();
-        let parsed = match self.parse(head, dialect, &body, &earlier).await {
+        let key = || self.identifier.prefix_key(dialect, &head.headers, head.uri.query());
+        let step = work::step(|| self.prefixes.parse(key, dialect, &body, &earlier)).await;
+        let parsed = match Self::parsed(head, &body, step) {
             Ok(parsed) => parsed,
             Err(Some(stopped)) => return over_budget(route, stopped, body),
             Err(None) => return Prepared::untouched(body),
@@ -68,7 +70,11 @@ impl Compactor {
         let mut answered = None;
         if self.settings.auto && !budget::breaker_open(&self.settings, &ctx.conversation().breaker, state.message_count)
         {
-            let requested = self.compact_if_due(head, &mut state, &mut ctx, &mut derived, &rewrite).await;
+            // Most requests are not due: told without entering the compaction's future.
+            let requested = match self.due(&state, &ctx, &derived) {
+                Err(requested) => requested,
+                Ok(due) => self.compact_if_due(head, &mut state, &mut ctx, &mut derived, &rewrite, due).await,
+            };
             answered = self.prepare_next(head, &mut state, &ctx, &derived, arrival, requested);
         }
         note_for_commit(&mut ctx, &state, &derived.1, tokens_saved);
@@ -77,18 +83,16 @@ impl Compactor {
     }
 
     /// The body parsed (the conversation's last parse reused where it can be), the model its path
-    /// names filled in. `Err`: it goes as it came, with why when its budget stopped the parse
-    /// (a body compactor cannot parse is counted here).
-    async fn parse<'b>(
-        &self,
+    /// names filled in, from the parse step's result. `Err`: it goes as it came, with why when its
+    /// budget stopped the parse (a body compactor cannot parse is counted here). Not a future of
+    /// its own: the parse, hundreds of bytes, would be copied out of it.
+    fn parsed<'b>(
         head: &RequestHead,
-        dialect: Dialect,
-        body: &'b Bytes,
-        earlier: &'b prefix::Earlier,
+        body: &Bytes,
+        step: Result<(Option<ParsedRequest<'b>>, Reuse), work::Stopped>,
     ) -> Result<ParsedRequest<'b>, Option<work::Stopped>> {
         let route = head.route.label();
-        let key = || self.identifier.prefix_key(dialect, &head.headers, head.uri.query());
-        let parsed = match work::step(|| self.prefixes.parse(key, dialect, body, earlier)).await {
+        let parsed = match step {
             Ok((Some(parsed), reuse)) => {
                 if reuse != Reuse::Off {
                     metric::prefix_reuse(route, reuse.label());

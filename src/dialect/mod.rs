@@ -227,6 +227,7 @@ struct TopLevel<'a> {
 
 /// Scans `text`'s top level in one pass, from after `head` when given, reading at most `allowed`
 /// messages of `history_field` in all.
+#[inline]
 fn scan_top_level<'a>(
     text: &'a str,
     history_field: &str,
@@ -322,6 +323,7 @@ impl<'a> ParsedRequest<'a> {
 
     /// A request whose top level is read (`top`, the history at `history_start`) and whose
     /// `count` messages are not yet.
+    #[inline]
     fn unread(
         dialect: Dialect,
         body: &'a [u8],
@@ -356,6 +358,7 @@ impl<'a> ParsedRequest<'a> {
 
     /// The system text outside the history: the head's when it was re-made (`reused`), else read
     /// from the top level in the dialect's way.
+    #[inline]
     fn read_top_system(&mut self, reused: Option<Vec<Cow<'a, str>>>) -> Option<()> {
         match reused {
             Some(top_system) => {
@@ -374,6 +377,7 @@ impl<'a> ParsedRequest<'a> {
 
     /// Takes the messages re-made from an earlier parse (`reused`, emptied), with their items and
     /// system texts, and counts their assistant turns after `turns_before`.
+    #[inline]
     fn adopt_head(&mut self, reused: &mut prefix::Head<'a>, turns_before: usize) {
         self.messages.append(&mut reused.messages);
         self.conversation.items.append(&mut reused.items);
@@ -386,6 +390,7 @@ impl<'a> ParsedRequest<'a> {
 
     /// Reads each new message (`elements`, after those already held) in the dialect's way, within
     /// the parse's bound; `top_system`: how many system texts came from outside the history.
+    #[inline]
     fn read_messages(&mut self, elements: Vec<(&'a str, RawObject<'a>)>, top_system: usize) -> Option<()> {
         let first_new = self.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {

@@ -155,6 +155,11 @@ impl Route {
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let post = method == Method::POST;
+        // The paths almost every request takes have no provider's shape (a model method, a
+        // project or publisher resource, Bedrock's runtime): not read against each of them.
+        if matches!(path, "/v1/chat/completions" | "/v1/messages" | "/v1/responses") {
+            return Self::plain(path, post, headers, None);
+        }
         if let Some((_, vertex)) = vertex_method(path) {
             return Self { family: ApiFamily::Vertex, endpoint: gemini_endpoint(vertex, post) };
         }
@@ -168,7 +173,12 @@ impl Route {
         if is_vertex_resource(path) {
             return Self { family: ApiFamily::Vertex, endpoint: Endpoint::Other };
         }
-        let gemini = gemini_method(path);
+        Self::plain(path, post, headers, gemini_method(path))
+    }
+
+    /// A path of no Vertex AI or Bedrock shape: Gemini's (a model method, `gemini`, or a beta
+    /// path, or a Google key), Anthropic's or OpenAI's.
+    fn plain(path: &str, post: bool, headers: &HeaderMap, gemini: Option<(&str, &str)>) -> Self {
         let beta = path.starts_with("/v1beta/") || path.starts_with("/v1alpha/") || path == "/v1beta";
         let openai_compatible = path.starts_with("/v1beta/openai/");
         if !openai_compatible && (gemini.is_some() || beta || headers.contains_key(GOOG_API_KEY)) {

@@ -81,7 +81,7 @@ pub struct Identifier {
     header: Option<HeaderName>,
     secret: [u8; 32],
     /// Tenant hashes by a seeded fast hash of the credential (see [`Identifier::tenant_of`]).
-    tenants: Arc<Mutex<HashMap<u128, TenantHash>>>,
+    tenants: Arc<Mutex<HashMap<u128, TenantHash, foldhash::fast::RandomState>>>,
     cache_seed: u64,
 }
 
