@@ -166,7 +166,7 @@ impl ProxyError {
     pub fn body(&self, family: ApiFamily) -> Bytes {
         let message = Chain(self).to_string();
         let value = match family {
-            ApiFamily::OpenAi => serde_json::json!({
+            ApiFamily::OpenAi | ApiFamily::Azure => serde_json::json!({
                 "error": { "message": message, "type": self.openai_type(), "param": null, "code": self.code() }
             }),
             ApiFamily::Anthropic => serde_json::json!({

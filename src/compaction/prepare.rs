@@ -97,7 +97,11 @@ impl Compactor {
                 if reuse != Reuse::Off {
                     metric::prefix_reuse(route, reuse.label());
                 }
-                parsed.with_model(head.path_model())
+                if head.path_model_rules() {
+                    parsed.with_path_model(head.path_model())
+                } else {
+                    parsed.with_model(head.path_model())
+                }
             }
             Ok((None, _)) => {
                 let refused = work::current().is_some_and(|budget| budget.parse_refused());

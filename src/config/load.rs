@@ -105,6 +105,27 @@ mod tests {
     }
 
     #[test]
+    fn azure_paths_have_an_upstream_only_where_an_operator_named_one() {
+        // Both at their defaults: nowhere (an Azure key never goes to api.openai.com).
+        assert_eq!(from_toml("").unwrap().upstream.azure, None);
+        // `openai` pointed at an Azure resource before `azure` existed: it keeps serving them.
+        let legacy = from_toml("[upstream]\nopenai = \"https://acme.openai.azure.com\"\n").unwrap();
+        assert_eq!(
+            legacy.upstream.azure.map(|url| url.as_str().to_string()).as_deref(),
+            Some("https://acme.openai.azure.com")
+        );
+        // `azure` named: that, whatever `openai` says.
+        let both =
+            from_toml("[upstream]\nopenai = \"https://gw.example\"\nazure = \"https://acme.openai.azure.com/\"\n")
+                .unwrap();
+        assert_eq!(
+            both.upstream.azure.map(|url| url.as_str().to_string()).as_deref(),
+            Some("https://acme.openai.azure.com")
+        );
+        assert!(from_toml("[upstream]\nazure = \"ftp://x\"\n").unwrap_err().to_string().contains("`upstream.azure`"));
+    }
+
+    #[test]
     fn model_entries_override_the_built_in_table_and_bad_ones_are_named() {
         let config =
             from_toml("[models.\"my-model\"]\ncontext_window = 32768\n[models.default]\nmax_output_tokens = 2048\n")

@@ -175,6 +175,12 @@ pub struct UpstreamConfig {
     /// and its siblings. `None` (the default, `""`): such a request is refused with a Gemini error.
     #[serde(serialize_with = "optional_url")]
     pub vertex: Option<BaseUrl>,
+    /// Base URL for Azure OpenAI: `/openai/deployments/{d}/chat/completions`, `/openai/v1/…`
+    /// and every other `/openai/` path. Empty (the default, `""`): where `openai` points, when that
+    /// was set to something other than api.openai.com (a resource that already pointed it at
+    /// Azure keeps working); else `None`, and such a request is refused in OpenAI's error shape.
+    #[serde(serialize_with = "optional_url")]
+    pub azure: Option<BaseUrl>,
     #[serde(rename = "connect_timeout_ms", serialize_with = "millis")]
     pub connect_timeout: Duration,
     #[serde(rename = "first_byte_timeout_ms", serialize_with = "millis")]
@@ -186,11 +192,12 @@ pub struct UpstreamConfig {
     /// Trust the operating system's root certificates in addition to the built-in webpki roots.
     pub native_roots: bool,
     /// Prompt-cache prices and lifetime of the `openai` upstream, of the `anthropic` one, of the
-    /// `gemini` one and of the `vertex` one.
+    /// `gemini` one, of the `vertex` one and of the `azure` one.
     pub openai_cache: CachePricing,
     pub anthropic_cache: CachePricing,
     pub gemini_cache: CachePricing,
     pub vertex_cache: CachePricing,
+    pub azure_cache: CachePricing,
 }
 
 impl UpstreamConfig {
@@ -201,6 +208,7 @@ impl UpstreamConfig {
             anthropic: self.anthropic_cache,
             gemini: self.gemini_cache,
             vertex: self.vertex_cache,
+            azure: self.azure_cache,
         }
     }
 }
@@ -396,6 +404,7 @@ impl Default for UpstreamConfig {
                 authority: "generativelanguage.googleapis.com".into(),
             },
             vertex: None,
+            azure: None,
             connect_timeout: Duration::from_millis(10_000),
             first_byte_timeout: Duration::from_millis(600_000),
             idle_timeout: Duration::from_millis(300_000),
@@ -405,6 +414,7 @@ impl Default for UpstreamConfig {
             anthropic_cache: CachePricing::ANTHROPIC,
             gemini_cache: CachePricing::GEMINI,
             vertex_cache: CachePricing::GEMINI,
+            azure_cache: CachePricing::OPENAI,
         }
     }
 }

@@ -83,6 +83,7 @@ struct RawUpstream {
     anthropic: Field<String>,
     gemini: Field<String>,
     vertex: Field<String>,
+    azure: Field<String>,
     connect_timeout_ms: Field<u64>,
     first_byte_timeout_ms: Field<u64>,
     idle_timeout_ms: Field<u64>,
@@ -92,19 +93,25 @@ struct RawUpstream {
     anthropic_cache: Field<String>,
     gemini_cache: Field<String>,
     vertex_cache: Field<String>,
+    azure_cache: Field<String>,
 }
 
 impl RawUpstream {
     fn validate(self, s: &mut Section, d: UpstreamConfig) -> UpstreamConfig {
         let url = |s: String| BaseUrl::parse(&s);
         let cache = |s: String| CachePricing::parse(&s);
+        let optional = |s: String| if s.is_empty() { Ok(None) } else { BaseUrl::parse(&s).map(Some) };
+        let openai = key!(s, self.openai, d.openai, url);
+        // An operator who pointed `openai` at something other than OpenAI (an Azure resource, a
+        // gateway) before `azure` existed keeps Azure's paths going there.
+        let azure = key!(s, self.azure, d.azure, optional)
+            .or_else(|| (openai.authority != "api.openai.com").then(|| openai.clone()));
         UpstreamConfig {
-            openai: key!(s, self.openai, d.openai, url),
+            openai,
+            azure,
             anthropic: key!(s, self.anthropic, d.anthropic, url),
             gemini: key!(s, self.gemini, d.gemini, url),
-            vertex: key!(s, self.vertex, d.vertex, |s: String| {
-                if s.is_empty() { Ok(None) } else { BaseUrl::parse(&s).map(Some) }
-            }),
+            vertex: key!(s, self.vertex, d.vertex, optional),
             connect_timeout: key!(s, self.connect_timeout_ms, d.connect_timeout, positive_ms),
             first_byte_timeout: key!(s, self.first_byte_timeout_ms, d.first_byte_timeout, positive_ms),
             idle_timeout: key!(s, self.idle_timeout_ms, d.idle_timeout, positive_ms),
@@ -114,6 +121,7 @@ impl RawUpstream {
             anthropic_cache: key!(s, self.anthropic_cache, d.anthropic_cache, cache),
             gemini_cache: key!(s, self.gemini_cache, d.gemini_cache, cache),
             vertex_cache: key!(s, self.vertex_cache, d.vertex_cache, cache),
+            azure_cache: key!(s, self.azure_cache, d.azure_cache, cache),
         }
     }
 }

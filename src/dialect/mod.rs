@@ -490,6 +490,15 @@ impl<'a> ParsedRequest<'a> {
         self
     }
 
+    /// `model` as the request's model when there is one, whatever the body named: the provider
+    /// answers with it (an Azure OpenAI deployment). The body is not changed.
+    pub fn with_path_model(mut self, model: Option<&str>) -> Self {
+        if let Some(model) = model {
+            self.model = Some(Cow::Owned(model.to_string()));
+        }
+        self
+    }
+
     /// The number of leading system/developer messages, which every rebuild keeps first.
     pub fn lead(&self) -> usize {
         self.messages.iter().take_while(|m| m.role == Role::System).count()

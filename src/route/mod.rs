@@ -11,8 +11,9 @@ mod query;
 use http::{HeaderMap, Method};
 
 pub use normalize::normalize_path;
+pub use provider_paths::azure_deployment;
 pub use provider_paths::{gemini_method, model_method, vertex_method};
-use provider_paths::{is_bedrock, is_vertex_resource, vertex_partner};
+use provider_paths::{is_azure, is_bedrock, is_vertex_resource, vertex_partner};
 pub use query::query_value;
 
 /// The API family of a request: decides the upstream and the shape of compactor's own errors.
@@ -25,6 +26,9 @@ pub enum ApiFamily {
     /// Gemini models on Vertex AI (`/v1/projects/{p}/locations/{l}/publishers/google/models/…`):
     /// the same dialect as [`ApiFamily::Gemini`], its own upstream (`upstream.vertex`).
     Vertex,
+    /// Azure OpenAI (`/openai/deployments/{d}/…`, `/openai/v1/…`): OpenAI's dialect and errors,
+    /// its own upstream (`upstream.azure`), its `api-key` header passed through.
+    Azure,
 }
 
 impl ApiFamily {
@@ -35,6 +39,7 @@ impl ApiFamily {
             ApiFamily::Anthropic => "anthropic",
             ApiFamily::Gemini => "gemini",
             ApiFamily::Vertex => "vertex",
+            ApiFamily::Azure => "azure",
         }
     }
 
@@ -46,7 +51,8 @@ impl ApiFamily {
 
 impl ApiFamily {
     /// Every family, in the order of `[upstream]`.
-    pub const ALL: [ApiFamily; 4] = [ApiFamily::OpenAi, ApiFamily::Anthropic, ApiFamily::Gemini, ApiFamily::Vertex];
+    pub const ALL: [ApiFamily; 5] =
+        [ApiFamily::OpenAi, ApiFamily::Anthropic, ApiFamily::Gemini, ApiFamily::Vertex, ApiFamily::Azure];
 
     /// The family an upstream's name (`openai`, `anthropic`...) names.
     pub fn of_label(label: &str) -> Option<Self> {
@@ -63,6 +69,7 @@ pub struct PerFamily<T> {
     pub anthropic: T,
     pub gemini: T,
     pub vertex: T,
+    pub azure: T,
 }
 
 impl<T> PerFamily<T> {
@@ -73,6 +80,7 @@ impl<T> PerFamily<T> {
             ApiFamily::Anthropic => &self.anthropic,
             ApiFamily::Gemini => &self.gemini,
             ApiFamily::Vertex => &self.vertex,
+            ApiFamily::Azure => &self.azure,
         }
     }
 }
@@ -131,6 +139,20 @@ pub struct Route {
 const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
 const GOOG_API_KEY: http::HeaderName = http::HeaderName::from_static("x-goog-api-key");
 
+/// The endpoint of an Azure OpenAI path: OpenAI's endpoints under `/openai/` (a deployment's,
+/// `/openai/deployments/{d}/chat/completions`; the v1 API's, `/openai/v1/responses`; the preview
+/// API's, `/openai/responses`).
+fn openai_endpoint(path: &str, post: bool) -> Endpoint {
+    match path {
+        p if post && p.ends_with("/responses/input_tokens") => Endpoint::InputTokens,
+        p if post && p.ends_with("/chat/completions") => Endpoint::ChatCompletions,
+        p if post && p.ends_with("/responses") => Endpoint::Responses,
+        p if p.ends_with("/embeddings") => Endpoint::Embeddings,
+        p if p.ends_with("/models") || p.contains("/models/") => Endpoint::Models,
+        _ => Endpoint::Other,
+    }
+}
+
 /// The endpoint of a Gemini model method.
 fn gemini_endpoint(method: &str, post: bool) -> Endpoint {
     match method {
@@ -151,7 +173,8 @@ impl Route {
     ///
     /// A path of a platform compactor does not serve yet (Amazon Bedrock, a partner model on
     /// Vertex AI) is [`Endpoint::Unserved`], answered in the dialect its clients read (Claude's
-    /// on both); any other Vertex AI resource path goes to Vertex AI as it came.
+    /// on both); any other Vertex AI resource path goes to Vertex AI as it came. Azure OpenAI's
+    /// paths (`/openai/…`) go to Azure, read as OpenAI's.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let post = method == Method::POST;
@@ -172,6 +195,9 @@ impl Route {
         }
         if is_vertex_resource(path) {
             return Self { family: ApiFamily::Vertex, endpoint: Endpoint::Other };
+        }
+        if is_azure(path) {
+            return Self { family: ApiFamily::Azure, endpoint: openai_endpoint(path, post) };
         }
         Self::plain(path, post, headers, gemini_method(path))
     }
@@ -220,6 +246,8 @@ impl Route {
             (_, Endpoint::Unserved(Platform::VertexPartner)) => "vertex_partner_unserved",
             (ApiFamily::Gemini, _) => "gemini_other",
             (ApiFamily::Vertex, _) => "vertex_other",
+            (ApiFamily::Azure, Endpoint::Models) => "azure_models",
+            (ApiFamily::Azure, _) => "azure_other",
             (ApiFamily::Anthropic, Endpoint::Models) => "anthropic_models",
             (ApiFamily::OpenAi, Endpoint::Models) => "models",
             (ApiFamily::Anthropic, Endpoint::Other) => "anthropic_other",

@@ -1,5 +1,5 @@
 //! Which provider a path's shape belongs to: Gemini and Vertex AI model methods, Vertex AI
-//! resources and partner models, Amazon Bedrock's runtime.
+//! resources and partner models, Amazon Bedrock's runtime, Azure OpenAI.
 
 /// A Gemini model method path, `/{v1|v1beta|v1alpha}/models/{model}:{method}`: the model and the
 /// method. `None` for any other path.
@@ -99,6 +99,20 @@ pub(super) fn is_bedrock(path: &str) -> bool {
         || path == "/async-invoke"
         || path.starts_with("/async-invoke/")
         || path.starts_with("/guardrail/")
+}
+
+/// Azure OpenAI's paths: everything under `/openai/` (deployments, the v1 API, the preview
+/// API's Responses). Google's OpenAI-compatible `/v1beta/openai/` is not one of them.
+pub(super) fn is_azure(path: &str) -> bool {
+    path == "/openai" || path.starts_with("/openai/")
+}
+
+/// The deployment an Azure OpenAI path names (`/openai/deployments/{deployment}/…`): the model
+/// Azure answers with, whatever the body's `model` says.
+pub fn azure_deployment(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/openai/deployments/")?;
+    let deployment = rest.split('/').next()?;
+    (!deployment.is_empty()).then_some(deployment)
 }
 
 /// `v1`, `v1beta`, `v1alpha`, `v1beta1`...: the versions of Google's APIs.

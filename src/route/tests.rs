@@ -22,7 +22,6 @@ fn messages_and_below_go_to_anthropic() {
 #[test]
 fn everything_else_goes_to_openai() {
     assert_eq!(route(Method::POST, "/v1/chat/completions").endpoint, Endpoint::ChatCompletions);
-    assert_eq!(route(Method::POST, "/openai/deployments/x/chat/completions").endpoint, Endpoint::ChatCompletions);
     assert_eq!(route(Method::GET, "/v1/models").family, ApiFamily::OpenAi);
     assert_eq!(route(Method::HEAD, "/").family, ApiFamily::OpenAi);
 }
@@ -148,7 +147,7 @@ fn a_dot_dot_segment_is_read_as_before_without_allocating() {
 /// The table of every path shape the SDKs and agents send, and where each must go.
 mod sdk_paths {
     use super::*;
-    use ApiFamily::{Anthropic, Gemini, OpenAi, Vertex};
+    use ApiFamily::{Anthropic, Azure, Gemini, OpenAi, Vertex};
     use Endpoint::*;
 
     /// A request's method, path and headers, and the family and endpoint it must be routed to.
@@ -163,7 +162,9 @@ mod sdk_paths {
     /// reaches its own provider's upstream, and a platform compactor does not serve is refused.
     #[test]
     fn every_sdk_path_shape_goes_to_its_own_providers_upstream() {
-        let cases = [openai_paths(), anthropic_paths(), gemini_paths(), vertex_paths(), unserved_paths()].concat();
+        let cases =
+            [openai_paths(), azure_paths(), anthropic_paths(), gemini_paths(), vertex_paths(), unserved_paths()]
+                .concat();
         for (method, path, headers, family, endpoint) in cases {
             let mut map = HeaderMap::new();
             for (name, value) in headers {
@@ -193,9 +194,28 @@ mod sdk_paths {
             (Method::POST, "/v1/batches/batch_1/cancel".into(), NONE, OpenAi, Other),
             (Method::POST, "/v1/fine_tuning/jobs".into(), NONE, OpenAi, Other),
             (Method::POST, "/v1/uploads/upload_1/parts".into(), NONE, OpenAi, Other),
-            // Azure-style deployments go where `upstream.openai` points (an Azure resource).
-            (Method::POST, "/openai/deployments/gpt-4o/chat/completions".into(), NONE, OpenAi, ChatCompletions),
-            (Method::POST, "/openai/v1/responses".into(), NONE, OpenAi, Responses),
+        ]
+    }
+
+    /// Azure OpenAI's paths, as the openai SDKs' `AzureOpenAI` clients and Codex CLI send them
+    /// (the `api-version` query aside, which routing does not read).
+    fn azure_paths() -> Vec<Case> {
+        const AZURE_KEY: &[(&str, &str)] = &[("api-key", "k")];
+        vec![
+            (Method::POST, "/openai/deployments/gpt-4o/chat/completions".into(), AZURE_KEY, Azure, ChatCompletions),
+            (Method::POST, "/openai/deployments/my-gpt/chat/completions".into(), NONE, Azure, ChatCompletions),
+            (Method::POST, "/openai/deployments/emb/embeddings".into(), AZURE_KEY, Azure, Embeddings),
+            (Method::POST, "/openai/deployments/gpt-4o/completions".into(), AZURE_KEY, Azure, Other),
+            (Method::POST, "/openai/v1/chat/completions".into(), AZURE_KEY, Azure, ChatCompletions),
+            (Method::POST, "/openai/v1/responses".into(), AZURE_KEY, Azure, Responses),
+            (Method::POST, "/openai/responses".into(), AZURE_KEY, Azure, Responses),
+            (Method::POST, "/openai/v1/responses/input_tokens".into(), AZURE_KEY, Azure, InputTokens),
+            (Method::GET, "/openai/v1/responses/resp_1".into(), AZURE_KEY, Azure, Other),
+            (Method::GET, "/openai/models".into(), AZURE_KEY, Azure, Models),
+            (Method::GET, "/openai/v1/models/gpt-4o".into(), AZURE_KEY, Azure, Models),
+            (Method::POST, "/openai/deployments/gpt-4o/audio/transcriptions".into(), AZURE_KEY, Azure, Other),
+            // An OpenAI path whose model happens to start with "openai" stays OpenAI's.
+            (Method::GET, "/v1/models/openai-gpt".into(), NONE, OpenAi, Models),
         ]
     }
 
@@ -331,10 +351,19 @@ mod sdk_paths {
 
 #[test]
 fn each_family_is_found_by_its_upstream_name_and_reads_its_own_value() {
-    let values = PerFamily { openai: 1, anthropic: 2, gemini: 3, vertex: 4 };
+    let values = PerFamily { openai: 1, anthropic: 2, gemini: 3, vertex: 4, azure: 5 };
     for (family, value) in ApiFamily::ALL.into_iter().zip(1..) {
         assert_eq!(ApiFamily::of_label(family.label()), Some(family));
         assert_eq!(*values.get(family), value);
     }
     assert_eq!(ApiFamily::of_label("bedrock"), None);
+}
+
+#[test]
+fn an_azure_deployment_path_names_its_deployment() {
+    assert_eq!(azure_deployment("/openai/deployments/my-gpt-4o/chat/completions"), Some("my-gpt-4o"));
+    assert_eq!(azure_deployment("/openai/deployments/my-gpt-4o"), Some("my-gpt-4o"));
+    assert_eq!(azure_deployment("/openai/deployments//chat/completions"), None);
+    assert_eq!(azure_deployment("/openai/v1/chat/completions"), None);
+    assert_eq!(azure_deployment("/v1/chat/completions"), None);
 }

@@ -134,6 +134,7 @@ pub fn provider(family: ApiFamily) -> &'static str {
         ApiFamily::Anthropic => "anthropic",
         ApiFamily::Gemini => "gcp.gemini",
         ApiFamily::Vertex => "gcp.vertex_ai",
+        ApiFamily::Azure => "azure.ai.openai",
     }
 }
 

@@ -54,13 +54,22 @@ impl RequestHead {
     }
 
     /// The model a Gemini or Vertex AI request's path names
-    /// (`/v1beta/models/{model}:generateContent`, `…/publishers/google/models/{model}:…`).
+    /// (`/v1beta/models/{model}:generateContent`, `…/publishers/google/models/{model}:…`), or the
+    /// deployment an Azure OpenAI one does (`/openai/deployments/{deployment}/…`).
     pub fn path_model(&self) -> Option<&str> {
-        self.route
-            .family
-            .speaks_gemini()
-            .then(|| crate::route::model_method(self.uri.path()).map(|(model, _)| model))
-            .flatten()
+        match self.route.family {
+            ApiFamily::Gemini | ApiFamily::Vertex => {
+                crate::route::model_method(self.uri.path()).map(|(model, _)| model)
+            }
+            ApiFamily::Azure => crate::route::azure_deployment(self.uri.path()),
+            ApiFamily::OpenAi | ApiFamily::Anthropic => None,
+        }
+    }
+
+    /// Whether the path's model is the one the provider answers with, whatever the body says: an
+    /// Azure deployment is (the body's `model` is the client's name for it, or absent).
+    pub fn path_model_rules(&self) -> bool {
+        self.route.family == ApiFamily::Azure
     }
 }
 
@@ -172,15 +181,20 @@ impl Upstreams {
                 anthropic: Some(Upstream::new(&upstream.anthropic)?),
                 gemini: Some(Upstream::new(&upstream.gemini)?),
                 vertex: upstream.vertex.as_ref().map(Upstream::new).transpose()?,
+                azure: upstream.azure.as_ref().map(Upstream::new).transpose()?,
             },
             first_byte_timeout: upstream.first_byte_timeout,
             idle_timeout: upstream.idle_timeout,
         })
     }
 
-    /// The upstream of a family; an error for Vertex AI when `upstream.vertex` is not set.
+    /// The upstream of a family; an error for Vertex AI or Azure OpenAI when its upstream is not
+    /// set.
     fn upstream(&self, family: ApiFamily) -> Result<&Upstream, ProxyError> {
-        self.upstreams.get(family).as_ref().ok_or(ProxyError::NoUpstream { what: "Vertex AI", key: "upstream.vertex" })
+        self.upstreams.get(family).as_ref().ok_or(match family {
+            ApiFamily::Azure => ProxyError::NoUpstream { what: "Azure OpenAI", key: "upstream.azure" },
+            _ => ProxyError::NoUpstream { what: "Vertex AI", key: "upstream.vertex" },
+        })
     }
 
     /// Whether requests of `family` have somewhere to go: checked before a request is read, so

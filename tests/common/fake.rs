@@ -389,7 +389,7 @@ fn default_reply(received: &Received) -> Reply {
             200,
             serde_json::json!({"object": "response.input_tokens", "input_tokens": received.body.len() / 4}),
         )
-    } else if path.ends_with("/v1/responses") {
+    } else if path.ends_with("/v1/responses") || path == "/openai/responses" {
         answer(responses_stream, RESPONSE)
     } else if path.ends_with("/v1/models") {
         Reply::body(200, MODELS)

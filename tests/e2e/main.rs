@@ -7,6 +7,7 @@ mod common;
 
 mod adaptive;
 mod agent_compaction;
+mod azure;
 mod background;
 mod compaction;
 mod connections;

@@ -53,6 +53,11 @@ async fn the_official_python_sdks_work_through_compactor() {
         &[],
     );
 
+    // Azure OpenAI: its own upstream (the same fake, which answers every dialect), and a compactor
+    // with every upstream at its default, where an Azure path has nowhere to go.
+    let azure = ProxyProcess::start_with(&format!("[upstream]\nazure = \"{}\"\n", fake.url()), &[]);
+    let no_azure = ProxyProcess::start_with("", &[]);
+
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2e.py");
     let mut command = Command::new(&python);
     command
@@ -65,6 +70,10 @@ async fn the_official_python_sdks_work_through_compactor() {
         .arg(dead.url("/v1"))
         .arg("--dead-anthropic-base-url")
         .arg(dead.url(""))
+        .arg("--azure-endpoint")
+        .arg(azure.url(""))
+        .arg("--azure-unset-endpoint")
+        .arg(no_azure.url(""))
         .arg("--verbose")
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("PYTHONUNBUFFERED", "1");
@@ -89,6 +98,18 @@ async fn the_official_python_sdks_work_through_compactor() {
         fake.received().iter().any(|r| r.json()["model"] == RATE_LIMITED),
         "the rate-limited requests reached the fake upstream"
     );
+    // The Azure requests reached the Azure upstream at the SDK's paths, with its query and its
+    // `api-key`; none reached it from the compactor without one.
+    let azure_paths: Vec<_> = fake
+        .received()
+        .into_iter()
+        .filter(|r| r.path_and_query.starts_with("/openai/"))
+        .map(|r| (r.path_and_query.clone(), r.headers.get("api-key").map(|v| v.to_str().unwrap_or("").to_string())))
+        .collect();
+    let chat = "/openai/deployments/team-gpt-4o/chat/completions?api-version=2024-10-21";
+    assert_eq!(azure_paths.iter().filter(|(path, _)| path == chat).count(), 2, "{azure_paths:?}");
+    assert!(azure_paths.iter().any(|(path, _)| path.starts_with("/openai/responses?api-version=")), "{azure_paths:?}");
+    assert!(azure_paths.iter().all(|(_, key)| key.as_deref() == Some("sk-test")), "{azure_paths:?}");
 }
 
 /// Google's `google-genai` SDK (`tests/sdk/gemini_e2e.py`) against compactor in front of the

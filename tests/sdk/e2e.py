@@ -28,6 +28,9 @@ RATE_LIMITED = "rate-limited"
 OPENAI_MODEL = "gpt-4o"
 RESPONSES_MODEL = "gpt-5-codex"
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
+# Azure OpenAI: the deployment the SDK puts in the path (`model=` names it), and an API version.
+AZURE_DEPLOYMENT = "team-gpt-4o"
+AZURE_API_VERSION = "2024-10-21"
 
 # The fake upstream does not care which model; the anthropic SDK warns about retired model names.
 warnings.filterwarnings("ignore", message=r"The model .* is deprecated")
@@ -168,6 +171,62 @@ def openai_responses_stream(args):
         for event in events:
             types.append(event.type)
     check(types[-1:] == ["response.completed"], f"raw stream event types {types!r}")
+
+
+# --- Azure OpenAI ------------------------------------------------------------------------------
+
+
+def azure_client(endpoint):
+    if not endpoint:
+        raise Skip("needs --azure-endpoint")
+    return openai.AzureOpenAI(
+        azure_endpoint=endpoint, api_key=API_KEY, api_version=AZURE_API_VERSION, max_retries=0, timeout=TIMEOUT
+    )
+
+
+def azure_chat(args):
+    completion = azure_client(args.azure_endpoint).chat.completions.create(
+        model=AZURE_DEPLOYMENT,
+        messages=[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello"}],
+    )
+    content = completion.choices[0].message.content
+    check(content == "Hello", f"message content {content!r}")
+    check(completion.usage is not None and completion.usage.prompt_tokens == 12, f"usage {completion.usage!r}")
+
+
+def azure_chat_stream(args):
+    stream = azure_client(args.azure_endpoint).chat.completions.create(
+        model=AZURE_DEPLOYMENT,
+        messages=[{"role": "user", "content": "Say hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text = ""
+    with stream:
+        for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+    check(text == "Hello", f"concatenated deltas {text!r}")
+
+
+def azure_responses(args):
+    response = azure_client(args.azure_endpoint).responses.create(model=AZURE_DEPLOYMENT, input="Say hello")
+    check(response.output_text == "Hello", f"output_text {response.output_text!r}")
+
+
+def azure_no_upstream(args):
+    """Without an Azure upstream, the SDK gets compactor's 404 in OpenAI's shape; nothing is sent."""
+    if not args.azure_unset_endpoint:
+        raise Skip("needs --azure-unset-endpoint")
+    client = azure_client(args.azure_unset_endpoint)
+    error = expect_raise(
+        openai.NotFoundError,
+        lambda: client.chat.completions.create(model=AZURE_DEPLOYMENT, messages=[{"role": "user", "content": "hi"}]),
+    )
+    check(error.code == "no_upstream", f"code {error.code!r}")
+    check("upstream.azure" in error.message, f"message {error.message!r}")
+    header = error.response.headers.get("x-compactor-error")
+    check(header == "no_upstream", f"x-compactor-error {header!r}")
 
 
 # --- Anthropic Messages ------------------------------------------------------------------------
@@ -320,6 +379,10 @@ CASES = {
     "openai-chat-tools": openai_chat_tools,
     "openai-responses": openai_responses,
     "openai-responses-stream": openai_responses_stream,
+    "azure-chat": azure_chat,
+    "azure-chat-stream": azure_chat_stream,
+    "azure-responses": azure_responses,
+    "azure-no-upstream": azure_no_upstream,
     "anthropic-messages": anthropic_messages,
     "anthropic-messages-stream": anthropic_messages_stream,
     "anthropic-tools": anthropic_tools,
@@ -336,6 +399,8 @@ def main():
     parser.add_argument("--anthropic-base-url", required=True, help="e.g. http://127.0.0.1:8787")
     parser.add_argument("--dead-openai-base-url", help="a compactor whose upstream is down, with /v1")
     parser.add_argument("--dead-anthropic-base-url", help="a compactor whose upstream is down")
+    parser.add_argument("--azure-endpoint", help="compactor's root URL with an Azure upstream")
+    parser.add_argument("--azure-unset-endpoint", help="compactor's root URL with no Azure upstream")
     parser.add_argument("--case", action="append", choices=sorted(CASES), help="run only this case (repeatable)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print a traceback for each failure")
     args = parser.parse_args()
