@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use crate::drive::{ClosedResult, OpenResult};
 use crate::procfs::CpuShare;
-use crate::report::{fmt_micros, ms};
 
 /// A phase's run against one target.
 pub struct Run {
@@ -183,4 +182,14 @@ impl Phase {
             .collect::<Option<Vec<f64>>>()?;
         Some(Paired { differences })
     }
+}
+
+/// Microseconds as milliseconds.
+pub fn ms(micros: u64) -> f64 {
+    micros as f64 / 1000.0
+}
+
+/// A duration in microseconds, printed in µs below a millisecond, else in ms.
+pub fn fmt_micros(v: f64) -> String {
+    if v < 1000.0 { format!("{v:.0} µs") } else { format!("{:.2} ms", v / 1000.0) }
 }

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::figures::Paired;
 pub use crate::figures::{Outcome, Phase, PhaseKind, RoundFigures, Run};
+use crate::figures::{Paired, ms};
 use crate::procfs::Memory;
 
 /// A proxy's first requests after it started, and its memory then.
@@ -35,10 +35,6 @@ pub struct Report {
     pub starts: Vec<StartProbe>,
     pub memory: Vec<LoadMemory>,
     pub has_nginx: bool,
-}
-
-pub fn ms(micros: u64) -> f64 {
-    micros as f64 / 1000.0
 }
 
 pub fn fmt_rate(rate: f64) -> String {
@@ -501,10 +497,6 @@ fn fmt_ms(v: f64) -> String {
 fn fmt_signed_ms(v: f64) -> String {
     let sign = if v < 0.0 { "−" } else { "+" };
     format!("{sign}{}", fmt_ms(v.abs()))
-}
-
-pub fn fmt_micros(v: f64) -> String {
-    if v < 1000.0 { format!("{v:.0} µs") } else { format!("{:.2} ms", v / 1000.0) }
 }
 
 fn fmt_mib(kib: u64) -> String {
