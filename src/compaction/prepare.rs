@@ -97,11 +97,7 @@ impl Compactor {
                 if reuse != Reuse::Off {
                     metric::prefix_reuse(route, reuse.label());
                 }
-                if head.path_model_rules() {
-                    parsed.with_path_model(head.path_model())
-                } else {
-                    parsed.with_model(head.path_model())
-                }
+                parsed.with_model(head.path_model())
             }
             Ok((None, _)) => {
                 let refused = work::current().is_some_and(|budget| budget.parse_refused());
@@ -234,7 +230,7 @@ impl Compactor {
             Box::new(RequestState::new(dialect, body.clone(), parsed.messages.len(), record, &self.settings.ladder));
         state.lead = parsed.lead();
         state.cache = self.cache_pricing(head.route.family);
-        state.path_model = head.path_model().map(str::to_string);
+        state.path_model = head.path_model().map(|model| (model.name.to_string(), model.rules));
         state
     }
 

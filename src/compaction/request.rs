@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::ladder::{Recovery, RungOutcome, Rungs};
 use crate::config::compaction::Rung;
-use crate::dialect::{Dialect, ParsedRequest};
+use crate::dialect::{Dialect, ParsedRequest, PathModel};
 use crate::rewrite::{CachePricing, RewriteReport};
 use crate::session::state::CompactionRecord;
 
@@ -34,8 +34,9 @@ pub struct RequestState {
     pub(super) sent: Option<RewriteReport>,
     /// The prompt-cache prices of the upstream the request goes to.
     pub(super) cache: CachePricing,
-    /// The model the request's path names (Gemini's bodies carry none).
-    pub(super) path_model: Option<String>,
+    /// The model the request's path names, and whether it rules over the body's
+    /// ([`PathModel`]).
+    pub(super) path_model: Option<(String, bool)>,
     /// The request's id (`x-compactor-request-id`): the compaction records it makes name it.
     pub(super) request_id: String,
     /// The overflow ladder: the rungs left and the retries made.
@@ -93,16 +94,21 @@ impl RequestState {
         self.trace.rungs.push(format!("{rung}:{}", outcome.label()));
     }
 
+    /// The model the request's path names.
+    fn path_model(&self) -> Option<PathModel<'_>> {
+        self.path_model.as_ref().map(|(name, rules)| PathModel { name, rules: *rules })
+    }
+
     /// Parses `body` in the request's dialect, the model named in its path filled in.
     pub(super) fn parse<'b>(&self, body: &'b [u8]) -> Option<ParsedRequest<'b>> {
-        ParsedRequest::parse(self.dialect, body).map(|parsed| parsed.with_model(self.path_model.as_deref()))
+        ParsedRequest::parse(self.dialect, body).map(|parsed| parsed.with_model(self.path_model()))
     }
 
     /// Parses `body`, rebuilt on a compaction record whose summary stands for `summarized_turns`
     /// assistant turns of the client's body ([`ParsedRequest::parse_rebuilt`]).
     pub(super) fn parse_rebuilt<'b>(&self, body: &'b [u8], summarized_turns: usize) -> Option<ParsedRequest<'b>> {
         ParsedRequest::parse_rebuilt(self.dialect, body, summarized_turns)
-            .map(|parsed| parsed.with_model(self.path_model.as_deref()))
+            .map(|parsed| parsed.with_model(self.path_model()))
     }
 
     /// Retries so far.

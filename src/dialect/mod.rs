@@ -227,7 +227,6 @@ struct TopLevel<'a> {
 
 /// Scans `text`'s top level in one pass, from after `head` when given, reading at most `allowed`
 /// messages of `history_field` in all.
-#[inline]
 fn scan_top_level<'a>(
     text: &'a str,
     history_field: &str,
@@ -279,6 +278,13 @@ fn scan_top_level<'a>(
     Some(TopLevel { fields, elements, history_start: history_start?, reused })
 }
 
+/// The model a request's path names, and whether it rules over the body's `model`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathModel<'a> {
+    pub name: &'a str,
+    pub rules: bool,
+}
+
 impl<'a> ParsedRequest<'a> {
     /// Parses a body in `dialect`; `None` when it is not the shape compactor expects, in which case
     /// the request is forwarded untouched.
@@ -323,7 +329,6 @@ impl<'a> ParsedRequest<'a> {
 
     /// A request whose top level is read (`top`, the history at `history_start`) and whose
     /// `count` messages are not yet.
-    #[inline]
     fn unread(
         dialect: Dialect,
         body: &'a [u8],
@@ -358,7 +363,6 @@ impl<'a> ParsedRequest<'a> {
 
     /// The system text outside the history: the head's when it was re-made (`reused`), else read
     /// from the top level in the dialect's way.
-    #[inline]
     fn read_top_system(&mut self, reused: Option<Vec<Cow<'a, str>>>) -> Option<()> {
         match reused {
             Some(top_system) => {
@@ -377,7 +381,6 @@ impl<'a> ParsedRequest<'a> {
 
     /// Takes the messages re-made from an earlier parse (`reused`, emptied), with their items and
     /// system texts, and counts their assistant turns after `turns_before`.
-    #[inline]
     fn adopt_head(&mut self, reused: &mut prefix::Head<'a>, turns_before: usize) {
         self.messages.append(&mut reused.messages);
         self.conversation.items.append(&mut reused.items);
@@ -390,7 +393,6 @@ impl<'a> ParsedRequest<'a> {
 
     /// Reads each new message (`elements`, after those already held) in the dialect's way, within
     /// the parse's bound; `top_system`: how many system texts came from outside the history.
-    #[inline]
     fn read_messages(&mut self, elements: Vec<(&'a str, RawObject<'a>)>, top_system: usize) -> Option<()> {
         let first_new = self.messages.len();
         for (offset, (raw, object)) in elements.into_iter().enumerate() {
@@ -479,22 +481,14 @@ impl<'a> ParsedRequest<'a> {
         self.top_system.push(text);
     }
 
-    /// The same request with the model named in its path (Gemini's bodies carry none), when the
-    /// body names none itself.
-    pub fn with_model(mut self, model: Option<&str>) -> Self {
-        if self.model.is_none()
-            && let Some(model) = model
+    /// The same request with the model its path names: in place of the body's when the path's
+    /// rules (an Azure OpenAI deployment: the provider answers with it, whatever the body says),
+    /// else only where the body names none (Gemini's bodies carry none). The body is not changed.
+    pub fn with_model(mut self, model: Option<PathModel<'_>>) -> Self {
+        if let Some(PathModel { name, rules }) = model
+            && (rules || self.model.is_none())
         {
-            self.model = Some(Cow::Owned(model.to_string()));
-        }
-        self
-    }
-
-    /// `model` as the request's model when there is one, whatever the body named: the provider
-    /// answers with it (an Azure OpenAI deployment). The body is not changed.
-    pub fn with_path_model(mut self, model: Option<&str>) -> Self {
-        if let Some(model) = model {
-            self.model = Some(Cow::Owned(model.to_string()));
+            self.model = Some(Cow::Owned(name.to_string()));
         }
         self
     }

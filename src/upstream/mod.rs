@@ -25,6 +25,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use crate::config::{BaseUrl, Config, UpstreamConfig};
+use crate::dialect::PathModel;
 use crate::error::{Cause, ProxyError};
 use crate::route::{ApiFamily, PerFamily, Route};
 use crate::telemetry::trace;
@@ -54,22 +55,18 @@ impl RequestHead {
     }
 
     /// The model a Gemini or Vertex AI request's path names
-    /// (`/v1beta/models/{model}:generateContent`, `…/publishers/google/models/{model}:…`), or the
-    /// deployment an Azure OpenAI one does (`/openai/deployments/{deployment}/…`).
-    pub fn path_model(&self) -> Option<&str> {
+    /// (`/v1beta/models/{model}:generateContent`, `…/publishers/google/models/{model}:…`), which
+    /// fills in for a body that names none, or the deployment an Azure OpenAI one does
+    /// (`/openai/deployments/{deployment}/…`), which is the model whatever the body says.
+    pub fn path_model(&self) -> Option<PathModel<'_>> {
+        let path = self.uri.path();
         match self.route.family {
             ApiFamily::Gemini | ApiFamily::Vertex => {
-                crate::route::model_method(self.uri.path()).map(|(model, _)| model)
+                crate::route::model_method(path).map(|(name, _)| PathModel { name, rules: false })
             }
-            ApiFamily::Azure => crate::route::azure_deployment(self.uri.path()),
+            ApiFamily::Azure => crate::route::azure_deployment(path).map(|name| PathModel { name, rules: true }),
             ApiFamily::OpenAi | ApiFamily::Anthropic => None,
         }
-    }
-
-    /// Whether the path's model is the one the provider answers with, whatever the body says: an
-    /// Azure deployment is (the body's `model` is the client's name for it, or absent).
-    pub fn path_model_rules(&self) -> bool {
-        self.route.family == ApiFamily::Azure
     }
 }
 

@@ -49,3 +49,26 @@ async fn an_azure_deployment_is_the_model_its_window_is_read_for() {
     assert!(sent.json()["messages"].to_string().contains("Handoff summary 1"), "{}", sent.json());
     assert!(fake.received().iter().all(|r| r.path_and_query.starts_with("/openai/deployments/")));
 }
+
+#[tokio::test]
+async fn an_overflow_on_an_azure_deployment_is_recovered_as_the_deployment() {
+    // No summarizing model of its own: the summary calls name the request's model, which on
+    // Azure is the deployment, on the first attempt and in the recovery alike.
+    let (fake, summaries) = window_upstream(WindowSpec::window(4_000)).await;
+    let config = "[prune]\nenabled = false\n[truncate]\nenabled = false\n[compaction]\nkeep_recent_tokens = 600\nuser_message_max_tokens = 300\nemergency_protect_tokens = 1000000\n";
+    let proxy = ProxyProcess::start_with(&format!("[upstream]\nazure = \"{}\"\n{config}", fake.url()), &[]);
+    let mut body = conversation(Api::Chat, 12, false);
+    body["model"] = "gpt-4o".into();
+    let answer = proxy.post(&azure_path("team-x"), &[("api-key", "azure-key-1"), ("x-session-id", "s")], &body).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.header("x-compactor-retries"), Some("1"), "the provider's overflow was recovered");
+    assert!(summaries.count() >= 1);
+    let summary_models: Vec<_> = fake
+        .received()
+        .iter()
+        .filter(|r| String::from_utf8_lossy(&r.body).contains("context-compaction"))
+        .map(|r| r.json()["model"].clone())
+        .collect();
+    assert!(!summary_models.is_empty());
+    assert!(summary_models.iter().all(|model| model == "team-x"), "{summary_models:?}");
+}
