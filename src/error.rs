@@ -55,6 +55,14 @@ pub enum ProxyError {
         platform.name()
     )]
     Unserved { platform: crate::route::Platform },
+    #[error(
+        "this route needs a credential: a compactor client key (`Authorization: Bearer` or `x-compactor-key`) or the provider's own, and {reason}"
+    )]
+    ClientKey { reason: &'static str },
+    #[error("compactor could not get its {platform} credential to authenticate this request")]
+    NoCloudCredential { platform: &'static str, source: Cause },
+    #[error("compactor could not sign the request")]
+    Signing(#[source] Cause),
 }
 
 impl ProxyError {
@@ -67,7 +75,9 @@ impl ProxyError {
             Self::ClientBody(_) | Self::BadUpstreamUrl(_) | Self::BadUpstreamHost(_) => StatusCode::BAD_REQUEST,
             Self::UpstreamUnreachable { .. } | Self::UpstreamCut { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized | Self::ClientKey { .. } => StatusCode::UNAUTHORIZED,
+            Self::NoCloudCredential { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Signing(_) => StatusCode::INTERNAL_SERVER_ERROR,
             // Not a 5xx: the SDKs retry those, and this route will not appear by retrying.
             Self::NotFound | Self::NoUpstream { .. } | Self::Unserved { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -98,6 +108,9 @@ impl ProxyError {
             Self::Overloaded { .. } => "overloaded",
             Self::InflightBodies { .. } => "inflight_body_limit",
             Self::Unserved { .. } => "unserved_platform",
+            Self::ClientKey { .. } => "client_key_required",
+            Self::NoCloudCredential { .. } => "no_cloud_credential",
+            Self::Signing(_) => "signing_failed",
         }
     }
 
@@ -110,7 +123,8 @@ impl ProxyError {
             | Self::UpstreamTimeout { .. }
             | Self::StoreUnavailable(_)
             | Self::Overloaded { .. }
-            | Self::InflightBodies { .. } => true,
+            | Self::InflightBodies { .. }
+            | Self::NoCloudCredential { .. } => true,
             Self::BodyTooLarge { .. }
             | Self::ClientBody(_)
             | Self::ClientBodyTimeout { .. }
@@ -118,6 +132,8 @@ impl ProxyError {
             | Self::TooManyCodings { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::Unserved { .. }
+            | Self::ClientKey { .. }
+            | Self::Signing(_)
             | Self::BadUpstreamUrl(_)
             | Self::BadUpstreamHost(_)
             | Self::Unauthorized
@@ -137,6 +153,18 @@ impl ProxyError {
             StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
             s if s.is_client_error() => "invalid_request_error",
             _ => "api_error",
+        }
+    }
+
+    /// The `x-amzn-ErrorType` AWS's SDKs read for this status.
+    fn aws_type(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "UnrecognizedClientException",
+            StatusCode::NOT_FOUND => "ResourceNotFoundException",
+            StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => "ModelTimeoutException",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableException",
+            s if s.is_client_error() => "ValidationException",
+            _ => "InternalServerException",
         }
     }
 
@@ -169,7 +197,9 @@ impl ProxyError {
             ApiFamily::OpenAi | ApiFamily::Azure => serde_json::json!({
                 "error": { "message": message, "type": self.openai_type(), "param": null, "code": self.code() }
             }),
-            ApiFamily::Anthropic => serde_json::json!({
+            // AWS's JSON errors: the message alone, the type in `x-amzn-ErrorType`.
+            ApiFamily::Bedrock => serde_json::json!({ "message": message }),
+            ApiFamily::Anthropic | ApiFamily::VertexAnthropic => serde_json::json!({
                 "type": "error",
                 "error": { "type": self.anthropic_type(), "message": message }
             }),
@@ -187,6 +217,10 @@ impl ProxyError {
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(http::HeaderName::from_static("x-compactor-error"), HeaderValue::from_static(self.code()));
+        if family == ApiFamily::Bedrock {
+            headers
+                .insert(http::HeaderName::from_static("x-amzn-errortype"), HeaderValue::from_static(self.aws_type()));
+        }
         if let Self::MethodNotAllowed { allow } = self {
             headers.insert(header::ALLOW, HeaderValue::from_static(allow));
         }
@@ -247,6 +281,19 @@ mod tests {
             (body["error"]["code"].as_u64(), body["error"]["status"].as_str()),
             (Some(504), Some("DEADLINE_EXCEEDED"))
         );
+    }
+
+    #[test]
+    fn bedrock_clients_get_aws_s_error_shape_and_claude_on_vertex_gets_anthropic_s() {
+        let refused = ProxyError::ClientKey { reason: "the request carries no credential" };
+        let response: Response<Bytes> = refused.into_response(ApiFamily::Bedrock);
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()["x-amzn-errortype"], "UnrecognizedClientException");
+        let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert!(body["message"].as_str().unwrap().contains("client key"), "{body}");
+        let vertex = ProxyError::ClientKey { reason: "x" }.body(ApiFamily::VertexAnthropic);
+        let body: serde_json::Value = serde_json::from_slice(&vertex).unwrap();
+        assert_eq!(body["error"]["type"], "authentication_error");
     }
 
     #[test]

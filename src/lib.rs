@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod boxed;
+pub mod cloud;
 pub mod compaction;
 pub mod config;
 pub mod conversation;

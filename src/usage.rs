@@ -34,6 +34,8 @@ const MAX_BUFFER: usize = 4 << 20;
 pub enum Framing {
     Json,
     EventStream,
+    /// Bedrock's binary event-stream frames, each event wrapping one of Anthropic's as JSON.
+    AwsEventStream,
 }
 
 /// Accumulates what it needs from each data frame; the frame itself is forwarded untouched.
@@ -49,6 +51,7 @@ enum Reading {
     /// A plain JSON body, collected up to the bound (`None` once it went over).
     Json(Option<Vec<u8>>),
     EventStream(sse::Reader),
+    AwsEventStream(crate::cloud::event_stream::Reader),
 }
 
 impl UsageTap {
@@ -56,6 +59,7 @@ impl UsageTap {
         let reading = match framing {
             Framing::Json => Reading::Json(Some(Vec::new())),
             Framing::EventStream => Reading::EventStream(sse::Reader::new(MAX_BUFFER)),
+            Framing::AwsEventStream => Reading::AwsEventStream(crate::cloud::event_stream::Reader::new(MAX_BUFFER)),
         };
         Self { reading, usage: None }
     }
@@ -70,6 +74,7 @@ impl UsageTap {
                 }
             }
             Reading::EventStream(reader) => reader.push(chunk, |event| read_event(&mut self.usage, event)),
+            Reading::AwsEventStream(reader) => reader.push(chunk, |json| read_data(&mut self.usage, json)),
         }
     }
 
@@ -83,6 +88,8 @@ impl UsageTap {
             }
             Reading::Json(None) => {}
             Reading::EventStream(reader) => reader.finish(|event| read_event(&mut self.usage, event)),
+            // A frame is whole or not read at all: nothing is pending at the end.
+            Reading::AwsEventStream(_) => {}
         }
         self.usage
     }
@@ -99,10 +106,15 @@ pub fn of_body(body: &[u8]) -> Option<Usage> {
 
 /// Only events that mention usage are worth parsing.
 fn read_event(usage: &mut Option<Usage>, event: &sse::Event) {
-    if !event.data.contains("\"usage\"") && !event.data.contains("\"usageMetadata\"") {
+    read_data(usage, &event.data);
+}
+
+/// One event's JSON.
+fn read_data(usage: &mut Option<Usage>, data: &str) {
+    if !data.contains("\"usage\"") && !data.contains("\"usageMetadata\"") {
         return;
     }
-    merge(usage, &event.data);
+    merge(usage, data);
 }
 
 /// The fields of a body or event where a usage object may be; everything else (the answer's
@@ -353,6 +365,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!((usage.prompt_tokens, usage.cached_tokens, usage.output_tokens), (100, 90, 42));
+    }
+
+    #[test]
+    fn reads_anthropic_usage_from_bedrock_s_event_stream_frames_split_anywhere() {
+        use crate::cloud::event_stream::tests::frame;
+        let mut stream = frame(
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":2000,"cache_creation_input_tokens":300,"output_tokens":1}}}"#,
+        );
+        stream.extend(frame(r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#));
+        stream.extend(frame(
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":42}}"#,
+        ));
+        stream.extend(frame(
+            r#"{"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCount":2310,"outputTokenCount":42}}"#,
+        ));
+        for size in [1, 13, stream.len()] {
+            let mut tap = UsageTap::new(Framing::AwsEventStream);
+            for chunk in stream.chunks(size) {
+                tap.observe(&Bytes::copy_from_slice(chunk));
+            }
+            let usage = tap.finish().unwrap();
+            assert_eq!(
+                (usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens, usage.output_tokens),
+                (2310, 2000, 300, 42),
+                "chunks of {size}"
+            );
+        }
     }
 
     #[test]

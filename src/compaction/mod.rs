@@ -209,7 +209,8 @@ impl Compactor {
             agent_markers: agent::AgentMarkers::new(&config.compaction.agent_markers),
             quiet: quiet::Quiet::new(&rewriter.models),
             rewriter,
-            identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose()),
+            identifier: Identifier::new(&config.session.header, config.session.tenant_secret.expose())
+                .with_clients(upstreams.cloud().clients().clone()),
             prefixes: PrefixCache::new(config.limits.prefix_cache_bytes)
                 .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,

@@ -96,7 +96,9 @@ impl RequestState {
 
     /// The model the request's path names.
     fn path_model(&self) -> Option<PathModel<'_>> {
-        self.path_model.as_ref().map(|(name, rules)| PathModel { name, rules: *rules })
+        self.path_model
+            .as_ref()
+            .map(|(name, rules)| PathModel { name: std::borrow::Cow::Borrowed(name), rules: *rules })
     }
 
     /// Parses `body` in the request's dialect, the model named in its path filled in.

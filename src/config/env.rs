@@ -37,6 +37,7 @@ impl KnownKeys {
             keys.model_fields = model.keys().cloned().collect();
         }
         keys.tables.insert("models".into());
+        keys.tables.insert("clients".into());
         // Keys the file accepts but the effective configuration does not render (deprecated ones,
         // converted): a variable may set them too.
         let (accepted, _) = super::check::accepted_keys::<super::raw::RawConfig>();
@@ -65,7 +66,11 @@ impl KnownKeys {
             return true;
         }
         let segments: Vec<&str> = path.split('.').collect();
-        matches!(segments.as_slice(), ["models", name, field] if !name.is_empty() && self.model_fields.contains(*field))
+        match segments.as_slice() {
+            ["models", name, field] => !name.is_empty() && self.model_fields.contains(*field),
+            ["clients", tenant, "key_sha256"] => !tenant.is_empty(),
+            _ => false,
+        }
     }
 
     /// The known key `path` most likely misspells, if it looks like one: a few edits away from a key
@@ -152,6 +157,8 @@ mod tests {
         }
         assert!(keys.is_known("models.my-model.context_window"));
         assert!(!keys.is_known("models.my-model.window"));
+        assert!(keys.is_known("clients.team-a.key_sha256"));
+        assert!(!keys.is_known("clients.team-a.key"));
         assert!(!keys.is_known("limits"));
     }
 
@@ -201,8 +208,9 @@ mod tests {
         let keys = KnownKeys::of(&Config::default());
         let (accepted, sections) = crate::config::check::accepted_keys::<crate::config::raw::RawConfig>();
         assert!(sections.contains(&"compaction".to_string()) && accepted.contains(&"listen".to_string()));
-        // `models` holds user-named tables (`models.NAME.FIELD`), not a value.
-        let accepted: BTreeSet<String> = accepted.into_iter().filter(|key| key != "models").collect();
+        // `models` and `clients` hold user-named tables (`models.NAME.FIELD`), not a value.
+        let accepted: BTreeSet<String> =
+            accepted.into_iter().filter(|key| key != "models" && key != "clients").collect();
         assert_eq!(keys.leaves, accepted, "what --check-config renders is what the raw structs read");
         assert!(accepted.len() >= 90, "{accepted:?}");
     }

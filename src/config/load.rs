@@ -126,6 +126,29 @@ mod tests {
     }
 
     #[test]
+    fn client_keys_are_digests_by_tenant_and_a_bad_digest_is_named() {
+        let one = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let two = "60303AE22B998861BCE3B28F33EEC1BE758A213C86C93C076DBE9F558C11C752";
+        let config = from_toml(&format!(
+            "[clients.team-a]\nkey_sha256 = \"{one}\"\n[clients.team-b]\nkey_sha256 = [\"{one}\", \"{two}\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(config.clients["team-a"].key_sha256.len(), 1);
+        assert_eq!(config.clients["team-b"].key_sha256[1][0], 0x60);
+        let bad = from_toml("[clients.team-a]\nkey_sha256 = \"sk-the-key-itself\"\n").unwrap_err().to_string();
+        assert!(bad.contains("clients.team-a.key_sha256") && bad.contains("64 hex digits"), "{bad}");
+        assert!(!bad.contains("sk-the-key-itself"), "the key itself is never echoed: {bad}");
+        let unknown = from_toml("[clients.team-a]\nkey = \"x\"\n").unwrap_err().to_string();
+        assert!(unknown.contains("clients.team-a"), "{unknown}");
+        let bedrock = from_toml("[upstream]\nbedrock = \"https://bedrock-runtime.eu-west-1.amazonaws.com\"\n").unwrap();
+        assert_eq!(
+            bedrock.upstream.bedrock.map(|url| url.authority().to_string()).as_deref(),
+            Some("bedrock-runtime.eu-west-1.amazonaws.com")
+        );
+        assert!(from_toml("[upstream]\nbedrock_region = \"US East\"\n").is_err());
+    }
+
+    #[test]
     fn model_entries_override_the_built_in_table_and_bad_ones_are_named() {
         let config =
             from_toml("[models.\"my-model\"]\ncontext_window = 32768\n[models.default]\nmax_output_tokens = 2048\n")

@@ -57,6 +57,22 @@ pub struct Config {
     pub compaction: CompactionSettings,
     /// `[models.NAME]` entries over the built-in table.
     pub models: BTreeMap<String, ModelInfo>,
+    /// `[clients.TENANT]` entries: compactor's own client keys, by the tenant each names (see
+    /// [`crate::cloud::ClientKeys`]).
+    pub clients: BTreeMap<String, ClientKeyHashes>,
+}
+
+/// The SHA-256 digests of one tenant's client keys (`key_sha256`, one or a list: a key being
+/// rotated and its successor). Only digests are configured: the file holds no key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ClientKeyHashes {
+    #[serde(serialize_with = "hex_digests")]
+    pub key_sha256: Vec<[u8; 32]>,
+}
+
+/// Digests as the file spells them, lowercase hex.
+fn hex_digests<S: serde::Serializer>(digests: &[[u8; 32]], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(digests.iter().map(|d| d.iter().map(|b| format!("{b:02x}")).collect::<String>()))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -181,6 +197,16 @@ pub struct UpstreamConfig {
     /// Azure keeps working); else `None`, and such a request is refused in OpenAI's error shape.
     #[serde(serialize_with = "optional_url")]
     pub azure: Option<BaseUrl>,
+    /// Base URL for Amazon Bedrock's runtime (`/model/{modelId}/invoke`,
+    /// `/model/{modelId}/invoke-with-response-stream` and the other runtime operations), e.g.
+    /// `https://bedrock-runtime.us-east-1.amazonaws.com`. `None` (the default, `""`): such a
+    /// request is refused in AWS's error shape.
+    #[serde(serialize_with = "optional_url")]
+    pub bedrock: Option<BaseUrl>,
+    /// The AWS region compactor signs Bedrock requests for. Empty (the default): the region in
+    /// `bedrock`'s host (`bedrock-runtime.{region}.amazonaws.com`), else the AWS SDKs' own
+    /// (`AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's).
+    pub bedrock_region: String,
     #[serde(rename = "connect_timeout_ms", serialize_with = "millis")]
     pub connect_timeout: Duration,
     #[serde(rename = "first_byte_timeout_ms", serialize_with = "millis")]
@@ -198,6 +224,9 @@ pub struct UpstreamConfig {
     pub gemini_cache: CachePricing,
     pub vertex_cache: CachePricing,
     pub azure_cache: CachePricing,
+    /// Of the `bedrock` one, and of Claude on the `vertex` one (Anthropic's prices by default).
+    pub bedrock_cache: CachePricing,
+    pub vertex_anthropic_cache: CachePricing,
 }
 
 impl UpstreamConfig {
@@ -209,6 +238,8 @@ impl UpstreamConfig {
             gemini: self.gemini_cache,
             vertex: self.vertex_cache,
             azure: self.azure_cache,
+            bedrock: self.bedrock_cache,
+            vertex_anthropic: self.vertex_anthropic_cache,
         }
     }
 }
@@ -405,6 +436,8 @@ impl Default for UpstreamConfig {
             },
             vertex: None,
             azure: None,
+            bedrock: None,
+            bedrock_region: String::new(),
             connect_timeout: Duration::from_millis(10_000),
             first_byte_timeout: Duration::from_millis(600_000),
             idle_timeout: Duration::from_millis(300_000),
@@ -415,6 +448,8 @@ impl Default for UpstreamConfig {
             gemini_cache: CachePricing::GEMINI,
             vertex_cache: CachePricing::GEMINI,
             azure_cache: CachePricing::OPENAI,
+            bedrock_cache: CachePricing::ANTHROPIC,
+            vertex_anthropic_cache: CachePricing::ANTHROPIC,
         }
     }
 }
@@ -492,6 +527,7 @@ impl Default for Config {
             inspector: InspectorConfig { requests_per_conversation: 500, keep_content: false, content_bytes: 4_096 },
             compaction: CompactionSettings::default(),
             models: BTreeMap::new(),
+            clients: BTreeMap::new(),
         }
     }
 }

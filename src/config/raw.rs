@@ -50,6 +50,8 @@ pub struct RawConfig {
     compaction: RawCompaction,
     /// `[models.NAME]` entries, each a [`RawModel`].
     models: Field<Value>,
+    /// `[clients.TENANT]` entries, each a [`RawClient`].
+    clients: Field<Value>,
 }
 
 impl RawConfig {
@@ -72,6 +74,7 @@ impl RawConfig {
             inspector: section!(s, self.inspector, d.inspector),
             compaction: section!(s, self.compaction, d.compaction),
             models: model_entries(&mut s.section(stringify!(models)), self.models),
+            clients: client_entries(&mut s.section(stringify!(clients)), self.clients),
         }
     }
 }
@@ -84,6 +87,8 @@ struct RawUpstream {
     gemini: Field<String>,
     vertex: Field<String>,
     azure: Field<String>,
+    bedrock: Field<String>,
+    bedrock_region: Field<String>,
     connect_timeout_ms: Field<u64>,
     first_byte_timeout_ms: Field<u64>,
     idle_timeout_ms: Field<u64>,
@@ -94,6 +99,8 @@ struct RawUpstream {
     gemini_cache: Field<String>,
     vertex_cache: Field<String>,
     azure_cache: Field<String>,
+    bedrock_cache: Field<String>,
+    vertex_anthropic_cache: Field<String>,
 }
 
 impl RawUpstream {
@@ -112,6 +119,14 @@ impl RawUpstream {
             anthropic: key!(s, self.anthropic, d.anthropic, url),
             gemini: key!(s, self.gemini, d.gemini, url),
             vertex: key!(s, self.vertex, d.vertex, optional),
+            bedrock: key!(s, self.bedrock, d.bedrock, optional),
+            bedrock_region: key!(s, self.bedrock_region, d.bedrock_region, |s: String| {
+                if s.is_empty() || s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+                    Ok(s)
+                } else {
+                    Err(format!("`{s}` is not an AWS region name, e.g. us-east-1"))
+                }
+            }),
             connect_timeout: key!(s, self.connect_timeout_ms, d.connect_timeout, positive_ms),
             first_byte_timeout: key!(s, self.first_byte_timeout_ms, d.first_byte_timeout, positive_ms),
             idle_timeout: key!(s, self.idle_timeout_ms, d.idle_timeout, positive_ms),
@@ -122,6 +137,8 @@ impl RawUpstream {
             gemini_cache: key!(s, self.gemini_cache, d.gemini_cache, cache),
             vertex_cache: key!(s, self.vertex_cache, d.vertex_cache, cache),
             azure_cache: key!(s, self.azure_cache, d.azure_cache, cache),
+            bedrock_cache: key!(s, self.bedrock_cache, d.bedrock_cache, cache),
+            vertex_anthropic_cache: key!(s, self.vertex_anthropic_cache, d.vertex_anthropic_cache, cache),
         }
     }
 }
@@ -478,4 +495,60 @@ fn model_entries(s: &mut Section, field: Field<Value>) -> BTreeMap<String, Model
         models.insert(name, info);
     }
     models
+}
+
+/// `[clients.TENANT]`: `key_sha256`, the hex SHA-256 digest of one client key or a list of them.
+fn client_entries(s: &mut Section, field: Field<Value>) -> BTreeMap<String, ClientKeyHashes> {
+    let mut clients = BTreeMap::new();
+    let Field::Given(Ok(value)) = field else { return clients };
+    let Some(entries) = value.into_dict() else {
+        s.problem("", "expected a table");
+        return clients;
+    };
+    for (tenant, value) in entries {
+        let Some(mut table) = value.into_dict() else {
+            s.problem(&tenant, "expected a table with `key_sha256`");
+            continue;
+        };
+        let digests = match table.remove("key_sha256") {
+            Some(Value::String(_, one)) => vec![one],
+            Some(Value::Array(_, many)) => many.into_iter().filter_map(|v| v.into_string()).collect(),
+            _ => {
+                s.problem(
+                    &format!("{tenant}.key_sha256"),
+                    "expected the hex SHA-256 digest of a client key, or a list",
+                );
+                continue;
+            }
+        };
+        for unknown in table.keys() {
+            s.problem(&format!("{tenant}.{unknown}"), "unknown key (a client has `key_sha256` only)");
+        }
+        let mut hashes = ClientKeyHashes::default();
+        for digest in digests {
+            match parse_digest(&digest) {
+                Some(digest) => hashes.key_sha256.push(digest),
+                None => s.problem(
+                    &format!("{tenant}.key_sha256"),
+                    // Never echoed: a key pasted where its digest belongs would land in the log.
+                    "a value that is not 64 hex digits (give the key's digest, `printf %s KEY | sha256sum`)",
+                ),
+            }
+        }
+        clients.insert(tenant, hashes);
+    }
+    clients
+}
+
+/// 64 hex digits, either case.
+fn parse_digest(text: &str) -> Option<[u8; 32]> {
+    let text = text.trim();
+    if text.len() != 64 {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (at, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(at * 2..at * 2 + 2)?, 16).ok()?;
+    }
+    Some(digest)
 }

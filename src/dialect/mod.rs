@@ -279,9 +279,10 @@ fn scan_top_level<'a>(
 }
 
 /// The model a request's path names, and whether it rules over the body's `model`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathModel<'a> {
-    pub name: &'a str,
+    /// As the path names it (decoded where the path encodes it: a Bedrock model id's `%3A`).
+    pub name: Cow<'a, str>,
     pub rules: bool,
 }
 
@@ -488,7 +489,7 @@ impl<'a> ParsedRequest<'a> {
         if let Some(PathModel { name, rules }) = model
             && (rules || self.model.is_none())
         {
-            self.model = Some(Cow::Owned(name.to_string()));
+            self.model = Some(Cow::Owned(name.into_owned()));
         }
         self
     }

@@ -60,6 +60,12 @@ pub struct Proxy {
 impl Proxy {
     pub fn new(config: Arc<Config>, store: Store) -> Result<Self, std::io::Error> {
         let upstreams = Arc::new(Upstreams::new(&config)?);
+        // compactor's AWS credentials, found while the listener starts: a client-signed Bedrock
+        // request is only rewritten when compactor can sign what it changed.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let warming = upstreams.clone();
+            runtime.spawn(async move { warming.cloud().warm().await });
+        }
         Ok(Self {
             compactor: Compactor::new(&config, store, upstreams.clone()),
             upstreams,
@@ -136,6 +142,9 @@ impl Proxy {
     async fn pass_through(&self, head: RequestHead, body: Incoming, mut finish: Box<Finish>) -> Response<ResponseBody> {
         let route = head.route;
         let timeout = self.config.limits.client_body_timeout;
+        if self.upstreams.cloud().signs_whole_body(route.family, &head.headers) {
+            return self.pass_through_signed(head, body, finish).await;
+        }
         let body = ClientBody::new(body, timeout);
         let progress = body.progress();
         let request = match self.upstreams.build_streamed(&head, body) {
@@ -154,6 +163,52 @@ impl Proxy {
                 let error = progress.client_error(timeout).unwrap_or(error);
                 return fail(error, route, finish);
             }
+        };
+        finish.outcome.upstream_ttfb = Some(forwarded_at.elapsed());
+        let forwarded = Forwarded {
+            inspected: Inspected::pass(response),
+            retries: 0,
+            compacted: None,
+            tokens_after: None,
+            recovery: None,
+        };
+        let answer = Answer { report: None, compacted: None, tap_usage: false };
+        self.respond(forwarded, answer, finish)
+    }
+
+    /// A request compactor does not rewrite but signs (a client-key request to Bedrock): a
+    /// signature covers the whole body, so it is read whole first (up to `limits.max_body_bytes`),
+    /// then sent as it came, signed.
+    async fn pass_through_signed(
+        &self,
+        head: RequestHead,
+        body: Incoming,
+        mut finish: Box<Finish>,
+    ) -> Response<ResponseBody> {
+        let route = head.route;
+        let limits = &self.config.limits;
+        let body = match request_body::read_whole(
+            &head.headers,
+            body,
+            limits.max_body_bytes,
+            limits.client_body_timeout,
+        )
+        .await
+        {
+            Ok(body) => body,
+            Err(error) => return fail(error, route, finish),
+        };
+        finish.outcome.bytes_in = body.len() as u64;
+        let request = match self.upstreams.build_request(&head, body) {
+            Ok(request) => request,
+            Err(error) => return fail(error, route, finish),
+        };
+        let forwarded_at = Instant::now();
+        finish.outcome.overhead = forwarded_at - finish.outcome.started;
+        finish.outcome.forwarded_at = Some(forwarded_at);
+        let response = match self.upstreams.send(route.family, request).await {
+            Ok(response) => response,
+            Err(error) => return fail(error, route, finish),
         };
         finish.outcome.upstream_ttfb = Some(forwarded_at.elapsed());
         let forwarded = Forwarded {
@@ -202,8 +257,9 @@ impl Proxy {
             finish.span.record("compactor.compaction_generation", generation);
         }
         finish.outcome.write_headers(headers);
-        finish.outcome.streaming =
-            headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let content_type = headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes).unwrap_or_default();
+        let aws_frames = content_type.starts_with(crate::cloud::event_stream::CONTENT_TYPE.as_bytes());
+        finish.outcome.streaming = content_type.starts_with(b"text/event-stream") || aws_frames;
         finish.outcome.overhead += head_at.elapsed();
         let Some((incoming, last_frame)) = incoming else {
             // compactor read the whole (error) body: send it on exactly as it came.
@@ -211,7 +267,11 @@ impl Proxy {
             let bytes = held.unwrap_or_default();
             return Response::from_parts(response_parts, ResponseBody::finished(bytes, finish));
         };
-        let framing = if finish.outcome.streaming { Framing::EventStream } else { Framing::Json };
+        let framing = match (aws_frames, finish.outcome.streaming) {
+            (true, _) => Framing::AwsEventStream,
+            (false, true) => Framing::EventStream,
+            (false, false) => Framing::Json,
+        };
         let usage = (answer.tap_usage && response_parts.status.is_success()).then(|| UsageTap::new(framing));
         let idle_timeout = self.config.upstream.idle_timeout;
         let body =

@@ -26,6 +26,7 @@ use super::forward::{self, Forwarded, SentAhead};
 use super::request_body::{self, Encoded};
 use super::{Answer, Proxy, RECORDED_WITHIN, Taken, ahead, recorded};
 use crate::boxed::boxed;
+use crate::cloud::Admission;
 use crate::compaction::Prepared;
 use crate::dialect::Dialect;
 use crate::error::ProxyError;
@@ -80,9 +81,12 @@ impl Proxy {
         if let Some(error) = request_body::unsupported_transfer_coding(headers) {
             return Err(error);
         }
-        self.upstreams.serves(route.family)?;
         if let Endpoint::Unserved(platform) = route.endpoint {
             return Err(ProxyError::Unserved { platform });
+        }
+        self.upstreams.serves(route.family)?;
+        if self.upstreams.cloud().admit(route.family, headers)? == Admission::AsItCame {
+            return Ok(Admitted::PassThrough);
         }
         let counted = Dialect::counted(route.endpoint);
         if Dialect::of(route.endpoint).is_none() && counted.is_none() {
@@ -129,7 +133,8 @@ impl Proxy {
             && !parts.headers.contains_key(header::CONTENT_ENCODING)
             && self.compactor.nothing_to_decide(route.endpoint, &body);
         if quiet {
-            return Ok(self.prepare_ahead(RequestHead::new(route, parts), body, held, finish).await);
+            let head = RequestHead::new(route, parts).signed(&body);
+            return Ok(self.prepare_ahead(head, body, held, finish).await);
         }
         self.prepare_decoded(route, parts, body, held, counted, finish).await
     }
@@ -150,6 +155,7 @@ impl Proxy {
         let budget = Budget::new(limits.rewrite_budget, body.len());
         let stop_when_gone = budget.stop_on_drop();
         let tenant = self.compactor.tenant(&parts.headers);
+        let signed = body.clone();
         // Boxed: a decoder's state (brotli's above all) is large, and held inline it made every
         // request's future tens of kilobytes, copied at each move.
         let decoding = boxed(|| request_body::decode(&mut parts.headers, body, limits.max_body_bytes));
@@ -158,7 +164,7 @@ impl Proxy {
         // Bounded by the body as decoded: what the parse reads.
         budget.bound_parse(limits.parse_memory(body.len()));
         let encoded = encoded.map(|encoded| (encoded, body.clone()));
-        let head = RequestHead::new(route, parts);
+        let head = RequestHead::new(route, parts).signed(&signed);
         // Boxed: these futures are large (a summary call lives in them), and a future is copied
         // each time it is moved; a box moves as one pointer. Token counts are cached per tenant
         // (see `tokens::scoped`).

@@ -12,8 +12,9 @@ use http::{HeaderMap, Method};
 
 pub use normalize::normalize_path;
 pub use provider_paths::azure_deployment;
+pub use provider_paths::{bedrock_model_id, bedrock_operation, vertex_claude};
 pub use provider_paths::{gemini_method, model_method, vertex_method};
-use provider_paths::{is_azure, is_bedrock, is_vertex_resource, vertex_partner};
+use provider_paths::{is_azure, is_bedrock, is_bedrock_control, is_vertex_resource, vertex_partner};
 pub use query::query_value;
 
 /// The API family of a request: decides the upstream and the shape of compactor's own errors.
@@ -29,6 +30,12 @@ pub enum ApiFamily {
     /// Azure OpenAI (`/openai/deployments/{d}/…`, `/openai/v1/…`): OpenAI's dialect and errors,
     /// its own upstream (`upstream.azure`), its `api-key` header passed through.
     Azure,
+    /// Claude on Amazon Bedrock's runtime (`/model/{modelId}/invoke…`): Anthropic's Messages
+    /// bodies, AWS's errors, its own upstream (`upstream.bedrock`), signed with SigV4.
+    Bedrock,
+    /// Claude on Vertex AI (`…/publishers/anthropic/models/{model}:rawPredict`): Anthropic's
+    /// Messages bodies and errors, Vertex AI's upstream (`upstream.vertex`), Google's bearer.
+    VertexAnthropic,
 }
 
 impl ApiFamily {
@@ -40,6 +47,8 @@ impl ApiFamily {
             ApiFamily::Gemini => "gemini",
             ApiFamily::Vertex => "vertex",
             ApiFamily::Azure => "azure",
+            ApiFamily::Bedrock => "bedrock",
+            ApiFamily::VertexAnthropic => "vertex_anthropic",
         }
     }
 
@@ -51,8 +60,15 @@ impl ApiFamily {
 
 impl ApiFamily {
     /// Every family, in the order of `[upstream]`.
-    pub const ALL: [ApiFamily; 5] =
-        [ApiFamily::OpenAi, ApiFamily::Anthropic, ApiFamily::Gemini, ApiFamily::Vertex, ApiFamily::Azure];
+    pub const ALL: [ApiFamily; 7] = [
+        ApiFamily::OpenAi,
+        ApiFamily::Anthropic,
+        ApiFamily::Gemini,
+        ApiFamily::Vertex,
+        ApiFamily::Azure,
+        ApiFamily::Bedrock,
+        ApiFamily::VertexAnthropic,
+    ];
 
     /// The family an upstream's name (`openai`, `anthropic`...) names.
     pub fn of_label(label: &str) -> Option<Self> {
@@ -70,6 +86,8 @@ pub struct PerFamily<T> {
     pub gemini: T,
     pub vertex: T,
     pub azure: T,
+    pub bedrock: T,
+    pub vertex_anthropic: T,
 }
 
 impl<T> PerFamily<T> {
@@ -81,6 +99,8 @@ impl<T> PerFamily<T> {
             ApiFamily::Gemini => &self.gemini,
             ApiFamily::Vertex => &self.vertex,
             ApiFamily::Azure => &self.azure,
+            ApiFamily::Bedrock => &self.bedrock,
+            ApiFamily::VertexAnthropic => &self.vertex_anthropic,
         }
     }
 }
@@ -109,22 +129,19 @@ pub enum Endpoint {
     Other,
 }
 
-/// A provider platform whose paths compactor recognizes but does not serve yet.
+/// A provider platform whose paths compactor recognizes but does not serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Platform {
-    /// Amazon Bedrock's runtime (`/model/{modelId}/invoke`, `converse`...), signed with SigV4.
-    Bedrock,
-    /// A partner model on Vertex AI (`…/publishers/anthropic/models/{m}:rawPredict`, or any
-    /// publisher but Google's).
-    VertexPartner,
+    /// Amazon Bedrock's control plane (`/inference-profiles`, `/foundation-models`, on
+    /// `bedrock.{region}`): compactor serves the runtime (`bedrock-runtime.{region}`) only.
+    BedrockControl,
 }
 
 impl Platform {
     /// The platform's name, as an error tells it.
     pub fn name(self) -> &'static str {
         match self {
-            Platform::Bedrock => "Amazon Bedrock",
-            Platform::VertexPartner => "partner models on Vertex AI (Claude on Vertex)",
+            Platform::BedrockControl => "Amazon Bedrock's control plane (model and inference-profile listings)",
         }
     }
 }
@@ -153,6 +170,18 @@ fn openai_endpoint(path: &str, post: bool) -> Endpoint {
     }
 }
 
+/// The endpoint of a Bedrock path: InvokeModel of Claude (streamed or not) is a Messages body;
+/// every other runtime operation (Converse, CountTokens...) goes as it came, signed.
+fn bedrock_endpoint(path: &str, post: bool) -> Endpoint {
+    if is_bedrock_control(path) {
+        return Endpoint::Unserved(Platform::BedrockControl);
+    }
+    match bedrock_operation(path) {
+        Some((_, "invoke" | "invoke-with-response-stream")) if post => Endpoint::Messages,
+        _ => Endpoint::Other,
+    }
+}
+
 /// The endpoint of a Gemini model method.
 fn gemini_endpoint(method: &str, post: bool) -> Endpoint {
     match method {
@@ -171,10 +200,11 @@ impl Route {
     /// anything carrying `x-goog-api-key` go to Gemini. Vertex AI's Gemini model methods go to
     /// Vertex AI, whatever their headers.
     ///
-    /// A path of a platform compactor does not serve yet (Amazon Bedrock, a partner model on
-    /// Vertex AI) is [`Endpoint::Unserved`], answered in the dialect its clients read (Claude's
-    /// on both); any other Vertex AI resource path goes to Vertex AI as it came. Azure OpenAI's
-    /// paths (`/openai/…`) go to Azure, read as OpenAI's.
+    /// Amazon Bedrock's runtime paths go to Bedrock (its InvokeModel of Claude read as Messages),
+    /// Claude's on Vertex AI to Vertex AI (`rawPredict` and `streamRawPredict` read as Messages);
+    /// any other Vertex AI resource path goes to Vertex AI as it came. Bedrock's control plane
+    /// is [`Endpoint::Unserved`], answered in AWS's error shape. Azure OpenAI's paths
+    /// (`/openai/…`) go to Azure, read as OpenAI's.
     pub fn of(method: &Method, path: &str, headers: &HeaderMap) -> Self {
         let path = path.trim_end_matches('/');
         let post = method == Method::POST;
@@ -187,13 +217,18 @@ impl Route {
             return Self { family: ApiFamily::Vertex, endpoint: gemini_endpoint(vertex, post) };
         }
         if is_bedrock(path) {
-            return Self { family: ApiFamily::Anthropic, endpoint: Endpoint::Unserved(Platform::Bedrock) };
+            return Self { family: ApiFamily::Bedrock, endpoint: bedrock_endpoint(path, post) };
         }
-        if let Some(publisher) = vertex_partner(path) {
-            let family = if publisher == "anthropic" { ApiFamily::Anthropic } else { ApiFamily::Vertex };
-            return Self { family, endpoint: Endpoint::Unserved(Platform::VertexPartner) };
+        if let Some((model, method)) = vertex_claude(path) {
+            let endpoint = match method {
+                "rawPredict" | "streamRawPredict" if post && model == "count-tokens" => Endpoint::CountTokens,
+                "rawPredict" | "streamRawPredict" if post => Endpoint::Messages,
+                _ => Endpoint::Other,
+            };
+            return Self { family: ApiFamily::VertexAnthropic, endpoint };
         }
-        if is_vertex_resource(path) {
+        // Another partner's model (Llama, Mistral...) is Vertex AI's to answer, as it came.
+        if vertex_partner(path).is_some() || is_vertex_resource(path) {
             return Self { family: ApiFamily::Vertex, endpoint: Endpoint::Other };
         }
         if is_azure(path) {
@@ -242,8 +277,9 @@ impl Route {
             (_, Endpoint::GenerateContent) => "generate_content",
             (_, Endpoint::StreamGenerateContent) => "stream_generate_content",
             (_, Endpoint::GeminiCountTokens) => "gemini_count_tokens",
-            (_, Endpoint::Unserved(Platform::Bedrock)) => "bedrock_unserved",
-            (_, Endpoint::Unserved(Platform::VertexPartner)) => "vertex_partner_unserved",
+            (_, Endpoint::Unserved(Platform::BedrockControl)) => "bedrock_control_unserved",
+            (ApiFamily::Bedrock, _) => "bedrock_other",
+            (ApiFamily::VertexAnthropic, _) => "vertex_anthropic_other",
             (ApiFamily::Gemini, _) => "gemini_other",
             (ApiFamily::Vertex, _) => "vertex_other",
             (ApiFamily::Azure, Endpoint::Models) => "azure_models",

@@ -82,23 +82,75 @@ pub(super) fn is_vertex_resource(path: &str) -> bool {
 }
 
 /// A Vertex AI model of a publisher other than Google (`…/publishers/anthropic/models/…`): the
-/// publisher.
-pub(super) fn vertex_partner(path: &str) -> Option<&str> {
+/// publisher and what follows `models/`.
+pub(super) fn vertex_partner(path: &str) -> Option<(&str, &str)> {
     if !is_vertex_resource(path) {
         return None;
     }
     let (_, rest) = path.split_once("/publishers/")?;
     let (publisher, rest) = rest.split_once('/')?;
-    (publisher != "google" && rest.starts_with("models/")).then_some(publisher)
+    let model = rest.strip_prefix("models/")?;
+    (publisher != "google").then_some((publisher, model))
 }
 
-/// Amazon Bedrock's runtime paths: `/model/{modelId}/{operation}` (InvokeModel, Converse,
-/// CountTokens and their streams), `/async-invoke`, `/guardrail/…`.
+/// Claude on Vertex AI, `…/publishers/anthropic/models/{model}:{method}`: the model and the
+/// method (`rawPredict`, `streamRawPredict`; the model `count-tokens` counts). `None` for any
+/// other path.
+pub fn vertex_claude(path: &str) -> Option<(&str, &str)> {
+    let ("anthropic", rest) = vertex_partner(path)? else { return None };
+    let (model, method) = rest.split_once(':')?;
+    (!model.is_empty() && !model.contains('/')).then_some((model, method))
+}
+
+/// Amazon Bedrock's paths: the runtime's `/model/{modelId}/{operation}` (InvokeModel, Converse,
+/// CountTokens and their streams), `/async-invoke`, `/guardrail/…`, and the control plane's
+/// model listings (`/inference-profiles`, `/foundation-models`), which Claude Code asks first.
 pub(super) fn is_bedrock(path: &str) -> bool {
     path.starts_with("/model/")
         || path == "/async-invoke"
         || path.starts_with("/async-invoke/")
         || path.starts_with("/guardrail/")
+        || is_bedrock_control(path)
+}
+
+/// The Bedrock control plane's paths a client of the runtime asks (`bedrock.{region}`, not
+/// `bedrock-runtime.{region}`): compactor serves the runtime only.
+pub(super) fn is_bedrock_control(path: &str) -> bool {
+    ["/inference-profiles", "/foundation-models"]
+        .iter()
+        .any(|prefix| path == *prefix || path.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('/')))
+}
+
+/// A Bedrock runtime model path, `/model/{modelId}/{operation}`: the model id as sent (a model
+/// id, an inference profile's, or an ARN, percent-encoded or not) and the operation.
+pub fn bedrock_operation(path: &str) -> Option<(&str, &str)> {
+    let (model, operation) = path.strip_prefix("/model/")?.split_once('/')?;
+    (!model.is_empty() && !operation.contains('/')).then_some((model, operation))
+}
+
+/// A Bedrock model id as the path carries it, percent-decoded (`v1%3A0` is `v1:0`, an ARN's
+/// `%2F` a slash); `None` when it does not decode to UTF-8.
+pub fn bedrock_model_id(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+    if !raw.contains('%') {
+        return Some(std::borrow::Cow::Borrowed(raw));
+    }
+    let bytes = raw.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[at], bytes.get(at + 1).copied().and_then(hex), bytes.get(at + 2).copied().and_then(hex)) {
+            (b'%', Some(high), Some(low)) => {
+                decoded.push((high * 16 + low) as u8);
+                at += 3;
+            }
+            (byte, ..) => {
+                decoded.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8(decoded).ok().map(std::borrow::Cow::Owned)
 }
 
 /// Azure OpenAI's paths: everything under `/openai/` (deployments, the v1 API, the preview

@@ -147,7 +147,7 @@ fn a_dot_dot_segment_is_read_as_before_without_allocating() {
 /// The table of every path shape the SDKs and agents send, and where each must go.
 mod sdk_paths {
     use super::*;
-    use ApiFamily::{Anthropic, Azure, Gemini, OpenAi, Vertex};
+    use ApiFamily::{Anthropic, Azure, Bedrock, Gemini, OpenAi, Vertex, VertexAnthropic};
     use Endpoint::*;
 
     /// A request's method, path and headers, and the family and endpoint it must be routed to.
@@ -163,8 +163,7 @@ mod sdk_paths {
     #[test]
     fn every_sdk_path_shape_goes_to_its_own_providers_upstream() {
         let cases =
-            [openai_paths(), azure_paths(), anthropic_paths(), gemini_paths(), vertex_paths(), unserved_paths()]
-                .concat();
+            [openai_paths(), azure_paths(), anthropic_paths(), gemini_paths(), vertex_paths(), cloud_paths()].concat();
         for (method, path, headers, family, endpoint) in cases {
             let mut map = HeaderMap::new();
             for (name, value) in headers {
@@ -278,85 +277,67 @@ mod sdk_paths {
         ]
     }
 
-    /// The platforms compactor does not serve yet.
-    fn unserved_paths() -> Vec<Case> {
+    /// Claude on Vertex AI and on Bedrock, as Claude Code and the Anthropic SDKs send them; another
+    /// partner's model on Vertex AI; Bedrock's control plane, which compactor does not serve.
+    fn cloud_paths() -> Vec<Case> {
+        const STREAM: &str = "/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke-with-response-stream";
         vec![
-            // Not served yet: Claude on Vertex AI and on Bedrock, another partner model.
             (
                 Method::POST,
                 format!("{VERTEX}/anthropic/models/claude-sonnet-4-5@20250929:rawPredict"),
                 NONE,
-                Anthropic,
-                Unserved(Platform::VertexPartner),
+                VertexAnthropic,
+                Messages,
             ),
             (
                 Method::POST,
                 format!("{VERTEX}/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict"),
-                NONE,
-                Anthropic,
-                Unserved(Platform::VertexPartner),
+                ANTHROPIC,
+                VertexAnthropic,
+                Messages,
             ),
             (
                 Method::POST,
                 format!("{VERTEX}/anthropic/models/count-tokens:rawPredict"),
                 NONE,
-                Anthropic,
-                Unserved(Platform::VertexPartner),
+                VertexAnthropic,
+                CountTokens,
             ),
-            (
-                Method::POST,
-                format!("{VERTEX}/meta/models/llama-4:rawPredict"),
-                NONE,
-                Vertex,
-                Unserved(Platform::VertexPartner),
-            ),
-            (
-                Method::POST,
-                "/model/anthropic.claude-sonnet-4-5-20250929-v1:0/invoke".into(),
-                NONE,
-                Anthropic,
-                Unserved(Platform::Bedrock),
-            ),
+            (Method::GET, format!("{VERTEX}/anthropic/models/claude-sonnet-4-5@20250929"), NONE, Vertex, Other),
+            (Method::POST, format!("{VERTEX}/meta/models/llama-4:rawPredict"), NONE, Vertex, Other),
+            (Method::POST, "/model/anthropic.claude-sonnet-4-5-20250929-v1:0/invoke".into(), NONE, Bedrock, Messages),
+            (Method::POST, STREAM.into(), ANTHROPIC, Bedrock, Messages),
             (
                 Method::POST,
                 "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream".into(),
                 NONE,
-                Anthropic,
-                Unserved(Platform::Bedrock),
+                Bedrock,
+                Messages,
             ),
             (
                 Method::POST,
                 "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123%3Ainference-profile%2Fus.anthropic.claude/invoke".into(),
                 NONE,
-                Anthropic,
-                Unserved(Platform::Bedrock),
+                Bedrock,
+                Messages,
             ),
-            (
-                Method::POST,
-                "/model/anthropic.claude-v2/converse-stream".into(),
-                NONE,
-                Anthropic,
-                Unserved(Platform::Bedrock),
-            ),
-            (
-                Method::POST,
-                "/model/anthropic.claude-v2/count-tokens".into(),
-                NONE,
-                Anthropic,
-                Unserved(Platform::Bedrock),
-            ),
+            (Method::POST, "/model/anthropic.claude-v2/converse-stream".into(), NONE, Bedrock, Other),
+            (Method::POST, "/model/anthropic.claude-v2/count-tokens".into(), NONE, Bedrock, Other),
+            (Method::GET, "/model/anthropic.claude-v2/invoke".into(), NONE, Bedrock, Other),
+            (Method::GET, "/inference-profiles".into(), NONE, Bedrock, Unserved(Platform::BedrockControl)),
+            (Method::GET, "/foundation-models".into(), NONE, Bedrock, Unserved(Platform::BedrockControl)),
         ]
     }
 }
 
 #[test]
 fn each_family_is_found_by_its_upstream_name_and_reads_its_own_value() {
-    let values = PerFamily { openai: 1, anthropic: 2, gemini: 3, vertex: 4, azure: 5 };
+    let values = PerFamily { openai: 1, anthropic: 2, gemini: 3, vertex: 4, azure: 5, bedrock: 6, vertex_anthropic: 7 };
     for (family, value) in ApiFamily::ALL.into_iter().zip(1..) {
         assert_eq!(ApiFamily::of_label(family.label()), Some(family));
         assert_eq!(*values.get(family), value);
     }
-    assert_eq!(ApiFamily::of_label("bedrock"), None);
+    assert_eq!(ApiFamily::of_label("sagemaker"), None);
 }
 
 #[test]
@@ -366,4 +347,22 @@ fn an_azure_deployment_path_names_its_deployment() {
     assert_eq!(azure_deployment("/openai/deployments//chat/completions"), None);
     assert_eq!(azure_deployment("/openai/v1/chat/completions"), None);
     assert_eq!(azure_deployment("/v1/chat/completions"), None);
+}
+
+#[test]
+fn a_bedrock_model_id_is_read_from_its_path_as_sent_or_percent_encoded() {
+    let id = |path: &str| bedrock_operation(path).and_then(|(raw, _)| bedrock_model_id(raw)).map(|id| id.into_owned());
+    let streamed = "/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke-with-response-stream";
+    assert_eq!(id(streamed).as_deref(), Some("us.anthropic.claude-sonnet-4-5-20250929-v1:0"));
+    assert_eq!(bedrock_operation(streamed).map(|(_, op)| op), Some("invoke-with-response-stream"));
+    let encoded = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123%3Ainference-profile%2Fus.anthropic.claude/invoke";
+    assert_eq!(id(encoded).as_deref(), Some("arn:aws:bedrock:us-east-1:123:inference-profile/us.anthropic.claude"));
+    assert_eq!(id("/model/bad%ff/invoke"), None, "not UTF-8 once decoded");
+    assert_eq!(id("/model//invoke"), None);
+    assert_eq!(bedrock_operation("/model/m/invoke/extra"), None);
+    assert_eq!(
+        vertex_claude("/v1/projects/p/locations/l/publishers/anthropic/models/claude-opus-4@1:rawPredict"),
+        Some(("claude-opus-4@1", "rawPredict"))
+    );
+    assert_eq!(vertex_claude("/v1/projects/p/locations/l/publishers/meta/models/llama:rawPredict"), None);
 }

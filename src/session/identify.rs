@@ -83,6 +83,8 @@ pub struct Identifier {
     /// Tenant hashes by a seeded fast hash of the credential (see [`Identifier::tenant_of`]).
     tenants: Arc<Mutex<HashMap<u128, TenantHash, foldhash::fast::RandomState>>>,
     cache_seed: u64,
+    /// compactor's client keys: a key's request is its tenant's, every key of a tenant alike.
+    clients: Arc<crate::cloud::ClientKeys>,
 }
 
 impl Identifier {
@@ -92,7 +94,13 @@ impl Identifier {
         let seed = blake3::derive_key("compactor tenant cache v1", &secret);
         let cache_seed = u64::from_le_bytes(seed[..8].try_into().unwrap_or_default());
         let header = HeaderName::from_bytes(header.to_ascii_lowercase().as_bytes()).ok();
-        Self { header, secret, tenants: Arc::default(), cache_seed }
+        Self { header, secret, tenants: Arc::default(), cache_seed, clients: Arc::default() }
+    }
+
+    /// The same, with compactor's client keys known (see [`crate::cloud::ClientKeys`]).
+    pub fn with_clients(mut self, clients: Arc<crate::cloud::ClientKeys>) -> Self {
+        self.clients = clients;
+        self
     }
 
     /// The session of a request.
@@ -159,9 +167,17 @@ impl Identifier {
         self.header.iter().chain(AGENT_HEADERS.iter())
     }
 
-    fn credential<'h>(&self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
+    /// What the tenant is derived from: a client key's tenant, else the credential the request
+    /// carries, of which a SigV4 signature (new on every request) is its access key alone.
+    fn credential<'h>(&'h self, headers: &'h HeaderMap) -> Option<&'h [u8]> {
+        if let Some(tenant) = self.clients.tenant_credential(headers) {
+            return Some(tenant);
+        }
         CREDENTIAL_HEADERS.iter().find_map(|name| headers.get(name)).map(|v| {
             let value = v.as_bytes();
+            if let Some(access_key) = crate::cloud::clients::sigv4_access_key(value) {
+                return access_key;
+            }
             value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer ")).unwrap_or(value)
         })
     }

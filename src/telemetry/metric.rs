@@ -21,6 +21,10 @@ pub const CALLS_BUCKETS: [f64; 9] = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 6
 pub fn describe() {
     describe_rewrite();
     describe_counter!("compactor_requests_total", "Proxied requests by route and final status.");
+    describe_counter!(
+        "compactor_forwarded_as_signed_total",
+        "Client-signed requests (Bedrock SigV4) forwarded as they came, unread, because compactor holds no credential to sign a changed body."
+    );
     describe_histogram!(
         "compactor_upstream_duration_seconds",
         Unit::Seconds,
@@ -191,6 +195,12 @@ pub fn sent_ahead(outcome: &'static str) {
 /// A request parse that re-made the last turn's messages (`hit`) or read the whole body (`miss`).
 pub fn prefix_reuse(route: &'static str, outcome: &'static str) {
     counter!("compactor_prefix_reuse_total", "route" => route, "outcome" => outcome).increment(1);
+}
+
+/// A request signed by its client that compactor forwarded as it came because it could not sign
+/// a changed body (it holds no AWS credentials): nothing of compactor's was done to it.
+pub fn forwarded_unsigned(family: &'static str) {
+    counter!("compactor_forwarded_as_signed_total", "family" => family).increment(1);
 }
 
 pub fn overflow_seen(route: &'static str) {
@@ -371,6 +381,7 @@ pub fn present_at_start() {
     for outcome in ["ahead", "withdrawn"] {
         counter!("compactor_sent_ahead_total", "outcome" => outcome).absolute(0);
     }
+    counter!("compactor_forwarded_as_signed_total", "family" => "bedrock").absolute(0);
     for reason in ["pressure", "cold_cache", "pays_back", "no_cache", "summary"] {
         counter!("compactor_prefix_breaks_total", "reason" => reason).absolute(0);
     }

@@ -135,6 +135,9 @@ pub fn provider(family: ApiFamily) -> &'static str {
         ApiFamily::Gemini => "gcp.gemini",
         ApiFamily::Vertex => "gcp.vertex_ai",
         ApiFamily::Azure => "azure.ai.openai",
+        // OpenTelemetry's GenAI names for the platforms Claude is served on.
+        ApiFamily::Bedrock => "aws.bedrock",
+        ApiFamily::VertexAnthropic => "gcp.vertex_ai",
     }
 }
 

@@ -47,11 +47,24 @@ pub struct RequestHead {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
+    /// The body as a client that signed its request (SigV4) signed it: only that body goes with
+    /// the client's signature, any other is signed by compactor.
+    pub signed_body: Option<Bytes>,
 }
 
 impl RequestHead {
     pub fn new(route: Route, parts: Parts) -> Self {
-        Self { route, method: parts.method, uri: parts.uri, headers: parts.headers }
+        Self { route, method: parts.method, uri: parts.uri, headers: parts.headers, signed_body: None }
+    }
+
+    /// Keeps `body` as the one the client signed, when the client signed the request.
+    pub fn signed(mut self, body: &Bytes) -> Self {
+        if self.route.family == ApiFamily::Bedrock
+            && self.headers.get(header::AUTHORIZATION).is_some_and(|v| v.as_bytes().starts_with(b"AWS4-HMAC-SHA256 "))
+        {
+            self.signed_body = Some(body.clone());
+        }
+        self
     }
 
     /// The model a Gemini or Vertex AI request's path names
@@ -62,9 +75,18 @@ impl RequestHead {
         let path = self.uri.path();
         match self.route.family {
             ApiFamily::Gemini | ApiFamily::Vertex => {
-                crate::route::model_method(path).map(|(name, _)| PathModel { name, rules: false })
+                crate::route::model_method(path).map(|(name, _)| PathModel { name: name.into(), rules: false })
             }
-            ApiFamily::Azure => crate::route::azure_deployment(path).map(|name| PathModel { name, rules: true }),
+            ApiFamily::Azure => {
+                crate::route::azure_deployment(path).map(|name| PathModel { name: name.into(), rules: true })
+            }
+            // Claude on the cloud platforms: the body names no model, the path does.
+            ApiFamily::Bedrock => crate::route::bedrock_operation(path)
+                .and_then(|(raw, _)| crate::route::bedrock_model_id(raw))
+                .map(|name| PathModel { name, rules: true }),
+            ApiFamily::VertexAnthropic => crate::route::vertex_claude(path)
+                .filter(|(model, _)| *model != "count-tokens")
+                .map(|(name, _)| PathModel { name: name.into(), rules: true }),
             ApiFamily::OpenAi | ApiFamily::Anthropic => None,
         }
     }
@@ -131,6 +153,15 @@ impl Upstream {
     }
 }
 
+/// What a request needs to be authenticated with once it is sent (see [`crate::cloud`]): its
+/// absolute URL and the body that goes, as it will be signed.
+#[derive(Clone)]
+struct Authenticate {
+    how: crate::cloud::Authentication,
+    url: String,
+    body: Bytes,
+}
+
 /// A request on its way: the response head to come, or why it did not.
 type Dispatched<'a> = Pin<Box<dyn Future<Output = Result<Response<PooledBody>, Cause>> + Send + 'a>>;
 
@@ -146,6 +177,8 @@ enum Transport {
 /// The upstreams and the connections to them, for the process.
 pub struct Upstreams {
     transport: Transport,
+    /// Client keys and compactor's cloud credentials (Bedrock's SigV4, Vertex AI's bearer).
+    cloud: crate::cloud::Cloud,
     /// Each family's upstream; Vertex AI's only when configured (`upstream.vertex`).
     upstreams: PerFamily<Option<Upstream>>,
     first_byte_timeout: Duration,
@@ -173,12 +206,16 @@ impl Upstreams {
         };
         Ok(Self {
             transport,
+            cloud: crate::cloud::Cloud::new(config),
             upstreams: PerFamily {
                 openai: Some(Upstream::new(&upstream.openai)?),
                 anthropic: Some(Upstream::new(&upstream.anthropic)?),
                 gemini: Some(Upstream::new(&upstream.gemini)?),
                 vertex: upstream.vertex.as_ref().map(Upstream::new).transpose()?,
                 azure: upstream.azure.as_ref().map(Upstream::new).transpose()?,
+                bedrock: upstream.bedrock.as_ref().map(Upstream::new).transpose()?,
+                // Claude on Vertex AI goes where Vertex AI's Gemini models go.
+                vertex_anthropic: upstream.vertex.as_ref().map(Upstream::new).transpose()?,
             },
             first_byte_timeout: upstream.first_byte_timeout,
             idle_timeout: upstream.idle_timeout,
@@ -190,6 +227,7 @@ impl Upstreams {
     fn upstream(&self, family: ApiFamily) -> Result<&Upstream, ProxyError> {
         self.upstreams.get(family).as_ref().ok_or(match family {
             ApiFamily::Azure => ProxyError::NoUpstream { what: "Azure OpenAI", key: "upstream.azure" },
+            ApiFamily::Bedrock => ProxyError::NoUpstream { what: "Amazon Bedrock", key: "upstream.bedrock" },
             _ => ProxyError::NoUpstream { what: "Vertex AI", key: "upstream.vertex" },
         })
     }
@@ -208,15 +246,26 @@ impl Upstreams {
     /// The upstream request for a client request: base URL joined with path and query, Host set
     /// for the upstream, hop-by-hop headers dropped, every other header kept in order.
     pub fn build_request(&self, head: &RequestHead, body: Bytes) -> Result<Request<UpstreamBody>, ProxyError> {
-        self.build(head, Either::Left(Full::new(body)))
+        let sent = body.clone();
+        self.build(head, Either::Left(Full::new(body)), Some(sent))
     }
 
     /// The upstream request for a client request whose body streams through as it arrives.
     pub fn build_streamed(&self, head: &RequestHead, body: ClientBody) -> Result<Request<UpstreamBody>, ProxyError> {
-        self.build(head, Either::Right(body))
+        self.build(head, Either::Right(body), None)
     }
 
-    fn build(&self, head: &RequestHead, body: UpstreamBody) -> Result<Request<UpstreamBody>, ProxyError> {
+    /// The cloud platforms' client keys and credentials.
+    pub fn cloud(&self) -> &crate::cloud::Cloud {
+        &self.cloud
+    }
+
+    fn build(
+        &self,
+        head: &RequestHead,
+        body: UpstreamBody,
+        sent: Option<Bytes>,
+    ) -> Result<Request<UpstreamBody>, ProxyError> {
         let upstream = self.upstream(head.route.family)?;
         // hyper's own HTTP/1.1 connection writes the URI as it is: origin form (`/path?query`).
         let uri = match self.transport {
@@ -229,7 +278,13 @@ impl Upstreams {
         // body's own, from the client's framing).
         headers.remove(header::CONTENT_LENGTH);
         headers.insert(header::HOST, upstream.host.clone());
+        let how = self.cloud.authentication(head.route.family, &mut headers, sent.as_ref(), head.signed_body.as_ref());
         let mut request = Request::new(body);
+        if how != crate::cloud::Authentication::AsSent {
+            // Authenticated as it is sent (the credential may need fetching): see `send_armed`.
+            let url = upstream.uri(head.uri.path_and_query())?.to_string();
+            request.extensions_mut().insert(Authenticate { how, url, body: sent.unwrap_or_default() });
+        }
         *request.method_mut() = head.method.clone();
         *request.uri_mut() = uri;
         *request.version_mut() = Version::HTTP_11;
@@ -271,6 +326,10 @@ impl Upstreams {
         let upstream = || target.base.to_string();
         let span = trace::upstream_span(family, target.base.authority());
         trace::inject(&span, request.headers_mut());
+        if let Some(Authenticate { how, url, body }) = request.extensions_mut().remove::<Authenticate>() {
+            let method = request.method().clone();
+            self.cloud.authenticate(how, &method, &url, request.headers_mut(), &body).await?;
+        }
         let sent =
             Deadline::new(self.dispatch(target, request), self.first_byte_timeout, armed).instrument(span.clone());
         let result = match sent.await {

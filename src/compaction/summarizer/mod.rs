@@ -14,6 +14,7 @@ use crate::dialect::{Dialect, ParsedRequest};
 use crate::error::ProxyError;
 use crate::json::json_string;
 use crate::overflow::OverflowDetector;
+use crate::route::ApiFamily;
 use crate::session::SummaryCost;
 use crate::telemetry::{metric, trace};
 use crate::upstream::{RequestHead, Upstreams};
@@ -21,6 +22,7 @@ use crate::work;
 use tracing::Instrument;
 
 mod answer;
+mod call;
 mod transcript;
 
 pub use answer::extract;
@@ -181,10 +183,11 @@ impl Summarizer {
             metric::summary_tokens("input", u64::from(piece_tokens));
             input_tokens = input_tokens.saturating_add(piece_tokens);
             span.record("gen_ai.usage.input_tokens", input_tokens);
-            let body = self.request_body(input.parsed.dialect, input.model, &transcript, input.max_tokens);
+            let body =
+                self.request_body(input.parsed.dialect, head.route.family, input.model, &transcript, input.max_tokens);
             calls += 1;
-            let gemini_head = (input.parsed.dialect == Dialect::Gemini).then(|| gemini_summary_head(head, input.model));
-            match self.call(gemini_head.as_ref().unwrap_or(head), body).instrument(span.clone()).await {
+            let summary_head = call::head(head, input.parsed.dialect, input.model);
+            match self.call(summary_head.as_ref().unwrap_or(head), body).instrument(span.clone()).await {
                 Ok(answer) => {
                     metric::summary_call("ok");
                     let Some(text) = extract(input.parsed.dialect, &answer) else {
@@ -297,7 +300,16 @@ impl Summarizer {
     }
 
     /// The tool-less, non-streaming summary request in the client's dialect.
-    fn request_body(&self, dialect: Dialect, model: &str, transcript: &str, max_tokens: u32) -> Vec<u8> {
+    /// Claude on Bedrock and on Vertex AI name the model in the path and their API version in
+    /// the body ([`call::anthropic_envelope`]).
+    fn request_body(
+        &self,
+        dialect: Dialect,
+        family: ApiFamily,
+        model: &str,
+        transcript: &str,
+        max_tokens: u32,
+    ) -> Vec<u8> {
         let user = format!("<transcript>\n{transcript}</transcript>\n\n{}", self.instruction);
         let body = match dialect {
             Dialect::ChatCompletions => format!(
@@ -307,19 +319,21 @@ impl Summarizer {
                 json_string(&user),
                 chat_output_field(model)
             ),
-            Dialect::AnthropicMessages => format!(
-                r#"{{"model":{},"max_tokens":{max_tokens},"system":{},"messages":[{{"role":"user","content":{}}}],"stream":false}}"#,
-                json_string(model),
-                json_string(&self.system_prompt),
-                json_string(&user)
-            ),
+            Dialect::AnthropicMessages => {
+                let (lead, stream) = call::anthropic_envelope(family, model);
+                format!(
+                    r#"{{{lead},"max_tokens":{max_tokens},"system":{},"messages":[{{"role":"user","content":{}}}]{stream}}}"#,
+                    json_string(&self.system_prompt),
+                    json_string(&user)
+                )
+            }
             Dialect::Responses => format!(
                 r#"{{"model":{},"instructions":{},"input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":{}}}]}}],"max_output_tokens":{max_tokens},"store":false,"stream":false}}"#,
                 json_string(model),
                 json_string(&self.system_prompt),
                 json_string(&user)
             ),
-            // The model is in the path (see `gemini_summary_head`).
+            // The model is in the path (see `call::head`).
             Dialect::Gemini => format!(
                 r#"{{"systemInstruction":{{"parts":[{{"text":{}}}]}},"contents":[{{"role":"user","parts":[{{"text":{}}}]}}],"generationConfig":{{"maxOutputTokens":{max_tokens}}}}}"#,
                 json_string(&self.system_prompt),
@@ -327,35 +341,6 @@ impl Summarizer {
             ),
         };
         body.into_bytes()
-    }
-}
-
-/// The head of a Gemini summary call: the client's headers and query (its key may be there), sent
-/// to `:generateContent` of the summarizing model, without `alt=sse` (the answer is read whole).
-/// The path is the client's up to its `models/` (a Vertex AI path keeps its project and location).
-fn gemini_summary_head(head: &RequestHead, model: &str) -> RequestHead {
-    let client_path = head.uri.path();
-    let models = match client_path.rfind("/models/") {
-        Some(at) => &client_path[..at + "/models/".len()],
-        None => "/v1beta/models/",
-    };
-    let query: Vec<&str> = head
-        .uri
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|pair| !pair.is_empty() && !pair.starts_with("alt="))
-        .collect();
-    let mut path = format!("{models}{model}:generateContent");
-    if !query.is_empty() {
-        path.push('?');
-        path.push_str(&query.join("&"));
-    }
-    RequestHead {
-        route: crate::route::Route { family: head.route.family, endpoint: crate::route::Endpoint::GenerateContent },
-        method: http::Method::POST,
-        uri: path.parse().unwrap_or_else(|_| head.uri.clone()),
-        headers: head.headers.clone(),
     }
 }
 
