@@ -649,6 +649,7 @@ fn prepares(path: &str, headers: &[(&str, &[u8])], body: &[u8]) -> bool {
         method: http::Method::POST,
         uri: path.parse().unwrap(),
         headers: map,
+        signed_body: None,
     };
     let prepared = REQUEST_PATH.runtime.block_on(REQUEST_PATH.compactor.prepare(
         &head,
