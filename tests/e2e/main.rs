@@ -9,6 +9,7 @@ mod adaptive;
 mod agent_compaction;
 mod azure;
 mod background;
+mod cloud_fronts;
 mod compaction;
 mod connections;
 mod conversations;
