@@ -23,8 +23,11 @@ use crate::route::ApiFamily;
 /// How a request is authenticated to its upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Authentication {
-    /// With what the client sent (its key, its bearer, its own signature over this very body).
+    /// With what the client sent (its key, its bearer).
     AsSent,
+    /// With the client's own SigV4 signature over this very body: its signed headers, `Host`
+    /// included, go as they were signed.
+    AsSigned,
     /// Signed by compactor with SigV4 (a client-key request, or a body compactor changed).
     AwsSigV4,
     /// With compactor's own Google access token (a client-key request).
@@ -114,6 +117,7 @@ impl Cloud {
             (ApiFamily::Bedrock, Caller::Own(Credential::SigV4)) if sent.is_some() && sent != signed => {
                 Authentication::AwsSigV4
             }
+            (ApiFamily::Bedrock, Caller::Own(Credential::SigV4)) => Authentication::AsSigned,
             (ApiFamily::Vertex | ApiFamily::VertexAnthropic, Caller::Client(_)) => Authentication::GoogleBearer,
             _ => Authentication::AsSent,
         }
@@ -135,7 +139,7 @@ impl Cloud {
         body: &[u8],
     ) -> Result<(), ProxyError> {
         match how {
-            Authentication::AsSent => Ok(()),
+            Authentication::AsSent | Authentication::AsSigned => Ok(()),
             Authentication::AwsSigV4 => match &self.aws {
                 Some(aws) => aws.sign(method, url, headers, body).await,
                 None => Err(ProxyError::NoCloudCredential { platform: "AWS", source: "no upstream.bedrock".into() }),

@@ -350,20 +350,8 @@ pub const ROUTES: [&str; 10] = [
 /// The routes compactor rewrites.
 const REWRITABLE_ROUTES: [&str; 3] = ["chat_completions", "messages", "responses"];
 
-/// Registers every family with its known label values at zero, so that a scrape of a fresh or idle
-/// replica already shows each family (`# HELP`, `# TYPE` and a sample) and rates start from zero
-/// rather than from a missing series. Statuses and error codes that depend on traffic appear
-/// when they first happen.
-pub fn present_at_start() {
-    for route in ROUTES {
-        counter!("compactor_requests_total", "route" => route, "status" => "200").absolute(0);
-        counter!("compactor_request_bytes_total", "route" => route).absolute(0);
-        counter!("compactor_response_bytes_total", "route" => route).absolute(0);
-        counter!("compactor_errors_total", "route" => route, "code" => "upstream_unreachable").absolute(0);
-        let _registered = histogram!("compactor_overhead_seconds", "route" => route);
-        let _registered = histogram!("compactor_upstream_ttfb_seconds", "route" => route);
-        let _registered = histogram!("compactor_upstream_duration_seconds", "route" => route);
-    }
+/// The rewritable routes' families at zero (see [`present_at_start`]).
+fn rewritable_routes_at_zero() {
     for route in REWRITABLE_ROUTES {
         for outcome in
             ["changed", "unchanged", "unparsed", "over_parse_memory", "stateful", "agent_compaction", "over_budget"]
@@ -378,6 +366,23 @@ pub fn present_at_start() {
         counter!("compactor_cache_read_tokens_total", "route" => route).absolute(0);
         counter!("compactor_cache_write_tokens_total", "route" => route).absolute(0);
     }
+}
+
+/// Registers every family with its known label values at zero, so that a scrape of a fresh or idle
+/// replica already shows each family (`# HELP`, `# TYPE` and a sample) and rates start from zero
+/// rather than from a missing series. Statuses and error codes that depend on traffic appear
+/// when they first happen.
+pub fn present_at_start() {
+    for route in ROUTES {
+        counter!("compactor_requests_total", "route" => route, "status" => "200").absolute(0);
+        counter!("compactor_request_bytes_total", "route" => route).absolute(0);
+        counter!("compactor_response_bytes_total", "route" => route).absolute(0);
+        counter!("compactor_errors_total", "route" => route, "code" => "upstream_unreachable").absolute(0);
+        let _registered = histogram!("compactor_overhead_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_ttfb_seconds", "route" => route);
+        let _registered = histogram!("compactor_upstream_duration_seconds", "route" => route);
+    }
+    rewritable_routes_at_zero();
     for outcome in ["ahead", "withdrawn"] {
         counter!("compactor_sent_ahead_total", "outcome" => outcome).absolute(0);
     }

@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower_service::Service;
 use tracing::Instrument;
 
+use crate::cloud::Authentication;
 use crate::config::{BaseUrl, Config, UpstreamConfig};
 use crate::dialect::PathModel;
 use crate::error::{Cause, ProxyError};
@@ -157,7 +158,7 @@ impl Upstream {
 /// absolute URL and the body that goes, as it will be signed.
 #[derive(Clone)]
 struct Authenticate {
-    how: crate::cloud::Authentication,
+    how: Authentication,
     url: String,
     body: Bytes,
 }
@@ -277,10 +278,13 @@ impl Upstreams {
         // The body may be rewritten; hyper sets the length of what is actually sent (a streamed
         // body's own, from the client's framing).
         headers.remove(header::CONTENT_LENGTH);
-        headers.insert(header::HOST, upstream.host.clone());
         let how = self.cloud.authentication(head.route.family, &mut headers, sent.as_ref(), head.signed_body.as_ref());
+        // A client's own signature covers the Host it signed for: it goes as it was signed.
+        if how != Authentication::AsSigned || !headers.contains_key(header::HOST) {
+            headers.insert(header::HOST, upstream.host.clone());
+        }
         let mut request = Request::new(body);
-        if how != crate::cloud::Authentication::AsSent {
+        if !matches!(how, Authentication::AsSent | Authentication::AsSigned) {
             // Authenticated as it is sent (the credential may need fetching): see `send_armed`.
             let url = upstream.uri(head.uri.path_and_query())?.to_string();
             request.extensions_mut().insert(Authenticate { how, url, body: sent.unwrap_or_default() });

@@ -29,6 +29,8 @@ fn agents() -> Vec<Cli> {
         .filter(|cli| {
             let key = match cli {
                 Cli::ClaudeCode => "claude",
+                Cli::ClaudeCodeBedrock => "claude-bedrock",
+                Cli::ClaudeCodeVertex => "claude-vertex",
                 Cli::Codex => "codex",
                 Cli::OpenCode => "opencode",
                 Cli::QwenCode => "qwen",
@@ -42,7 +44,7 @@ fn agents() -> Vec<Cli> {
 /// The provider's prices for the agent's dialect.
 fn prices(cli: Cli) -> Prices {
     match cli {
-        Cli::ClaudeCode => ANTHROPIC,
+        Cli::ClaudeCode | Cli::ClaudeCodeBedrock | Cli::ClaudeCodeVertex => ANTHROPIC,
         Cli::Gemini => GEMINI,
         Cli::Codex | Cli::OpenCode | Cli::QwenCode => OPENAI,
     }
@@ -107,7 +109,7 @@ async fn bench_agents() {
             eprintln!("{}", through.describe().lines().take(2).collect::<Vec<_>>().join("\n"));
             let prices = prices(cli);
             let (direct_records, through_records) = (billed(&direct), billed(&through));
-            let breakpoints = (cli == Cli::ClaudeCode).then(|| {
+            let breakpoints = cli.is_claude_code().then(|| {
                 (
                     bill_by_breakpoints(&direct_records, &prices).cost,
                     bill_by_breakpoints(&through_records, &prices).cost,

@@ -18,6 +18,10 @@ pub const REQUIRE: &str = "COMPACTOR_REQUIRE_AGENT_TESTS";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cli {
     ClaudeCode,
+    /// Claude Code with `CLAUDE_CODE_USE_BEDROCK=1`, in front of the fake Bedrock (`platforms`).
+    ClaudeCodeBedrock,
+    /// Claude Code with `CLAUDE_CODE_USE_VERTEX=1`, in front of the fake Vertex AI.
+    ClaudeCodeVertex,
     Codex,
     OpenCode,
     QwenCode,
@@ -25,11 +29,26 @@ pub enum Cli {
 }
 
 impl Cli {
-    pub const ALL: [Cli; 5] = [Cli::ClaudeCode, Cli::Codex, Cli::OpenCode, Cli::QwenCode, Cli::Gemini];
+    pub const ALL: [Cli; 7] = [
+        Cli::ClaudeCode,
+        Cli::ClaudeCodeBedrock,
+        Cli::ClaudeCodeVertex,
+        Cli::Codex,
+        Cli::OpenCode,
+        Cli::QwenCode,
+        Cli::Gemini,
+    ];
+
+    /// Whether it is Claude Code, on whichever platform.
+    pub fn is_claude_code(self) -> bool {
+        matches!(self, Cli::ClaudeCode | Cli::ClaudeCodeBedrock | Cli::ClaudeCodeVertex)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             Cli::ClaudeCode => "Claude Code",
+            Cli::ClaudeCodeBedrock => "Claude Code on Bedrock",
+            Cli::ClaudeCodeVertex => "Claude Code on Vertex AI",
             Cli::Codex => "Codex CLI",
             Cli::OpenCode => "OpenCode",
             Cli::QwenCode => "Qwen Code",
@@ -39,7 +58,7 @@ impl Cli {
 
     fn bin(self) -> &'static str {
         match self {
-            Cli::ClaudeCode => "claude",
+            Cli::ClaudeCode | Cli::ClaudeCodeBedrock | Cli::ClaudeCodeVertex => "claude",
             Cli::Codex => "codex",
             Cli::OpenCode => "opencode",
             Cli::QwenCode => "qwen",
@@ -71,6 +90,9 @@ impl Cli {
     pub fn model(self) -> &'static str {
         match self {
             Cli::ClaudeCode => "claude-sonnet-4-5",
+            // The ids the platforms give Claude Sonnet 4.5 (an inference profile's on Bedrock).
+            Cli::ClaudeCodeBedrock => "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            Cli::ClaudeCodeVertex => "claude-sonnet-4-5@20250929",
             Cli::Codex => "gpt-5",
             Cli::OpenCode | Cli::QwenCode => "sim-model",
             // A Gemini 3 model: the simulator then refuses a current turn whose calls lost their
@@ -110,7 +132,15 @@ impl Outcome {
 /// Runs `cli` once with [`PROMPT`] against `base` (scheme, host and port: the provider or
 /// compactor), in a fresh temporary home and working directory. `own_compaction`: leave the
 /// agent's own context management on, as its users run it (else off where it can be turned off).
-pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bool) -> Outcome {
+/// `env`: what else the agent is given (a cloud platform's switches and credentials).
+pub fn run(
+    cli: Cli,
+    exe: &Path,
+    base: &str,
+    limit: Duration,
+    own_compaction: bool,
+    env: &[(String, String)],
+) -> Outcome {
     let dir = tempfile::tempdir().expect("temp dir");
     let home = dir.path().join("home");
     let work = dir.path().join("work");
@@ -121,13 +151,21 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
     command.env("TMPDIR", dir.path()).current_dir(&work);
     let final_file = dir.path().join("final.txt");
     match cli {
-        Cli::ClaudeCode => {
+        Cli::ClaudeCode | Cli::ClaudeCodeBedrock | Cli::ClaudeCodeVertex => {
             command
                 .args(["-p", PROMPT, "--model", cli.model(), "--output-format", "json"])
                 .arg("--dangerously-skip-permissions")
-                .env("IS_SANDBOX", "1")
-                .env("ANTHROPIC_BASE_URL", base)
-                .env("ANTHROPIC_API_KEY", "sk-ant-test")
+                .env("IS_SANDBOX", "1");
+            match cli {
+                Cli::ClaudeCodeBedrock => {
+                    command.env("CLAUDE_CODE_USE_BEDROCK", "1").env("ANTHROPIC_BEDROCK_BASE_URL", base)
+                }
+                Cli::ClaudeCodeVertex => {
+                    command.env("CLAUDE_CODE_USE_VERTEX", "1").env("ANTHROPIC_VERTEX_BASE_URL", format!("{base}/v1"))
+                }
+                _ => command.env("ANTHROPIC_BASE_URL", base).env("ANTHROPIC_API_KEY", "sk-ant-test"),
+            };
+            command
                 .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
                 .env("DISABLE_TELEMETRY", "1")
                 .env("DISABLE_ERROR_REPORTING", "1")
@@ -206,6 +244,7 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
                 .env("GEMINI_CLI_TRUST_WORKSPACE", "true");
         }
     }
+    command.envs(env.iter().map(|(name, value)| (name, value)));
     command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // Its own process group, so a time-out ends the agent and every command it started.
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
@@ -239,7 +278,9 @@ pub fn run(cli: Cli, exe: &Path, base: &str, limit: Duration, own_compaction: bo
     let stdout = out.join().unwrap_or_default();
     let stderr = err.join().unwrap_or_default();
     let answer = match cli {
-        Cli::ClaudeCode => last_json(&stdout).and_then(|v| v["result"].as_str().map(String::from)).unwrap_or_default(),
+        Cli::ClaudeCode | Cli::ClaudeCodeBedrock | Cli::ClaudeCodeVertex => {
+            last_json(&stdout).and_then(|v| v["result"].as_str().map(String::from)).unwrap_or_default()
+        }
         Cli::Codex => std::fs::read_to_string(&final_file).unwrap_or_default(),
         Cli::OpenCode => stdout
             .lines()

@@ -12,5 +12,6 @@ mod common;
 
 mod bench;
 mod clis;
+mod platforms;
 mod scenario;
 mod suite;

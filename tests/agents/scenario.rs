@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use crate::clis::{self, Cli, Outcome};
 use crate::common::ProxyProcess;
+use crate::common::cloud::FrontRequest;
 use crate::common::provider::{Errors, Outcome as Handled, ProviderSim, ProviderSpec, Record};
 use crate::common::script::{self, Script};
 use crate::common::window::markers;
+use crate::platforms::Platform;
 
 /// How the scenario runs.
 #[derive(Clone, Debug)]
@@ -28,6 +30,8 @@ pub struct Scenario {
 pub struct Played {
     pub cli: Cli,
     pub through_compactor: bool,
+    /// What the fake cloud platform received (Bedrock, Vertex AI), with its verdict on each.
+    pub front: Vec<FrontRequest>,
     pub outcome: Outcome,
     pub records: Vec<Record>,
     /// The provider's window in force at the end.
@@ -114,15 +118,23 @@ pub async fn play(cli: Cli, exe: &Path, scenario: &Scenario, through_compactor: 
         ..ProviderSpec::default()
     };
     let provider = ProviderSim::start(spec).await;
-    let proxy = through_compactor.then(|| ProxyProcess::start_with(&provider.compactor_config(&scenario.config), &[]));
-    let base = match &proxy {
-        Some(proxy) => proxy.url(""),
-        None => provider.url(),
+    let platform = Platform::start(cli, &provider).await;
+    let proxy = through_compactor.then(|| match &platform {
+        Some(platform) => {
+            ProxyProcess::start_with(&platform.compactor_config(&provider, &scenario.config), &platform.compactor_env())
+        }
+        None => ProxyProcess::start_with(&provider.compactor_config(&scenario.config), &[]),
+    });
+    let base = match (&proxy, &platform) {
+        (Some(proxy), _) => proxy.url(""),
+        (None, Some(platform)) => platform.url(),
+        (None, None) => provider.url(),
     };
+    let env = platform.as_ref().map(|p| p.agent_env(through_compactor)).unwrap_or_default();
     let exe = exe.to_path_buf();
     let (limit, own) = (scenario.limit, scenario.own_compaction);
     let outcome =
-        tokio::task::spawn_blocking(move || clis::run(cli, &exe, &base, limit, own)).await.expect("agent run");
+        tokio::task::spawn_blocking(move || clis::run(cli, &exe, &base, limit, own, &env)).await.expect("agent run");
     let logs = proxy.as_ref().map(|p| p.logs()).unwrap_or_default();
     // For looking into a run: every request body the provider received, one file each.
     if let Ok(dir) = std::env::var("COMPACTOR_AGENTS_DUMP") {
@@ -138,6 +150,7 @@ pub async fn play(cli: Cli, exe: &Path, scenario: &Scenario, through_compactor: 
     Played {
         cli,
         through_compactor,
+        front: platform.as_ref().map(Platform::requests).unwrap_or_default(),
         outcome,
         records: provider.records(),
         window: provider.window(),

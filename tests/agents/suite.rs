@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::clis::Cli;
+use crate::common::cloud::Verdict;
 use crate::common::provider::{ErrorStyle, Errors};
 use crate::common::script::Script;
 use crate::scenario::{Scenario, play};
@@ -25,7 +26,7 @@ fn scenario() -> Scenario {
 /// Overflows compactor may see: one when the error names the window, two when it does not.
 fn allowed_overflows(cli: Cli) -> usize {
     let dialect = match cli {
-        Cli::ClaudeCode => crate::common::provider::Dialect::Messages,
+        Cli::ClaudeCode | Cli::ClaudeCodeBedrock | Cli::ClaudeCodeVertex => crate::common::provider::Dialect::Messages,
         Cli::Codex => crate::common::provider::Dialect::Responses,
         Cli::OpenCode | Cli::QwenCode => crate::common::provider::Dialect::Chat,
         // The Gemini API's 400 names the window: "The input token count (N) exceeds the maximum
@@ -51,6 +52,14 @@ async fn through_compactor(cli: Cli) {
         assert!(record.outcome.is_answered(), "the agent's own summary request failed: {account}");
     }
     assert_eq!(played.outcome.code, Some(0), "the agent failed: {account}");
+    // On a cloud platform every request reached the fake authenticated by compactor: signed (its
+    // SigV4 signature recomputed by the fake) or with its service account's token.
+    for request in &played.front {
+        assert_eq!(request.verdict, Verdict::Verified, "{} {}: {account}", request.method, request.path);
+    }
+    if cli == Cli::ClaudeCodeBedrock || cli == Cli::ClaudeCodeVertex {
+        assert!(played.front.len() >= played.facts.len(), "the agent's requests went through the fake: {account}");
+    }
 }
 
 /// The scenario needs compactor: straight at the provider, the agent fails (or, Qwen Code, gets
@@ -61,6 +70,12 @@ async fn direct_fails(cli: Cli) {
     let account = played.describe();
     eprintln!("{account}");
     assert!(played.overflows() >= 1, "the scenario never overflowed the window: {account}");
+    // Straight at a fake platform, the agent authenticated itself (its AWS SDK's signatures, its
+    // bearer) and the fake let it through: the overflow, not the credential, is what stopped it.
+    if !played.front.is_empty() {
+        let verified = played.front.iter().filter(|r| r.verdict == Verdict::Verified).count();
+        assert!(verified >= 2, "the fake refused the agent's own credential: {account}");
+    }
     // What the suite asks through compactor; Qwen Code, whose own compaction cannot be turned
     // off, can finish with every fact on its own, but only after more overflows and its own
     // summary requests.
@@ -74,6 +89,20 @@ async fn direct_fails(cli: Cli) {
 #[tokio::test(flavor = "multi_thread")]
 async fn claude_code_through_compactor() {
     through_compactor(Cli::ClaudeCode).await;
+}
+
+/// Claude Code on Bedrock with `CLAUDE_CODE_SKIP_BEDROCK_AUTH=1` and a client key: compactor
+/// signs every request, and the fake Bedrock checks each signature.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_on_bedrock_through_compactor() {
+    through_compactor(Cli::ClaudeCodeBedrock).await;
+}
+
+/// Claude Code on Vertex AI with `CLAUDE_CODE_SKIP_VERTEX_AUTH=1` and a client key: compactor
+/// adds its service account's token, and the fake Vertex AI checks each.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_on_vertex_through_compactor() {
+    through_compactor(Cli::ClaudeCodeVertex).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -99,6 +128,18 @@ async fn gemini_cli_through_compactor() {
 #[tokio::test(flavor = "multi_thread")]
 async fn claude_code_direct_fails() {
     direct_fails(Cli::ClaudeCode).await;
+}
+
+/// Straight at the fake Bedrock, Claude Code signing with its own AWS credentials (the AWS SDK's
+/// signatures, checked by the fake): the overflow ends the run.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_on_bedrock_direct_fails() {
+    direct_fails(Cli::ClaudeCodeBedrock).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_on_vertex_direct_fails() {
+    direct_fails(Cli::ClaudeCodeVertex).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

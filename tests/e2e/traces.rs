@@ -23,14 +23,14 @@ use crate::common::*;
 
 /// What the collector received: the spans of every export and the headers of each export call.
 #[derive(Default)]
-struct Collected {
-    spans: Vec<Span>,
+pub(crate) struct Collected {
+    pub(crate) spans: Vec<Span>,
     headers: Vec<HeaderMap>,
     service_names: Vec<String>,
 }
 
 /// A small OTLP/HTTP traces receiver on loopback: decodes protobuf `ExportTraceServiceRequest`s.
-async fn collector() -> (String, Arc<Mutex<Collected>>) {
+pub(crate) async fn collector() -> (String, Arc<Mutex<Collected>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1/traces", listener.local_addr().unwrap());
     let collected = Arc::new(Mutex::new(Collected::default()));
@@ -92,7 +92,7 @@ fn text(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> Str
     }
 }
 
-fn attributes(span: &Span) -> HashMap<String, String> {
+pub(crate) fn attributes(span: &Span) -> HashMap<String, String> {
     span.attributes.iter().map(|kv| (kv.key.clone(), text(kv.value.as_ref()))).collect()
 }
 
