@@ -256,6 +256,17 @@ async fn claude_on_vertex_gets_compactor_s_google_token_for_a_client_key_and_pas
     assert_eq!(serde_json::from_slice::<Value>(&summary.body).unwrap()["anthropic_version"], "vertex-2023-10-16");
     assert_eq!(answer.header("x-compactor-retries"), Some("1"));
 
+    // Its token count is counted as the next request would be sent, at Vertex AI's count-tokens.
+    let mut count = conversation(Api::Anthropic, 12, false);
+    count.as_object_mut().unwrap().remove("stream");
+    count["model"] = json!(VERTEX_MODEL);
+    let counted =
+        post_bytes(&proxy, &format!("{VERTEX_PATH}/count-tokens:rawPredict"), &[("authorization", &bearer)], &count)
+            .await;
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    assert!(counted.json()["input_tokens"].as_u64().is_some_and(|n| n > 0), "{}", counted.text());
+    assert_eq!(front.requests().last().unwrap().path, format!("{VERTEX_PATH}/count-tokens:rawPredict"));
+
     // The client's own Google bearer passes as it came.
     front.accept_token("ya29.the-clients-own");
     let small = for_vertex(conversation(Api::Anthropic, 1, false));
