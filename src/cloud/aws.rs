@@ -95,11 +95,24 @@ impl AwsSigner {
         })
     }
 
-    /// Loads the credentials ahead of the first request (at start), so a client-signed request
-    /// knows at once whether compactor could sign a changed body.
-    pub async fn warm(&self) {
-        if let Err(error) = self.credentials().await {
-            tracing::warn!(error = %crate::error::Chain(&error), "compactor holds no AWS credentials: Bedrock requests it would change are forwarded as they came");
+    /// Loads the credentials at start and keeps them fresh from then on (before they expire;
+    /// every minute while none are found), so a client-signed request knows at once whether
+    /// compactor could sign a changed body, whether or not anything else was signed lately.
+    pub async fn keep_fresh(&self) {
+        loop {
+            let wait = match self.credentials().await {
+                Ok((credentials, _)) => credentials
+                    .expiry()
+                    .and_then(|at| at.duration_since(SystemTime::now() + REFRESH_BEFORE).ok())
+                    .map_or(Duration::from_secs(900), |left| {
+                        left.clamp(Duration::from_secs(10), Duration::from_secs(900))
+                    }),
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::Chain(&error), "compactor holds no AWS credentials: Bedrock requests it would change are forwarded as they came");
+                    Duration::from_secs(60)
+                }
+            };
+            tokio::time::sleep(wait).await;
         }
     }
 

@@ -65,10 +65,11 @@ impl Cloud {
         &self.clients
     }
 
-    /// Loads the AWS credentials ahead of the first request (see [`aws::AwsSigner::warm`]).
-    pub async fn warm(&self) {
+    /// Loads the AWS credentials ahead of the first request and keeps them fresh (see
+    /// [`aws::AwsSigner::keep_fresh`]); returns at once without `upstream.bedrock`.
+    pub async fn keep_fresh(&self) {
         if let Some(aws) = &self.aws {
-            aws.warm().await;
+            aws.keep_fresh().await;
         }
     }
 

@@ -64,7 +64,7 @@ impl Proxy {
         // request is only rewritten when compactor can sign what it changed.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let warming = upstreams.clone();
-            runtime.spawn(async move { warming.cloud().warm().await });
+            runtime.spawn(async move { warming.cloud().keep_fresh().await });
         }
         Ok(Self {
             compactor: Compactor::new(&config, store, upstreams.clone()),
