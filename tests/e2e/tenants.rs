@@ -295,7 +295,7 @@ fn for_any_interleaving_of_tenant_as_requests_tenant_b_gets_the_same_bytes() {
 }
 
 #[tokio::test]
-async fn an_openai_fine_tuned_model_path_goes_to_openai_and_bedrock_or_claude_on_vertex_is_refused() {
+async fn an_openai_fine_tuned_model_path_goes_to_openai_and_bedrock_or_claude_on_vertex_only_to_their_own() {
     let openai = FakeUpstream::start().await;
     let google = FakeUpstream::start().await;
     let toml = format!(
@@ -312,25 +312,35 @@ async fn an_openai_fine_tuned_model_path_goes_to_openai_and_bedrock_or_claude_on
     }
     let paths: Vec<String> = openai.received().iter().map(|r| r.path_and_query.clone()).collect();
     assert_eq!(paths, vec![model.to_string(), model.to_string()], "both reached OpenAI's upstream");
-    for platform_path in [
-        "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:rawPredict",
+    let body = json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+    let post = |path: &str, token: &'static str| {
+        request(
+            "POST",
+            &proxy.url(path),
+            &[("authorization", token), ("content-type", "application/json")],
+            body.to_string(),
+        )
+    };
+    // Claude on Vertex AI with a Google token: to Vertex AI's upstream, nowhere else.
+    let vertex = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:rawPredict";
+    send(post(vertex, "Bearer ya29.google-token")).await;
+    let received = google.received();
+    assert_eq!(received.len(), 1, "the Google credential went to Vertex AI");
+    assert_eq!(received[0].path_and_query, vertex);
+    assert_eq!(received[0].headers.get("authorization").unwrap(), "Bearer ya29.google-token");
+    // Bedrock with no `upstream.bedrock`: refused in AWS's shape, sent nowhere.
+    for bedrock in [
         "/model/anthropic.claude-sonnet-4-5-20250929-v1:0/invoke",
         "/model/anthropic.claude-sonnet-4-5-20250929-v1:0/invoke-with-response-stream",
     ] {
-        let body = json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
-        let answer = send(request(
-            "POST",
-            &proxy.url(platform_path),
-            &[("authorization", "Bearer ya29.google-token"), ("content-type", "application/json")],
-            body.to_string(),
-        ))
-        .await;
-        assert_eq!(answer.status, 404, "{platform_path}: {}", answer.text());
-        assert_eq!(answer.json()["error"]["type"], "not_found_error", "Claude's error shape: {}", answer.text());
-        assert!(answer.text().contains("does not serve"), "{}", answer.text());
+        let answer = send(post(bedrock, "Bearer bedrock-api-key")).await;
+        assert_eq!(answer.status, 404, "{bedrock}: {}", answer.text());
+        assert_eq!(answer.header("x-compactor-error"), Some("no_upstream"));
+        assert_eq!(answer.header("x-amzn-errortype"), Some("ResourceNotFoundException"));
+        assert!(answer.json()["message"].as_str().unwrap().contains("upstream.bedrock"), "{}", answer.text());
     }
-    assert!(google.received().is_empty(), "no Google credential reached any upstream");
-    assert_eq!(openai.received().len(), 2, "nor an OpenAI one");
+    assert_eq!(google.received().len(), 1, "no other credential reached Google");
+    assert_eq!(openai.received().len(), 2, "nor OpenAI");
     // The proxy still serves.
     let answer = proxy
         .post(
