@@ -15,6 +15,7 @@ pub mod config;
 pub mod conversation;
 pub mod dialect;
 pub mod error;
+pub mod event_stream;
 pub mod healthcheck;
 pub mod hex;
 pub mod inflight;

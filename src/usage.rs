@@ -51,7 +51,7 @@ enum Reading {
     /// A plain JSON body, collected up to the bound (`None` once it went over).
     Json(Option<Vec<u8>>),
     EventStream(sse::Reader),
-    AwsEventStream(crate::cloud::event_stream::Reader),
+    AwsEventStream(crate::event_stream::Reader),
 }
 
 impl UsageTap {
@@ -59,7 +59,7 @@ impl UsageTap {
         let reading = match framing {
             Framing::Json => Reading::Json(Some(Vec::new())),
             Framing::EventStream => Reading::EventStream(sse::Reader::new(MAX_BUFFER)),
-            Framing::AwsEventStream => Reading::AwsEventStream(crate::cloud::event_stream::Reader::new(MAX_BUFFER)),
+            Framing::AwsEventStream => Reading::AwsEventStream(crate::event_stream::Reader::new(MAX_BUFFER)),
         };
         Self { reading, usage: None }
     }
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn reads_anthropic_usage_from_bedrock_s_event_stream_frames_split_anywhere() {
-        use crate::cloud::event_stream::tests::frame;
+        use crate::event_stream::tests::frame;
         let mut stream = frame(
             r#"{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":2000,"cache_creation_input_tokens":300,"output_tokens":1}}}"#,
         );

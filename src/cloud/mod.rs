@@ -1,12 +1,10 @@
 //! The cloud platforms' own ways in: who a request to Bedrock or Vertex AI says it is (a
 //! client key of compactor's, or the client's own credential), and compactor's credentials for
 //! the requests it authenticates itself: SigV4 for Amazon Bedrock ([`aws`]), Google's bearer for
-//! Vertex AI ([`google`]). And Bedrock's stream framing, which the usage tap reads
-//! ([`event_stream`]).
+//! Vertex AI ([`google`]). (Bedrock's stream framing is read by `crate::event_stream`.)
 
 pub mod aws;
 pub mod clients;
-pub mod event_stream;
 mod google;
 
 use std::sync::Arc;

@@ -151,9 +151,7 @@ impl Proxy {
             Ok(request) => request,
             Err(error) => return fail(error, route, finish),
         };
-        let forwarded_at = Instant::now();
-        finish.outcome.overhead = forwarded_at - finish.outcome.started;
-        finish.outcome.forwarded_at = Some(forwarded_at);
+        let forwarded_at = forwarded_now(&mut finish);
         let sent = self.upstreams.send(route.family, request).await;
         finish.outcome.bytes_in = progress.bytes();
         let response = match sent {
@@ -164,16 +162,7 @@ impl Proxy {
                 return fail(error, route, finish);
             }
         };
-        finish.outcome.upstream_ttfb = Some(forwarded_at.elapsed());
-        let forwarded = Forwarded {
-            inspected: Inspected::pass(response),
-            retries: 0,
-            compacted: None,
-            tokens_after: None,
-            recovery: None,
-        };
-        let answer = Answer { report: None, compacted: None, tap_usage: false };
-        self.respond(forwarded, answer, finish)
+        self.respond_unread(response, forwarded_at, finish)
     }
 
     /// A request compactor does not rewrite but signs (a client-key request to Bedrock): a
@@ -203,13 +192,21 @@ impl Proxy {
             Ok(request) => request,
             Err(error) => return fail(error, route, finish),
         };
-        let forwarded_at = Instant::now();
-        finish.outcome.overhead = forwarded_at - finish.outcome.started;
-        finish.outcome.forwarded_at = Some(forwarded_at);
+        let forwarded_at = forwarded_now(&mut finish);
         let response = match self.upstreams.send(route.family, request).await {
             Ok(response) => response,
             Err(error) => return fail(error, route, finish),
         };
+        self.respond_unread(response, forwarded_at, finish)
+    }
+
+    /// The answer to a request compactor sent without reading it (`forwarded_at`), passed on.
+    fn respond_unread(
+        &self,
+        response: http::Response<crate::upstream::PooledBody>,
+        forwarded_at: Instant,
+        mut finish: Box<Finish>,
+    ) -> Response<ResponseBody> {
         finish.outcome.upstream_ttfb = Some(forwarded_at.elapsed());
         let forwarded = Forwarded {
             inspected: Inspected::pass(response),
@@ -258,7 +255,7 @@ impl Proxy {
         }
         finish.outcome.write_headers(headers);
         let content_type = headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes).unwrap_or_default();
-        let aws_frames = content_type.starts_with(crate::cloud::event_stream::CONTENT_TYPE.as_bytes());
+        let aws_frames = content_type.starts_with(crate::event_stream::CONTENT_TYPE.as_bytes());
         finish.outcome.streaming = content_type.starts_with(b"text/event-stream") || aws_frames;
         finish.outcome.overhead += head_at.elapsed();
         let Some((incoming, last_frame)) = incoming else {
@@ -297,6 +294,14 @@ struct Answer {
     compacted: Option<u32>,
     /// Whether the session wants the response's usage (the upstream was asked not to compress).
     tap_usage: bool,
+}
+
+/// Notes that the request goes upstream now: what came before was compactor's overhead.
+fn forwarded_now(finish: &mut Finish) -> Instant {
+    let forwarded_at = Instant::now();
+    finish.outcome.overhead = forwarded_at - finish.outcome.started;
+    finish.outcome.forwarded_at = Some(forwarded_at);
+    forwarded_at
 }
 
 /// compactor's own answer to a request it could not forward.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// The layers, lowest first, and the top-level modules of each: the table in
 /// docs/architecture.md.
-const LAYERS: [(&str, &[&str]); 11] = [
+const LAYERS: [(&str, &[&str]); 12] = [
     (
         "base",
         &[
@@ -17,6 +17,7 @@ const LAYERS: [(&str, &[&str]); 11] = [
             "hex",
             "json",
             "sse",
+            "event_stream",
             "work",
             "healthcheck",
             "tokens",
@@ -30,6 +31,7 @@ const LAYERS: [(&str, &[&str]); 11] = [
     ("policy", &["rewrite"]),
     ("config", &["config"]),
     ("telemetry", &["telemetry"]),
+    ("credentials", &["cloud"]),
     ("state", &["session"]),
     ("transport", &["upstream"]),
     ("engine", &["compaction"]),
