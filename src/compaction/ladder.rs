@@ -34,6 +34,8 @@ pub enum RungOutcome {
     Failed,
     /// Not tried (`prune.enabled = false` for the prune-harder rung).
     Skipped,
+    /// What recovered the request's stateful chain before, applied again before it went.
+    Mapped,
 }
 
 impl RungOutcome {
@@ -45,6 +47,7 @@ impl RungOutcome {
             RungOutcome::TooBig => "too_big",
             RungOutcome::Failed => "failed",
             RungOutcome::Skipped => "skipped",
+            RungOutcome::Mapped => "mapped",
         }
     }
 }
@@ -112,6 +115,11 @@ impl Rungs {
 
     pub(super) fn count_retry(&mut self) {
         self.retries += 1;
+    }
+
+    /// The retries another climb of the same request made count for this one.
+    pub(super) fn carry_retries(&mut self, other: &Rungs) {
+        self.retries = other.retries;
     }
 
     /// The first rung, once: when the prompt fits but prompt + `max_tokens` does not, the same

@@ -28,6 +28,7 @@ mod prepare;
 mod quiet;
 mod recover;
 pub mod request;
+mod stateful;
 pub mod summarizer;
 mod window;
 
@@ -82,6 +83,18 @@ pub struct Compactor {
     inflight: InflightBodies,
     /// Places for summaries prepared in the background (`compaction.background_max_inflight`).
     background_slots: Arc<tokio::sync::Semaphore>,
+    /// Where a stateful chain is read back from (`stateful`).
+    upstreams: Arc<Upstreams>,
+    /// The stateful rungs of the `openai` and `azure` upstreams (`upstream.*_stateful`).
+    stateful: StatefulOrders,
+    /// The most bytes one page of a chain read back may take (`limits.max_body_bytes`).
+    chain_limit: usize,
+}
+
+/// The stateful rungs of each upstream that serves Responses.
+struct StatefulOrders {
+    openai: Vec<crate::config::stateful::StatefulRung>,
+    azure: Vec<crate::config::stateful::StatefulRung>,
 }
 
 /// A request as compactor sends it.
@@ -150,7 +163,7 @@ impl AnsweredGate {
 }
 
 impl Prepared {
-    fn untouched(body: Bytes) -> Self {
+    pub(crate) fn untouched(body: Bytes) -> Self {
         Self {
             body,
             session: None,
@@ -214,7 +227,13 @@ impl Compactor {
             prefixes: PrefixCache::new(config.limits.prefix_cache_bytes)
                 .for_bodies_from(usize::try_from(config.limits.prefix_min_bytes).unwrap_or(usize::MAX)),
             store,
-            summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams)),
+            summarizer: Arc::new(Summarizer::new(&config.compaction, upstreams.clone())),
+            upstreams,
+            stateful: StatefulOrders {
+                openai: config.upstream.openai_stateful.clone(),
+                azure: config.upstream.azure_stateful.clone(),
+            },
+            chain_limit: usize::try_from(config.limits.max_body_bytes).unwrap_or(usize::MAX),
             arrivals: prefill::Arrivals::new(),
             inflight: InflightBodies::new(config.limits.max_inflight_body_bytes),
             background_slots: Arc::new(tokio::sync::Semaphore::new(

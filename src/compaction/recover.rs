@@ -29,8 +29,13 @@ impl Compactor {
         overflow: &Overflow,
         sent: &Bytes,
     ) -> Next {
-        self.learn_from_overflow(head, state, ctx, overflow);
-        let next = self.next_body(head, state, ctx, overflow, sent).await;
+        // A stateful chain (not rebuilt yet) has its own rungs: what was sent is not what overflowed.
+        let next = if state.stateful.as_ref().is_some_and(|chain| !chain.rebuilt) {
+            self.next_stateful(head, state, ctx, overflow).await
+        } else {
+            self.learn_from_overflow(head, state, ctx, overflow);
+            self.next_body(head, state, ctx, overflow, sent).await
+        };
         let Some((body, report)) = next else {
             metric::recovery("gave_up");
             let trace = state.recovery();
@@ -54,12 +59,13 @@ impl Compactor {
             state.trace.pruned = report.pruned;
             state.sent = Some(report.clone());
         }
+        self.remember_rebuilt(state, &body).await;
         Next::Retry { body, report }
     }
 
     /// What an overflow teaches: the window it names, else that the window is below what was
     /// sent; the prompt size it reports measures the provider's tokenizer.
-    fn learn_from_overflow(
+    pub(super) fn learn_from_overflow(
         &self,
         head: &RequestHead,
         state: &mut RequestState,
@@ -176,7 +182,7 @@ impl Compactor {
 
     /// The summarize rungs: a compaction of the body that overflowed (`harder`: a quarter of the
     /// tail kept, user messages capped).
-    async fn summarize_rung(
+    pub(super) async fn summarize_rung(
         &self,
         head: &RequestHead,
         state: &mut RequestState,

@@ -43,6 +43,8 @@ pub struct RequestState {
     pub(super) rungs: Rungs,
     /// What this request's recovery did, for its log line.
     pub(super) trace: Recovery,
+    /// A stateful request's chain and its rungs ([`super::stateful`]).
+    pub(super) stateful: Option<Box<super::stateful::ChainState>>,
 }
 
 impl RequestState {
@@ -67,6 +69,7 @@ impl RequestState {
             path_model: None,
             rungs: Rungs::new(order),
             trace: Recovery::default(),
+            stateful: None,
         }
     }
 

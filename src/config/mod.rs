@@ -8,6 +8,7 @@ pub mod headers;
 mod load;
 mod raw;
 mod secret;
+pub mod stateful;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -227,6 +228,12 @@ pub struct UpstreamConfig {
     /// Of the `bedrock` one, and of Claude on the `vertex` one (Anthropic's prices by default).
     pub bedrock_cache: CachePricing,
     pub vertex_anthropic_cache: CachePricing,
+    /// How a stateful Responses request (`previous_response_id`, `conversation`) to the `openai`
+    /// upstream, and to the `azure` one, is recovered from its overflow, rungs in order
+    /// ([`stateful::StatefulRung`]). By default the provider's compaction first where `openai` is
+    /// OpenAI's own API, then the rebuilt chain, then `truncation: "auto"`; elsewhere the last two.
+    pub openai_stateful: Vec<stateful::StatefulRung>,
+    pub azure_stateful: Vec<stateful::StatefulRung>,
 }
 
 impl UpstreamConfig {
@@ -450,6 +457,8 @@ impl Default for UpstreamConfig {
             azure_cache: CachePricing::OPENAI,
             bedrock_cache: CachePricing::ANTHROPIC,
             vertex_anthropic_cache: CachePricing::ANTHROPIC,
+            openai_stateful: stateful::OPENAI_ORDER.to_vec(),
+            azure_stateful: stateful::OTHER_ORDER.to_vec(),
         }
     }
 }

@@ -101,6 +101,8 @@ struct RawUpstream {
     azure_cache: Field<String>,
     bedrock_cache: Field<String>,
     vertex_anthropic_cache: Field<String>,
+    openai_stateful: Field<Vec<String>>,
+    azure_stateful: Field<Vec<String>>,
 }
 
 impl RawUpstream {
@@ -113,9 +115,13 @@ impl RawUpstream {
         // gateway) before `azure` existed keeps Azure's paths going there.
         let azure = key!(s, self.azure, d.azure, optional)
             .or_else(|| (openai.authority != "api.openai.com").then(|| openai.clone()));
+        let openai_stateful =
+            key!(s, self.openai_stateful, super::stateful::default_order(&openai.authority), super::stateful::rungs);
         UpstreamConfig {
             openai,
             azure,
+            openai_stateful,
+            azure_stateful: key!(s, self.azure_stateful, d.azure_stateful, super::stateful::rungs),
             anthropic: key!(s, self.anthropic, d.anthropic, url),
             gemini: key!(s, self.gemini, d.gemini, url),
             vertex: key!(s, self.vertex, d.vertex, optional),

@@ -89,7 +89,9 @@ pub(super) async fn forward(
         let trace = recovery
             .as_ref()
             .map(|(ladder, _)| ladder.recovery())
-            .filter(|t| t.overflow.is_some() || t.summary_calls > 0 || t.background_skipped.is_some())
+            .filter(|t| {
+                t.overflow.is_some() || t.summary_calls > 0 || t.background_skipped.is_some() || !t.rungs.is_empty()
+            })
             .cloned();
         let tokens_after = trace.as_ref().and_then(|t| t.tokens_after);
         let done = |inspected| Ok(Forwarded { inspected, retries, compacted, tokens_after, recovery: trace });

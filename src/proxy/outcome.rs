@@ -26,6 +26,8 @@ const TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-aft
 const PRUNED: HeaderName = HeaderName::from_static("x-compactor-pruned");
 const RETRIES: HeaderName = HeaderName::from_static("x-compactor-retries");
 const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
+/// The overflow recovery's rungs and outcomes (`rebuild:retry`, `truncation:mapped`).
+const RUNGS: HeaderName = HeaderName::from_static("x-compactor-rungs");
 
 /// A header value of compactor's own text (an id, a session key): never invalid, but said so
 /// rather than dropped if it were.
@@ -159,6 +161,9 @@ impl RequestOutcome {
         }
         if let Some(generation) = self.compacted {
             headers.insert(COMPACTED, HeaderValue::from(generation));
+        }
+        if let Some(recovery) = self.recovery.as_ref().filter(|r| !r.rungs.is_empty()) {
+            headers.insert(RUNGS, header_value(&recovery.rungs()));
         }
     }
 

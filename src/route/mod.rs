@@ -115,6 +115,9 @@ pub enum Endpoint {
     CountTokens,
     /// OpenAI's `POST /v1/responses/input_tokens`: a Responses body whose tokens are counted.
     InputTokens,
+    /// OpenAI's `POST /v1/responses/compact`: the client compacting its own conversation with the
+    /// provider; forwarded as it came (its answer is an opaque compaction item), and counted.
+    ResponsesCompact,
     Embeddings,
     Models,
     /// Gemini's `POST /{version}/models/{model}:generateContent`.
@@ -162,6 +165,7 @@ const GOOG_API_KEY: http::HeaderName = http::HeaderName::from_static("x-goog-api
 fn openai_endpoint(path: &str, post: bool) -> Endpoint {
     match path {
         p if post && p.ends_with("/responses/input_tokens") => Endpoint::InputTokens,
+        p if post && p.ends_with("/responses/compact") => Endpoint::ResponsesCompact,
         p if post && p.ends_with("/chat/completions") => Endpoint::ChatCompletions,
         p if post && p.ends_with("/responses") => Endpoint::Responses,
         p if p.ends_with("/embeddings") => Endpoint::Embeddings,
@@ -256,6 +260,7 @@ impl Route {
             "/v1/messages" if post => Endpoint::Messages,
             "/v1/messages/count_tokens" if post => Endpoint::CountTokens,
             p if post && p.ends_with("/v1/responses/input_tokens") => Endpoint::InputTokens,
+            p if post && p.ends_with("/v1/responses/compact") => Endpoint::ResponsesCompact,
             p if post && p.ends_with("/chat/completions") => Endpoint::ChatCompletions,
             p if post && p.ends_with("/v1/responses") => Endpoint::Responses,
             p if p.ends_with("/embeddings") => Endpoint::Embeddings,
@@ -273,6 +278,7 @@ impl Route {
             (_, Endpoint::Responses) => "responses",
             (_, Endpoint::CountTokens) => "count_tokens",
             (_, Endpoint::InputTokens) => "input_tokens",
+            (_, Endpoint::ResponsesCompact) => "responses_compact",
             (_, Endpoint::Embeddings) => "embeddings",
             (_, Endpoint::GenerateContent) => "generate_content",
             (_, Endpoint::StreamGenerateContent) => "stream_generate_content",

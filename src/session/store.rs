@@ -269,6 +269,26 @@ impl Store {
         }
     }
 
+    /// Maps a stateful Responses chain compactor recovered (`key`: the tenant, `:`, the response
+    /// or conversation id the agent names) to `value`, for every replica, for the session TTL.
+    pub async fn map_chain(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => {
+                store.map_chain(key, value);
+                Ok(())
+            }
+            Backend::Redis(store) => self.guarded(store.map_chain(key, value)).await,
+        }
+    }
+
+    /// What a recovered chain (`key`, as [`Store::map_chain`] names it) maps to.
+    pub async fn chain(&self, key: &str) -> Result<Option<String>, StoreError> {
+        match &self.backend {
+            Backend::Memory(store) => Ok(store.chain(key)),
+            Backend::Redis(store) => self.guarded(store.chain(key)).await,
+        }
+    }
+
     /// Takes a conversation's compaction lock for at most `hold`, unless another owner holds it.
     pub async fn try_lock(
         &self,

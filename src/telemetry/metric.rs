@@ -334,12 +334,13 @@ pub fn cache_size(cache: &'static str, size: CacheSize) {
 }
 
 /// Every route label ([`crate::route::Route::label`]).
-pub const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 11] = [
     "chat_completions",
     "messages",
     "responses",
     "count_tokens",
     "input_tokens",
+    "responses_compact",
     "embeddings",
     "models",
     "anthropic_models",
@@ -408,7 +409,15 @@ pub fn present_at_start() {
             counter!("compactor_compactions_total", "trigger" => trigger, "outcome" => outcome).absolute(0);
         }
     }
-    for rung in ["lower_max_tokens", "prune_hard", "summarize", "summarize_harder"] {
+    for rung in [
+        "lower_max_tokens",
+        "prune_hard",
+        "summarize",
+        "summarize_harder",
+        "provider_compaction",
+        "rebuild",
+        "truncation",
+    ] {
         counter!("compactor_recovery_rungs_total", "rung" => rung, "outcome" => "retry").absolute(0);
     }
     for outcome in ["recovered", "failed", "gave_up"] {

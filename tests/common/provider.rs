@@ -33,6 +33,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use xxhash_rust::xxh3::xxh3_64;
 
+pub mod chains;
 pub mod gemini;
 
 use super::agents;
@@ -178,6 +179,9 @@ pub struct ProviderSpec {
     pub keep_bodies: bool,
     /// Play the scripted model for a real agent CLI instead of answering with prose.
     pub script: Option<Script>,
+    /// Keep Responses chains as OpenAI does ([`chains`]): `previous_response_id`, the reads back,
+    /// `truncation`, `context_management` and `/v1/responses/compact`.
+    pub chains: bool,
 }
 
 impl Default for ProviderSpec {
@@ -193,6 +197,7 @@ impl Default for ProviderSpec {
             summary_delay: Duration::ZERO,
             keep_bodies: true,
             script: None,
+            chains: false,
         }
     }
 }
@@ -472,6 +477,7 @@ struct State {
     summaries: AtomicUsize,
     /// Scripted with a room: the window, set by the first scripted turn.
     window: Mutex<Option<usize>>,
+    chains: chains::Chains,
 }
 
 impl State {
@@ -519,6 +525,7 @@ impl ProviderSim {
             previous: Mutex::new(HashMap::new()),
             summaries: AtomicUsize::new(0),
             window: Mutex::new(None),
+            chains: chains::Chains::default(),
         });
         let served = state.clone();
         serve(listener, move |request| handle(served.clone(), request));
@@ -564,6 +571,11 @@ impl ProviderSim {
     /// The window in force: the spec's, or the one a scripted room set.
     pub fn window(&self) -> usize {
         self.state.window.lock().unwrap().unwrap_or(self.state.spec.window)
+    }
+
+    /// Compaction items this provider sealed (its own compaction, on a request or the endpoint).
+    pub fn compactions(&self) -> usize {
+        self.state.chains.compactions()
     }
 
     pub fn summary_calls(&self) -> usize {
@@ -706,6 +718,14 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         let query = parts.uri.query().unwrap_or("");
         return gemini::handle(&state, record, &parts.headers, query, &model, &method, &body, value).await;
     }
+    if spec.chains
+        && let Some(reply) = chain_route(&state, &parts.method, &path, parts.uri.query().unwrap_or(""), value.as_ref())
+    {
+        record.outcome = Outcome::Answered;
+        record.status = reply.status().as_u16();
+        push(record);
+        return reply;
+    }
     let Some(dialect) = Dialect::of_path(&path).filter(|_| parts.method == Method::POST) else {
         push(record);
         return json_reply(404, &json!({"error": {"message": format!("no route for {path}"), "type": "not_found"}}));
@@ -720,8 +740,22 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
             &json!({"error": {"message": "We could not parse the JSON body of your request.", "type": "invalid_request_error", "param": null, "code": null}}),
         );
     };
-    let prompt = Prompt::read(dialect, &value, spec);
-    let text = String::from_utf8_lossy(&body).into_owned();
+    let (value, read) = match (dialect, spec.chains) {
+        (Dialect::Responses, true) => match chained(&state, value) {
+            Ok(pair) => pair,
+            Err(error) => {
+                record.status = 400;
+                push(record);
+                return json_reply(400, &error);
+            }
+        },
+        _ => (value.clone(), value),
+    };
+    let prompt = Prompt::read(dialect, &read, spec);
+    let text = if spec.chains { read.to_string() } else { String::from_utf8_lossy(&body).into_owned() };
+    if spec.chains {
+        record.markers = markers(&text);
+    }
     let summary = prompt.tool_less && text.contains(SUMMARY_MARKER);
     record.summary = summary;
     let kind = spec.script.as_ref().map(|_| script::kind(dialect.into(), &value, &text)).filter(|_| !summary);
@@ -819,6 +853,15 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
     let include_usage = value["stream_options"]["include_usage"] == true;
     push(record);
     let serial = state.records.lock().unwrap().len();
+    if spec.chains
+        && dialect == Dialect::Responses
+        && let Move::Text(text) = &reply
+    {
+        let message = json!({"type": "message", "id": format!("msg_sim{serial:06}"), "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]});
+        let stored = chains::Stored { input: chains::items_of(&value), output: vec![message] };
+        state.chains.store(&format!("resp_sim{serial:06}"), stored);
+    }
     if summary && !spec.summary_delay.is_zero() {
         tokio::time::sleep(spec.summary_delay).await;
     }
@@ -1344,4 +1387,86 @@ fn answer_call(
             sse_reply(&events)
         }
     }
+}
+
+/// The chain routes ([`chains`]): a stored response and its input items read back, and the
+/// compaction endpoint; `None` for any other request.
+fn chain_route(state: &State, method: &Method, path: &str, query: &str, body: Option<&Value>) -> Option<Reply> {
+    let not_found = |id: &str| {
+        json_reply(
+            404,
+            &json!({"error": {"message": format!("Response with id '{id}' not found."), "type": "invalid_request_error", "param": null, "code": null}}),
+        )
+    };
+    if *method == Method::POST && path.ends_with("/v1/responses/compact") {
+        let body = body?;
+        let mut items = Vec::new();
+        if let Some(id) = body["previous_response_id"].as_str() {
+            let Some(stored) = state.chains.get(id) else { return Some(not_found(id)) };
+            items.extend(stored.input.into_iter().chain(stored.output));
+        }
+        items.extend(chains::items_of(body));
+        let read = chains::as_read(&json!({"input": items})).ok()?;
+        let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
+        let sealed = state.chains.seal(&state.summary_text(number, &read.to_string()));
+        return Some(json_reply(
+            200,
+            &json!({"id": format!("resp_cmp{number:04}"), "object": "response.compaction",
+            "created_at": 1_700_000_000, "output": [sealed],
+            "usage": {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0, "total_tokens": 0}}),
+        ));
+    }
+    if *method != Method::GET {
+        return None;
+    }
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let (id, items) = match rest.strip_suffix("/input_items") {
+        Some(id) => (id, true),
+        None => (rest, false),
+    };
+    let Some(stored) = state.chains.get(id) else { return Some(not_found(id)) };
+    if items {
+        let limit = chains::query_value(query, "limit").and_then(|l| l.parse().ok()).unwrap_or(20);
+        return Some(json_reply(200, &chains::page(&stored, chains::query_value(query, "after"), limit)));
+    }
+    Some(json_reply(200, &json!({"id": id, "object": "response", "status": "completed", "output": stored.output})))
+}
+
+/// A Responses request as this provider reads it with its chains kept: its chain prepended
+/// (`previous_response_id`), compacted (`context_management`) or truncated (`truncation: "auto"`)
+/// when it does not fit; the stored body, and the body as the model reads it.
+fn chained(state: &State, mut value: Value) -> Result<(Value, Value), Value> {
+    let error = |message: String| json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}});
+    let mut chain = Vec::new();
+    if let Some(id) = value["previous_response_id"].as_str().map(str::to_string) {
+        let stored =
+            state.chains.get(&id).ok_or_else(|| error(format!("Previous response with id '{id}' not found.")))?;
+        chain.extend(stored.input.into_iter().chain(stored.output));
+        value.as_object_mut().map(|o| o.remove("previous_response_id"));
+    }
+    let own = chains::items_of(&value);
+    let window = state.window_for(None, 0);
+    let tokens = |items: &[Value]| {
+        let body = json!({"instructions": value["instructions"], "input": items});
+        chains::as_read(&body).map(|read| Prompt::read(Dialect::Responses, &read, &state.spec).tokens)
+    };
+    let all = |chain: &[Value]| chain.iter().chain(&own).cloned().collect::<Vec<_>>();
+    let compacting =
+        value["context_management"].as_array().is_some_and(|c| c.iter().any(|m| m["type"] == "compaction"));
+    if compacting && !chain.is_empty() {
+        let threshold = value["context_management"][0]["compact_threshold"].as_u64().map_or(window, |t| t as usize);
+        if tokens(&all(&chain)).map_err(error)? > threshold {
+            let read = chains::as_read(&json!({"input": chain})).map_err(error)?;
+            let number = state.summaries.fetch_add(1, Ordering::SeqCst) + 1;
+            chain = vec![state.chains.seal(&state.summary_text(number, &read.to_string()))];
+        }
+    }
+    if value["truncation"] == "auto" {
+        while !chain.is_empty() && tokens(&all(&chain)).map_err(error)? > window {
+            chain.remove(0);
+        }
+    }
+    value["input"] = Value::Array(all(&chain));
+    let read = chains::as_read(&value).map_err(error)?;
+    Ok((value, read))
 }

@@ -52,7 +52,12 @@ pub struct MemoryStore {
     request_log: usize,
     /// The inspector logins ended by "Log out".
     logouts: Arc<Mutex<Logouts>>,
+    /// Stateful Responses chains compactor recovered, by tenant and id (`compaction::stateful`).
+    chains: moka::sync::Cache<String, Arc<str>, Hasher>,
 }
+
+/// The most bytes of recovered chains kept in process (each a rebuilt history, or a few bytes).
+const CHAIN_BYTES: u64 = 64 << 20;
 
 /// A session in the cache, and the size it was last weighed at: moka weighs an entry when it is
 /// inserted, so a session whose size changed is inserted again.
@@ -132,6 +137,11 @@ impl MemoryStore {
             uses: Arc::default(),
             request_log: 0,
             logouts: Arc::default(),
+            chains: moka::sync::Cache::builder()
+                .weigher(|key: &String, value: &Arc<str>| u32::try_from(key.len() + value.len()).unwrap_or(u32::MAX))
+                .max_capacity(CHAIN_BYTES)
+                .time_to_idle(ttl)
+                .build_with_hasher(Hasher::default()),
         }
     }
 
@@ -350,6 +360,16 @@ impl MemoryStore {
     /// Ends the inspector login `id`, good until Unix second `expires`.
     pub fn end_login(&self, id: &str, expires: u64, now: u64) {
         self.logouts.lock().unwrap_or_else(PoisonError::into_inner).end(id, expires, now);
+    }
+
+    /// Maps the recovered chain `key` to `value`.
+    pub fn map_chain(&self, key: &str, value: &str) {
+        self.chains.insert(key.to_string(), Arc::from(value));
+    }
+
+    /// What the recovered chain `key` maps to.
+    pub fn chain(&self, key: &str) -> Option<String> {
+        self.chains.get(key).map(|value| value.to_string())
     }
 
     /// Whether the inspector login `id` was ended.

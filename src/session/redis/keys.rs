@@ -46,4 +46,9 @@ impl RedisStore {
     pub(super) fn logout_key(&self, login: &str) -> String {
         format!("{}:ui-logout:{login}", self.prefix)
     }
+
+    /// A recovered stateful chain: `{prefix}:chain:<tenant>:<response or conversation id>`.
+    pub(super) fn chain_key(&self, key: &str) -> String {
+        format!("{}:chain:{key}", self.prefix)
+    }
 }

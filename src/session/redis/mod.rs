@@ -25,6 +25,10 @@
 //! keyed hash of its cookie, never the cookie), with a TTL of the login's remaining lifetime, so
 //! every replica refuses the cookie until it would have expired anyway.
 //!
+//! Beside them, `<prefix>:chain:<tenant>:<id>`: what a stateful Responses chain compactor
+//! recovered (a response id or conversation id the agent names, in the tenant of its credential)
+//! maps to (`compaction::stateful`), with the session TTL.
+//!
 //! The previous version's keys (`pruned`, `usage`, `counters`, `compactions`, `lock` right under
 //! the hash tag) are never read: state is a cache, they expire with their TTL, and forgetting a
 //!
@@ -33,6 +37,7 @@
 //! checked (`hashes`), and its reads, writes, compaction locks and ended logins (`read`,
 //! `write`, `locks`, `logins`).
 
+mod chains;
 mod connection;
 mod hashes;
 mod keys;
