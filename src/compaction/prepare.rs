@@ -43,6 +43,9 @@ impl Compactor {
         trace::describe_request(parsed.model.as_deref());
         if let Some(reason) = self.left_alone(&parsed) {
             metric::rewrite_skipped(route, reason.label());
+            if reason == Untouched::Stateful {
+                return Box::pin(self.prepare_stateful(head, body.clone(), &parsed, request_id)).await;
+            }
             return self.leave_alone(head, &parsed, reason, body.clone());
         }
         let (session, conversation) = self.identifier.identify_conversation(&head.headers, head.uri.query(), &parsed);
@@ -204,7 +207,7 @@ impl Compactor {
         if is_stateful(parsed) {
             return Some(Untouched::Stateful);
         }
-        let summarizing = agent::is_agent_compaction(parsed, &self.agent_markers) || asks_for_compaction_item(parsed);
+        let summarizing = agent::is_agent_compaction(parsed, &self.agent_markers) || provider_compacts(parsed);
         summarizing.then_some(Untouched::AgentCompaction)
     }
 
@@ -217,7 +220,7 @@ impl Compactor {
     /// The state of the request: its body, the compaction stored for its conversation (when one
     /// matches), the cache's pricing and the model its path names. Boxed where it is made, and
     /// filled in the box: it is large, and it goes out in `Prepared`.
-    fn request_state(
+    pub(super) fn request_state(
         &self,
         head: &RequestHead,
         dialect: Dialect,
@@ -239,7 +242,7 @@ impl Compactor {
     /// needs the room, the batch that rewrite held back goes too, whatever the cache. A record
     /// prepared in the background (`due_tokens`) waits for the request that needs it: until then
     /// the record before it applies and `state.ready` holds it for the commit.
-    async fn first_derivation(
+    pub(super) async fn first_derivation(
         &self,
         state: &mut RequestState,
         ctx: &SessionCtx,
@@ -332,7 +335,7 @@ fn note_background_record_applied(state: &RequestState, report: &mut RewriteRepo
 
 /// The (tenant, upstream family, model) a request talks to, what the session learns of: the
 /// tenant of its session key, so that what one tenant teaches stays with that tenant.
-fn model_key(session: &SessionKey, head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
+pub(super) fn model_key(session: &SessionKey, head: &RequestHead, parsed: &ParsedRequest) -> ModelKey {
     ModelKey::new(session.tenant(), head.route.family.label(), parsed.model.as_deref().unwrap_or(""))
 }
 
@@ -341,8 +344,15 @@ fn is_stateful(parsed: &ParsedRequest) -> bool {
     ["previous_response_id", "conversation"].iter().any(|key| parsed.top.get(key).is_some_and(|v| v != "null"))
 }
 
-/// Codex's newest compaction: a `compaction_trigger` item that expects one `compaction` item back.
-fn asks_for_compaction_item(parsed: &ParsedRequest) -> bool {
+/// A Responses request whose client compacts with the provider: Codex's `compaction_trigger` (it
+/// expects one `compaction` item back), `context_management` (the provider compacts past its
+/// threshold), or a `compaction` item in its input (what the provider compacted, opaque to
+/// compactor: a summary of compactor's over it would lose what it holds). Never compacted twice.
+fn provider_compacts(parsed: &ParsedRequest) -> bool {
     parsed.dialect == Dialect::Responses
-        && parsed.messages.iter().any(|m| m.object.str("type").as_deref() == Some("compaction_trigger"))
+        && (parsed.top.get("context_management").is_some_and(|v| v != "null")
+            || parsed
+                .messages
+                .iter()
+                .any(|m| matches!(m.object.str("type").as_deref(), Some("compaction_trigger" | "compaction"))))
 }

@@ -34,6 +34,7 @@ mod sdk_e2e;
 mod sent_ahead;
 mod sessions;
 mod shared_state;
+mod stateful;
 mod summaries;
 mod tenants;
 mod traces;

@@ -101,6 +101,9 @@ fn describe(record: &RequestRecord) -> String {
             esc(overflow),
             esc(&record.rungs.join(" → "))
         ));
+    } else if !record.rungs.is_empty() {
+        // A request of a chain recovered before (`rebuild:mapped`): it went the recovered way.
+        parts.push(format!("<span class=\"overflow\">as recovered before: {}</span>", esc(&record.rungs.join(" → "))));
     }
     if record.held > 0 {
         parts.push(esc(&format!("{} held back", num(u64::from(record.held)))));
