@@ -42,16 +42,7 @@ impl Pressure {
     /// the session (its largest answer, with a quarter and 256 tokens to spare); never more than
     /// half the window.
     pub fn of(settings: &CompactionSettings, learned: &Learned, report: &RewriteReport) -> Self {
-        let table = u64::from(report.model.context_window);
-        let window = if learned.window > 0 {
-            learned.window
-        } else {
-            let mut window = table;
-            if learned.window_below > 0 {
-                window = window.min(learned.window_below);
-            }
-            window.max(learned.window_at_least.min(table))
-        };
+        let window = window(learned, report.model.context_window);
         let calibration = match learned.calibration_milli {
             0 => 1.0,
             milli => milli as f64 / 1_000.0,
@@ -99,6 +90,20 @@ impl Pressure {
     pub fn budget(&self) -> ProviderTokens {
         ProviderTokens::new((self.room() * self.threshold) as u64)
     }
+}
+
+/// The window a session of a model whose table window is `table` works with: the named one, else
+/// the table's lowered to the tightest bound learned below and raised to what an answer showed.
+pub fn window(learned: &Learned, table: u32) -> u64 {
+    let table = u64::from(table);
+    if learned.window > 0 {
+        return learned.window;
+    }
+    let mut window = table;
+    if learned.window_below > 0 {
+        window = window.min(learned.window_below);
+    }
+    window.max(learned.window_at_least.min(table))
 }
 
 /// True when the conversation's estimate (hybrid, or the full count), calibrated, exceeds the

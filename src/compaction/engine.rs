@@ -379,6 +379,15 @@ impl Engine<'_> {
             Some(parsed) => parsed,
             None => work::step(|| request.parse(&request.client_body)).await.ok()??,
         };
+        // In front of a local server, protection and batches within the window: a small one masks
+        // old outputs before it pays for a summary the server itself would have to generate.
+        // Elsewhere a summary keeps what the outputs said, for a model that bills no prefill time.
+        let windowed = request.cache.is_local().then(|| {
+            let table = self.rewriter.models.lookup(client.model.as_deref().unwrap_or("")).context_window;
+            settings.prune.within(budget::window(ctx.learned(), table))
+        });
+        let windowed = windowed.flatten().map(|prune| RewriteSettings { prune, ..settings.clone() });
+        let settings = windowed.as_ref().unwrap_or(settings);
         let conversation = ctx.conversation();
         // What the provider saw: the previous request's messages, as the client counts them.
         let seen_by_client = usize::try_from(conversation.messages).unwrap_or(usize::MAX);

@@ -92,6 +92,10 @@ pub struct PruneConfig {
     pub enabled: bool,
     pub protect_tokens: u32,
     pub minimum_tokens: u32,
+    /// `protect_tokens` and `minimum_tokens` are at most these shares of the request's window,
+    /// so a small window masks old outputs before it pays for a summary.
+    pub protect_window_share: f64,
+    pub minimum_window_share: f64,
     /// What a pruned output becomes: a template where `{tool}` is the call's tool name, `{args}`
     /// its arguments on one line (cut to 100 characters), `{tokens}` the output's size; a text
     /// without them is used as it is.
@@ -508,6 +512,8 @@ impl Default for Config {
                 enabled: true,
                 protect_tokens: 40_000,
                 minimum_tokens: 20_000,
+                protect_window_share: 0.33,
+                minimum_window_share: 0.16,
                 placeholder: crate::rewrite::placeholder::DEFAULT.into(),
                 protected_tools: vec!["skill".into()],
                 dedupe: true,
@@ -555,6 +561,8 @@ impl Config {
             prune: PruneSettings {
                 protect_tokens: self.prune.protect_tokens,
                 minimum_tokens: self.prune.minimum_tokens,
+                protect_window_share: self.prune.protect_window_share,
+                minimum_window_share: self.prune.minimum_window_share,
                 placeholder: crate::rewrite::placeholder::Template::new(&self.prune.placeholder),
                 protected_tools: self.prune.protected_tools.clone(),
                 pressure: self.prune.pressure,

@@ -16,6 +16,9 @@ use crate::conversation::{Conversation, Edit, FRAMING_TOKENS, Kind};
 pub struct PruneSettings {
     pub protect_tokens: u32,
     pub minimum_tokens: u32,
+    /// The most of the window `protect_tokens` and `minimum_tokens` may be ([`PruneSettings::within`]).
+    pub protect_window_share: f64,
+    pub minimum_window_share: f64,
     /// What a pruned output becomes: a fixed text or a template naming the call.
     pub placeholder: Template,
     pub protected_tools: Vec<String>,
@@ -26,6 +29,23 @@ pub struct PruneSettings {
     pub payback_confidence: f64,
     /// Run lengths counted as if measured (`[prune] assumed_runs`).
     pub assumed_runs: Vec<u64>,
+}
+
+impl PruneSettings {
+    /// The settings for a request whose window is `window` tokens: protection and batch no
+    /// more than their shares of it. The configured 40,000 and 20,000 tokens are a third and a
+    /// sixth of a 120k window; below that they would protect every output and no batch would
+    /// ever be big enough, so a small window paid a summary where masking old outputs was free.
+    /// `None` when the window changes nothing.
+    pub fn within(&self, window: u64) -> Option<PruneSettings> {
+        let cap = |tokens: u32, share: f64| tokens.min((window as f64 * share) as u32);
+        let protect = cap(self.protect_tokens, self.protect_window_share);
+        let minimum = cap(self.minimum_tokens, self.minimum_window_share);
+        if window == 0 || (protect == self.protect_tokens && minimum == self.minimum_tokens) {
+            return None;
+        }
+        Some(PruneSettings { protect_tokens: protect, minimum_tokens: minimum, ..self.clone() })
+    }
 }
 
 /// What pruning did.
@@ -271,5 +291,40 @@ fn item_size(conversation: &Conversation, index: usize, sizes: &[u32], count: &d
         Edit::Keep => item.tokens,
         Edit::Replace(text) => count(text).saturating_add(FRAMING_TOKENS),
         Edit::Remove => 0,
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    fn settings() -> PruneSettings {
+        PruneSettings {
+            protect_tokens: 40_000,
+            minimum_tokens: 20_000,
+            protect_window_share: 0.33,
+            minimum_window_share: 0.16,
+            placeholder: Template::new("[pruned]"),
+            protected_tools: Vec::new(),
+            pressure: 0.8,
+            payback_confidence: 0.9,
+            assumed_runs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_small_window_protects_and_batches_its_shares_of_it() {
+        let small = settings().within(2_048).expect("a 2k window changes them");
+        assert_eq!((small.protect_tokens, small.minimum_tokens), (675, 327));
+        let eight = settings().within(8_192).expect("so does an 8k one");
+        assert_eq!((eight.protect_tokens, eight.minimum_tokens), (2_703, 1_310));
+    }
+
+    #[test]
+    fn a_cloud_window_keeps_the_configured_sizes() {
+        for window in [128_000, 200_000, 1_000_000] {
+            assert!(settings().within(window).is_none(), "{window}");
+        }
+        assert!(settings().within(0).is_none(), "an unknown window changes nothing");
     }
 }
