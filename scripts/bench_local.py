@@ -87,7 +87,8 @@ class Compactor:
         config = os.path.join(self.dir.name, "compactor.toml")
         port = free_port()
         with open(config, "w") as f:
-            f.write(f'listen = "127.0.0.1:{port}"\n[upstream]\nopenai = "{upstream}"\nopenai_cache = "local"\n[compaction]\nbackground = true\n{extra}\n')
+            # The shipped defaults: the loopback address makes the upstream `local`.
+            f.write(f'listen = "127.0.0.1:{port}"\n[upstream]\nopenai = "{upstream}"\n{extra}\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
         # compactor's log (a line per request, with its compaction and summary calls) is kept
         # when BENCH_LOCAL_LOG names a file.

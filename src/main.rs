@@ -124,6 +124,13 @@ async fn run(config: Config, config_warnings: Vec<String>, huge_pages: Option<st
     if let Some(error) = huge_pages {
         tracing::warn!(%error, "cannot turn transparent huge pages off for this process");
     }
+    for key in &config.upstream.local_presets {
+        tracing::info!(
+            key = %format!("upstream.{key}"),
+            "an upstream on a loopback or private address: priced as a local inference server (the `local` cache \
+             preset); set the key to choose another"
+        );
+    }
     // Secrets print as "[redacted]": the whole configuration is safe to log.
     tracing::debug!(config = ?config, "effective configuration");
     let metrics = compactor::telemetry::init_metrics()?;

@@ -238,6 +238,13 @@ pub struct UpstreamConfig {
     /// OpenAI's own API, then the rebuilt chain, then `truncation: "auto"`; elsewhere the last two.
     pub openai_stateful: Vec<stateful::StatefulRung>,
     pub azure_stateful: Vec<stateful::StatefulRung>,
+    /// The `*_cache` keys that were not set and became `local` because their upstream is on a
+    /// loopback or private address ([`BaseUrl::is_local`]).
+    #[serde(skip)]
+    pub local_presets: Vec<&'static str>,
+    /// Ask an upstream priced `local` for its window (llama.cpp's `/props`, vLLM's
+    /// `/v1/models`, Ollama's `/api/ps` and `/api/show`), once per model.
+    pub ask_local_window: bool,
 }
 
 impl UpstreamConfig {
@@ -405,6 +412,29 @@ impl BaseUrl {
     pub fn authority(&self) -> &str {
         &self.authority
     }
+
+    /// The host is this machine or a private network: `localhost`, or a loopback, private
+    /// (RFC 1918, IPv6 unique-local) or link-local address. Such an upstream is a local inference
+    /// server far more often than a provider's API; a name that resolves there is not looked up.
+    pub fn is_local(&self) -> bool {
+        let host = match self.authority.strip_prefix('[') {
+            Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+            None => self.authority.rsplit_once(':').map_or(self.authority.as_str(), |(host, _)| host),
+        };
+        if host.eq_ignore_ascii_case("localhost") || host.to_ascii_lowercase().ends_with(".localhost") {
+            return true;
+        }
+        match host.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(ip)) => ip.is_loopback() || ip.is_private() || ip.is_link_local(),
+            Ok(std::net::IpAddr::V6(ip)) => {
+                ip.is_loopback()
+                    || ip.is_unique_local()
+                    || ip.is_unicast_link_local()
+                    || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || v4.is_private())
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 /// The URL, for logs and error messages (it never carries credentials: parsing refuses them).
@@ -463,6 +493,8 @@ impl Default for UpstreamConfig {
             vertex_anthropic_cache: CachePricing::ANTHROPIC,
             openai_stateful: stateful::OPENAI_ORDER.to_vec(),
             azure_stateful: stateful::OTHER_ORDER.to_vec(),
+            local_presets: Vec::new(),
+            ask_local_window: true,
         }
     }
 }

@@ -103,6 +103,7 @@ struct RawUpstream {
     vertex_anthropic_cache: Field<String>,
     openai_stateful: Field<Vec<String>>,
     azure_stateful: Field<Vec<String>>,
+    ask_local_window: Field<bool>,
 }
 
 impl RawUpstream {
@@ -117,13 +118,31 @@ impl RawUpstream {
             .or_else(|| (openai.authority != "api.openai.com").then(|| openai.clone()));
         let openai_stateful =
             key!(s, self.openai_stateful, super::stateful::default_order(&openai.authority), super::stateful::rungs);
+        // An upstream on this machine or a private network is priced as a local server unless its
+        // key says otherwise; which ones were is said at start and on /readyz.
+        let mut local_presets = Vec::new();
+        let mut local = |name: &'static str, url: Option<&BaseUrl>, given: bool, cloud: CachePricing| {
+            if !given && url.is_some_and(BaseUrl::is_local) {
+                local_presets.push(name);
+                CachePricing::LOCAL
+            } else {
+                cloud
+            }
+        };
+        let openai_default = local("openai_cache", Some(&openai), self.openai_cache.is_given(), d.openai_cache);
+        let azure_default = local("azure_cache", azure.as_ref(), self.azure_cache.is_given(), d.azure_cache);
+        let anthropic = key!(s, self.anthropic, d.anthropic, url);
+        let anthropic_default =
+            local("anthropic_cache", Some(&anthropic), self.anthropic_cache.is_given(), d.anthropic_cache);
+        let gemini = key!(s, self.gemini, d.gemini, url);
+        let gemini_default = local("gemini_cache", Some(&gemini), self.gemini_cache.is_given(), d.gemini_cache);
         UpstreamConfig {
             openai,
             azure,
             openai_stateful,
             azure_stateful: key!(s, self.azure_stateful, d.azure_stateful, super::stateful::rungs),
-            anthropic: key!(s, self.anthropic, d.anthropic, url),
-            gemini: key!(s, self.gemini, d.gemini, url),
+            anthropic,
+            gemini,
             vertex: key!(s, self.vertex, d.vertex, optional),
             bedrock: key!(s, self.bedrock, d.bedrock, optional),
             bedrock_region: key!(s, self.bedrock_region, d.bedrock_region, |s: String| {
@@ -138,13 +157,15 @@ impl RawUpstream {
             idle_timeout: key!(s, self.idle_timeout_ms, d.idle_timeout, positive_ms),
             http2: key!(s, self.http2, d.http2),
             native_roots: key!(s, self.native_roots, d.native_roots),
-            openai_cache: key!(s, self.openai_cache, d.openai_cache, cache),
-            anthropic_cache: key!(s, self.anthropic_cache, d.anthropic_cache, cache),
-            gemini_cache: key!(s, self.gemini_cache, d.gemini_cache, cache),
+            openai_cache: key!(s, self.openai_cache, openai_default, cache),
+            anthropic_cache: key!(s, self.anthropic_cache, anthropic_default, cache),
+            gemini_cache: key!(s, self.gemini_cache, gemini_default, cache),
             vertex_cache: key!(s, self.vertex_cache, d.vertex_cache, cache),
-            azure_cache: key!(s, self.azure_cache, d.azure_cache, cache),
+            azure_cache: key!(s, self.azure_cache, azure_default, cache),
             bedrock_cache: key!(s, self.bedrock_cache, d.bedrock_cache, cache),
             vertex_anthropic_cache: key!(s, self.vertex_anthropic_cache, d.vertex_anthropic_cache, cache),
+            local_presets,
+            ask_local_window: key!(s, self.ask_local_window, d.ask_local_window),
         }
     }
 }

@@ -47,22 +47,23 @@ async fn readiness(state: &AppState) -> Response<ResponseBody> {
         return json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "starting"}));
     }
     let store = &state.store;
-    match store.health().await {
-        Ok(()) => json(
-            StatusCode::OK,
-            serde_json::json!({"status": "ready", "session_store": store.kind(), "store_status": "up"}),
-        ),
-        Err(error) => json(
-            StatusCode::OK,
-            serde_json::json!({
-                "status": "degraded",
-                "session_store": store.kind(),
-                "store_status": "down",
-                "breaker": if store.breaker_open() { "open" } else { "closed" },
-                "error": Chain(&ProxyError::from(error)).to_string()
-            }),
-        ),
+    let mut body = match store.health().await {
+        Ok(()) => serde_json::json!({"status": "ready", "session_store": store.kind(), "store_status": "up"}),
+        Err(error) => serde_json::json!({
+            "status": "degraded",
+            "session_store": store.kind(),
+            "store_status": "down",
+            "breaker": if store.breaker_open() { "open" } else { "closed" },
+            "error": Chain(&ProxyError::from(error)).to_string()
+        }),
+    };
+    // The upstreams priced as a local server because of their address, not their key.
+    let local = &state.config.upstream.local_presets;
+    if !local.is_empty() {
+        body["local_presets"] =
+            serde_json::json!(local.iter().map(|key| format!("upstream.{key}")).collect::<Vec<_>>());
     }
+    json(StatusCode::OK, body)
 }
 
 /// `GET|DELETE /admin/sessions/{key}`: a session's stored state with its conversations, or

@@ -45,6 +45,15 @@ impl ProxyProcess {
         proxy
     }
 
+    /// Starts compactor with `toml` as it is: an upstream on loopback without its `*_cache` key
+    /// is priced as a local server and asked for its window, as a user's would be
+    /// ([`ProxyProcess::start_with`] prices the fakes as the cloud providers they stand for).
+    pub fn start_as_shipped(toml: &str, env: &[(&str, &str)]) -> Self {
+        let proxy = Self::start_exactly(toml, env);
+        proxy.wait_started();
+        proxy
+    }
+
     /// Waits until `/readyz` no longer says `starting` (ready, degraded, or shutting down).
     fn wait_started(&self) {
         use std::io::{Read, Write};
@@ -64,9 +73,16 @@ impl ProxyProcess {
         }
     }
 
-    /// Starts compactor with exactly this TOML and these environment variables, and returns as
-    /// soon as it listens (it may still be starting).
+    /// Starts compactor with this TOML and these environment variables, and returns as soon as
+    /// it listens (it may still be starting). The fakes and simulators listen on loopback and
+    /// stand for cloud providers: each upstream whose `*_cache` key `toml` does not set is priced
+    /// as the provider it stands for, not as the local server its address would make it.
     pub fn start_listening(toml: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_exactly(&priced_as_the_cloud(toml), env)
+    }
+
+    /// Starts compactor with exactly this TOML; see [`ProxyProcess::start_listening`].
+    fn start_exactly(toml: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("compactor.toml");
         let toml = format!("listen = \"127.0.0.1:0\"\n{toml}");
@@ -198,4 +214,26 @@ pub fn cpu_time(pid: i32) -> Duration {
     let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     Duration::from_millis(ticks * 10)
+}
+
+/// `toml` with the cloud preset of each upstream whose address would make it local and whose
+/// `*_cache` key is not set, and (unless the test says otherwise) no window asked of an upstream
+/// a test prices `local`: the fakes answer model calls only. A document that does not parse (a
+/// test of a refused file) as it is.
+pub fn priced_as_the_cloud(toml: &str) -> String {
+    let Ok(mut document) = toml.parse::<toml::Table>() else { return toml.to_string() };
+    let Some(toml::Value::Table(upstream)) = document.get_mut("upstream") else { return toml.to_string() };
+    for (url, key, preset) in [
+        ("openai", "openai_cache", "openai"),
+        ("anthropic", "anthropic_cache", "anthropic"),
+        ("gemini", "gemini_cache", "gemini"),
+        ("azure", "azure_cache", "openai"),
+        ("openai", "azure_cache", "openai"),
+    ] {
+        if upstream.contains_key(url) && !upstream.contains_key(key) {
+            upstream.insert(key.to_string(), toml::Value::String(preset.to_string()));
+        }
+    }
+    upstream.entry("ask_local_window").or_insert(toml::Value::Boolean(false));
+    document.to_string()
 }
