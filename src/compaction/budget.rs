@@ -95,7 +95,8 @@ impl Pressure {
 /// The window a session of a model whose table window is `table` works with: the named one, else
 /// the table's lowered to the tightest bound learned below and raised to what an answer showed.
 pub fn window(learned: &Learned, table: u32) -> u64 {
-    let table = u64::from(table);
+    // What the server says it has beats the table's guess; an overflow error still beats both.
+    let table = if learned.stated > 0 { learned.stated } else { u64::from(table) };
     if learned.window > 0 {
         return learned.window;
     }

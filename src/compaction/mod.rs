@@ -31,6 +31,7 @@ pub mod request;
 mod stateful;
 pub mod summarizer;
 mod window;
+pub mod window_probe;
 
 use std::sync::Arc;
 
@@ -89,6 +90,10 @@ pub struct Compactor {
     stateful: StatefulOrders,
     /// The most bytes one page of a chain read back may take (`limits.max_body_bytes`).
     chain_limit: usize,
+    /// Whether a local server is asked for its window (`upstream.ask_local_window`), and what
+    /// the servers stated.
+    ask_local_window: bool,
+    stated_windows: window_probe::StatedWindows,
 }
 
 /// The stateful rungs of each upstream that serves Responses.
@@ -234,6 +239,8 @@ impl Compactor {
                 azure: config.upstream.azure_stateful.clone(),
             },
             chain_limit: usize::try_from(config.limits.max_body_bytes).unwrap_or(usize::MAX),
+            ask_local_window: config.upstream.ask_local_window,
+            stated_windows: window_probe::StatedWindows::default(),
             arrivals: prefill::Arrivals::new(),
             inflight: InflightBodies::new(config.limits.max_inflight_body_bytes),
             background_slots: Arc::new(tokio::sync::Semaphore::new(

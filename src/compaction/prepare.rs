@@ -59,6 +59,7 @@ impl Compactor {
         let mut ctx = boxed(|| SessionCtx::load(self.store.clone(), session, conversation)).await;
         let model = model_key(ctx.key(), head, &parsed);
         boxed(|| ctx.use_model(model)).await;
+        self.ask_window(head, &parsed, &mut ctx).await;
         // The rewrite's span: the derivations and a compaction before the overflow (with its
         // summary call).
         let rewrite = trace::stage("compactor.rewrite", ctx.key().as_str());
@@ -122,6 +123,18 @@ impl Compactor {
         Ok(parsed)
     }
 
+    /// In front of a local server, the window it states for the request's model
+    /// ([`super::window_probe`]), as the model's table window.
+    async fn ask_window(&self, head: &RequestHead, parsed: &ParsedRequest<'_>, ctx: &mut SessionCtx) {
+        if !self.ask_local_window || !self.rewriter.settings.cache.get(head.route.family).is_local() {
+            return;
+        }
+        let model = parsed.model.as_deref().unwrap_or("");
+        if let Some(window) = self.stated_windows.window(&self.upstreams, head, model).await {
+            ctx.state_window(window);
+        }
+    }
+
     /// A request left alone ([`Compactor::left_alone`]): as it came, with its session when its
     /// history is the client's (an agent's own compaction), none when it lives upstream.
     fn leave_alone(&self, head: &RequestHead, parsed: &ParsedRequest, reason: Untouched, body: Bytes) -> Prepared {
@@ -182,6 +195,7 @@ impl Compactor {
         // What the session learned of its model decides the window pressure, as for the next request.
         let model = model_key(ctx.key(), head, &parsed);
         ctx.use_model(model).await;
+        self.ask_window(head, &parsed, &mut ctx).await;
         let mut state = self.request_state(head, dialect, &body, &parsed, &ctx);
         let Some((sent, _)) = self.first_derivation(&mut state, &ctx, parsed).await else {
             return Prepared::untouched(body.clone());

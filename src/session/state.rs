@@ -195,6 +195,11 @@ pub struct Learned {
     /// The largest answer (output tokens) the provider generated for the session.
     #[serde(default)]
     pub output_peak: u64,
+    /// The window the upstream states it has (a local server's `/props`, `/v1/models`,
+    /// `/api/ps`), for this process: it stands for the model table's window; never stored, asked
+    /// again by each process.
+    #[serde(skip)]
+    pub stated: u64,
 }
 
 /// Bounds of a calibration ratio (provider tokens per 1,000 of compactor's estimate): outside them

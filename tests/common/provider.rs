@@ -182,6 +182,10 @@ pub struct ProviderSpec {
     /// Keep Responses chains as OpenAI does ([`chains`]): `previous_response_id`, the reads back,
     /// `truncation`, `context_management` and `/v1/responses/compact`.
     pub chains: bool,
+    /// Answers a local server gives about itself, by path (`/props`, `/v1/models`, `/api/ps`,
+    /// `/api/show`): the recorded answers of `tests/fixtures/local-servers/`. Any other such
+    /// question is answered 404, as a server that has no such endpoint.
+    pub stated: Vec<(&'static str, String)>,
 }
 
 impl Default for ProviderSpec {
@@ -198,6 +202,7 @@ impl Default for ProviderSpec {
             keep_bodies: true,
             script: None,
             chains: false,
+            stated: Vec::new(),
         }
     }
 }
@@ -702,6 +707,12 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         record.status = 200;
         push(record);
         return respond(200, "text/plain", "");
+    }
+    if let Some((_, answer)) = spec.stated.iter().find(|(at, _)| *at == path) {
+        record.outcome = Outcome::Answered;
+        record.status = 200;
+        push(record);
+        return respond(200, "application/json", answer.clone());
     }
     let value: Option<Value> = serde_json::from_slice(&body).ok();
     if path.ends_with("/v1/messages/count_tokens")

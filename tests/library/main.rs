@@ -16,3 +16,4 @@ mod prompt_cache;
 mod rewrite_policies;
 mod rewrite_properties;
 mod server_tools;
+mod window_probe;

@@ -66,6 +66,12 @@ impl SessionCtx {
         }
     }
 
+    /// The window the upstream states for the model ([`Learned::stated`]), for this request: not
+    /// a change to commit, the process asks its servers itself.
+    pub fn state_window(&mut self, window: u64) {
+        self.session.counters.learned.stated = window;
+    }
+
     /// What the session learned of its model's window and tokenizer.
     pub fn learned(&self) -> &Learned {
         &self.session.counters.learned

@@ -30,6 +30,7 @@ pub(super) fn session_state(hash: &Hash) -> SessionState {
                 window_at_least: number(hash, "window_at_least"),
                 calibration_milli: number(hash, "calibration_milli"),
                 output_peak: number(hash, "output_peak"),
+                stated: 0,
             },
             prompt_tokens: number(hash, "prompt_tokens"),
             cache_read_tokens: number(hash, "cache_read_tokens"),
