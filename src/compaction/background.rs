@@ -112,6 +112,22 @@ impl Compactor {
         if prompt > target || prompt.saturating_add(ahead) <= target {
             return None;
         }
+        // In front of a local server the crossing masks old outputs first (`compact_before_overflow`):
+        // what is outside the prune window now, and what the next turns' growth pushes out of
+        // it. When that makes the room, no summary is due (the server would generate it).
+        if state.cache.is_local() {
+            let prune = &self.rewriter.settings.prune;
+            let protect = prune.within(pressure.window.get()).map_or(prune.protect_tokens, |p| p.protect_tokens);
+            let protected = pressure.calibrated(Estimated::from(report.protected_tokens));
+            let displaced = protected
+                .saturating_add(ahead)
+                .saturating_sub(pressure.calibrated(Estimated::from(protect)))
+                .min(protected);
+            let masked = pressure.calibrated(Estimated::from(report.maskable_tokens)).saturating_add(displaced);
+            if prompt.saturating_add(ahead).saturating_sub(masked) <= target {
+                return None;
+            }
+        }
         // Bounded: each job holds its conversation's body and the summary call built from it
         // until the summary is ready, past the request that started it.
         let Ok(slot) = self.background_slots.clone().try_acquire_owned() else {

@@ -64,6 +64,10 @@ pub struct RewriteReport {
     pub pruned_call_ids: Vec<String>,
     /// Tokens a prune batch held back would free (not worth its cache break yet).
     pub held_tokens: u32,
+    /// Tool output the prune window protects, and all tool output outside it (see
+    /// [`prune::Pruned`]), vendor factor applied.
+    pub protected_tokens: u32,
+    pub maskable_tokens: u32,
     /// Why this request changed content the provider had already seen, when it did.
     pub prefix_break: Option<Reason>,
     pub model: ModelInfo,
@@ -390,6 +394,8 @@ fn run_policies(
         report.pruned = pruned.count;
         report.pruned_call_ids = pruned.call_ids;
         report.held_tokens = scale(pruned.held_tokens, report.model.token_factor);
+        report.protected_tokens = scale(pruned.protected_tokens, report.model.token_factor);
+        report.maskable_tokens = scale(pruned.maskable_tokens, report.model.token_factor);
         report.prefix_break = pruned.prefix_break;
         step(conversation, &mut report.saved_by_prune);
         if settings.dedupe {

@@ -57,6 +57,11 @@ pub struct Pruned {
     pub count: usize,
     /// Tokens a batch held back would free (it did not pay yet).
     pub held_tokens: u32,
+    /// Tool output the window protects now, and what every output outside it comes to
+    /// (whether or not it makes a batch yet): what masking could free, now and as the newest
+    /// outputs push older ones out of the window.
+    pub protected_tokens: u32,
+    pub maskable_tokens: u32,
     /// Why a new batch changed what the provider had already seen.
     pub prefix_break: Option<Reason>,
 }
@@ -72,7 +77,11 @@ pub fn apply(
     let protected_ids = protected_call_ids(conversation, &settings.protected_tools);
     let placeholders = Placeholders::of(conversation, &settings.placeholder, count);
     let mut selection = select(conversation, settings, history, &placeholders, &protected_ids, count);
-    let mut pruned = Pruned::default();
+    let mut pruned = Pruned {
+        protected_tokens: selection.protected,
+        maskable_tokens: selection.prunable_tokens,
+        ..Pruned::default()
+    };
     if selection.prunable_tokens < settings.minimum_tokens {
         selection.prunable.clear();
     }
@@ -159,6 +168,8 @@ struct Selection {
     /// Outputs past the protected window, newest first: the new batch.
     prunable: Vec<usize>,
     prunable_tokens: u32,
+    /// Tool output inside the protected window.
+    protected: u32,
     /// The size of every item as it would go with no new batch, for the pay-back rule.
     sizes: Vec<u32>,
 }
@@ -180,6 +191,7 @@ fn select<'c>(
         forced: Vec::new(),
         prunable: Vec::new(),
         prunable_tokens: 0,
+        protected: 0,
         sizes: vec![0u32; conversation.items.len()],
     };
     // Call ids of the outputs the window keeps.
@@ -237,6 +249,7 @@ fn select<'c>(
             selection.prunable_tokens = selection.prunable_tokens.saturating_add(current);
         }
     }
+    selection.protected = protected;
     selection
 }
 

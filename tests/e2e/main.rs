@@ -23,6 +23,7 @@ mod fidelity;
 mod gemini;
 mod inspector;
 mod inspector_browser;
+mod local_defaults;
 mod operations;
 mod prompt_cache;
 mod provider_sim;

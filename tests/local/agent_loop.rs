@@ -108,12 +108,11 @@ async fn run_loop(url: &str, session: &str, turns: usize) -> Vec<Turn> {
     done
 }
 
+/// compactor as it ships in front of the server: no cache preset set, so the loopback address
+/// makes it `local`.
 fn compactor_in_front(local: &LocalServer, extra: &str) -> ProxyProcess {
-    ProxyProcess::start_with(
-        &format!(
-            "[upstream]\nopenai = \"{}\"\nopenai_cache = \"local\"\n[admin]\ntoken = \"admin\"\n[compaction]\nbackground = true\n{extra}",
-            local.url()
-        ),
+    ProxyProcess::start_as_shipped(
+        &format!("[upstream]\nopenai = \"{}\"\n[admin]\ntoken = \"admin\"\n{extra}", local.url()),
         &[],
     )
 }
@@ -179,8 +178,11 @@ async fn an_agent_loop_outlives_the_window_of_a_real_server() {
     );
     assert!(turns.iter().any(|t| t.compacted.is_some()), "a summary was applied: {table:#?}");
 
-    // At most one overflow: the first, which names the window.
+    // At most one overflow: the first, which names the window. llama-cpp-python's server states
+    // no window (no `/props`, ids only in `/v1/models`): compactor asked and learned it from there.
     let logs = proxy.logs();
+    assert!(logs.iter().any(|l| l.contains("priced as a local inference server")), "{logs:#?}");
+    assert!(logs.iter().any(|l| l.contains("the local server states no window")), "{logs:#?}");
     let overflows = logs.iter().filter(|l| l.contains("overflow=openai:")).count();
     assert!(overflows <= 1, "{overflows} overflows: {logs:#?}");
     // The summary calls were answered by the model (a message the server refused would fail them).
