@@ -44,7 +44,7 @@ pub struct RequestState {
     /// What this request's recovery did, for its log line.
     pub(super) trace: Recovery,
     /// A stateful request's chain and its rungs ([`super::stateful`]).
-    pub(super) stateful: Option<Box<super::stateful::ChainState>>,
+    pub(super) stateful: Option<Box<super::stateful::chain::ChainState>>,
 }
 
 impl RequestState {

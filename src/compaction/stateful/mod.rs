@@ -13,8 +13,12 @@
 //! A request that already carries `context_management` or `truncation: "auto"` manages its
 //! window itself: those rungs pass it by (never compacted twice).
 
+pub(super) mod chain;
 mod edit;
 mod fetch;
+
+use chain::ChainKind;
+use chain::ChainState;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -35,34 +39,6 @@ use crate::upstream::RequestHead;
 /// `context_management` as the provider-compaction rung sets it: the provider's own threshold
 /// (it knows its window; compactor, behind an error that names none, does not).
 const CONTEXT_MANAGEMENT: &str = r#"[{"type":"compaction"}]"#;
-
-/// Which history the provider keeps for the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChainKind {
-    /// `previous_response_id`: a chain of responses.
-    Previous,
-    /// `conversation`: a conversation object, which only the provider can change.
-    Conversation,
-}
-
-/// A stateful request's recovery: its chain, the rungs left, and what the client sent.
-#[derive(Debug)]
-pub struct ChainState {
-    kind: ChainKind,
-    /// The id the agent named.
-    id: String,
-    /// Where what recovered it is kept: the tenant, `:`, the id.
-    key: String,
-    rungs: Vec<StatefulRung>,
-    next: usize,
-    /// The body as the client sent it.
-    original: Bytes,
-    /// The client's own input items: the end of a rebuilt chain's body.
-    client_items: Vec<String>,
-    /// The chain was rebuilt: the request goes statelessly now, recovered by the engine's rungs,
-    /// and each body it goes as is what the chain maps to.
-    pub(super) rebuilt: bool,
-}
 
 /// What a recovered chain maps to, as stored.
 #[derive(Serialize, Deserialize)]
