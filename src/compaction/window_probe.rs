@@ -74,16 +74,29 @@ impl StatedWindows {
             let (table, head, upstreams, model) =
                 (self.asked.clone(), probe_head(head), upstreams.clone(), key.1.clone());
             tokio::spawn(async move {
-                let stated = ask(&upstreams, &head, &model).await;
-                match stated {
-                    Some(window) => tracing::info!(%model, window, "the local server states its window"),
-                    None => tracing::info!(%model, "the local server states no window: it is learned from its answers"),
-                }
-                let entry = stated.map_or_else(|| Asked::Unstated(Instant::now()), Asked::Stated);
+                let told = ask(&upstreams, &head, &model).await;
+                let entry = match told {
+                    Told::Window(window) => {
+                        tracing::info!(%model, window, "the local server states its window");
+                        Some(Asked::Stated(window))
+                    }
+                    Told::Nothing => {
+                        tracing::info!(%model, "the local server states no window: it is learned from its answers");
+                        Some(Asked::Unstated(Instant::now()))
+                    }
+                    // One client's credential decides nothing for the others: the next request asks.
+                    Told::Refused => None,
+                };
                 if let Ok(mut asked) = table.lock() {
-                    asked.insert(key, entry);
+                    match entry {
+                        Some(entry) => asked.insert(key, entry),
+                        None => asked.remove(&key),
+                    };
                 }
-                let _ = sender.send(stated);
+                let _ = sender.send(match told {
+                    Told::Window(window) => Some(window),
+                    _ => None,
+                });
             });
             answered
         };
@@ -100,43 +113,65 @@ fn probe_head(head: &RequestHead) -> RequestHead {
     RequestHead { route: head.route, method: http::Method::GET, uri: head.uri.clone(), headers, signed_body: None }
 }
 
-/// Asks each server kind in turn; the first window stated.
-async fn ask(upstreams: &Upstreams, head: &RequestHead, model: &str) -> Option<u64> {
-    if let Some(props) = question(upstreams, head, "/props", None).await
-        && let Some(window) = llama_cpp_window(&props)
-    {
-        return Some(window);
-    }
-    if let Some(models) = question(upstreams, head, "/v1/models", None).await
-        && let Some(window) = vllm_window(&models, model)
-    {
-        return Some(window);
-    }
-    if let Some(loaded) = question(upstreams, head, "/api/ps", None).await
-        && let Some(window) = ollama_loaded_window(&loaded, model)
-    {
-        return Some(window);
-    }
-    let show = serde_json::json!({"model": model}).to_string();
-    let shown = question(upstreams, head, "/api/show", Some(Bytes::from(show))).await?;
-    ollama_shown_window(&shown)
+/// What the server said to the questions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Told {
+    Window(u64),
+    Nothing,
+    /// A question was refused for the credential it carried (401, 403) and none stated a
+    /// window: another client's credential may be answered, so nothing is recorded.
+    Refused,
 }
 
-/// One question: its JSON answer, `None` for anything else (an error status, no JSON, no answer
-/// within [`ASK_TIMEOUT`]).
-async fn question(upstreams: &Upstreams, head: &RequestHead, path: &str, body: Option<Bytes>) -> Option<Value> {
+/// Asks each server kind in turn; the first window stated.
+async fn ask(upstreams: &Upstreams, head: &RequestHead, model: &str) -> Told {
+    let mut refused = false;
+    let show = Bytes::from(serde_json::json!({"model": model}).to_string());
+    let questions: [(&str, Option<Bytes>, fn(&Value, &str) -> Option<u64>); 4] = [
+        ("/props", None, |v, _| llama_cpp_window(v)),
+        ("/v1/models", None, vllm_window),
+        ("/api/ps", None, ollama_loaded_window),
+        ("/api/show", Some(show), |v, _| ollama_shown_window(v)),
+    ];
+    for (path, body, read) in questions {
+        match question(upstreams, head, path, body).await {
+            Answer::Json(answer) => {
+                if let Some(window) = read(&answer, model) {
+                    return Told::Window(window);
+                }
+            }
+            Answer::Refused => refused = true,
+            Answer::Nothing => {}
+        }
+    }
+    if refused { Told::Refused } else { Told::Nothing }
+}
+
+enum Answer {
+    Json(Value),
+    Refused,
+    Nothing,
+}
+
+/// One question: its JSON answer; `Refused` for a 401 or 403; `Nothing` for anything else (an
+/// error status, no JSON, no answer within [`ASK_TIMEOUT`]).
+async fn question(upstreams: &Upstreams, head: &RequestHead, path: &str, body: Option<Bytes>) -> Answer {
     let mut asked = probe_head(head);
-    asked.uri = path.parse().ok()?;
+    let Ok(uri) = path.parse() else { return Answer::Nothing };
+    asked.uri = uri;
     if body.is_some() {
         asked.method = http::Method::POST;
         asked.headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     }
     let call = upstreams.call(&asked, body.unwrap_or_default(), ANSWER_LIMIT);
-    let (status, answer) = tokio::time::timeout(ASK_TIMEOUT, call).await.ok()?.ok()?;
-    if !status.is_success() {
-        return None;
+    let Ok(Ok((status, answer))) = tokio::time::timeout(ASK_TIMEOUT, call).await else { return Answer::Nothing };
+    if matches!(status.as_u16(), 401 | 403) {
+        return Answer::Refused;
     }
-    serde_json::from_slice(&answer).ok()
+    if !status.is_success() {
+        return Answer::Nothing;
+    }
+    serde_json::from_slice(&answer).map_or(Answer::Nothing, Answer::Json)
 }
 
 /// A count that can be a window: positive and no more than any model has.

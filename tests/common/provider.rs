@@ -186,6 +186,9 @@ pub struct ProviderSpec {
     /// `/api/show`): the recorded answers of `tests/fixtures/local-servers/`. Any other such
     /// question is answered 404, as a server that has no such endpoint.
     pub stated: Vec<(&'static str, String)>,
+    /// When set, only a request carrying this bearer key is told (others get 401), as a server
+    /// started with an API key.
+    pub stated_key: Option<&'static str>,
 }
 
 impl Default for ProviderSpec {
@@ -203,6 +206,7 @@ impl Default for ProviderSpec {
             script: None,
             chains: false,
             stated: Vec::new(),
+            stated_key: None,
         }
     }
 }
@@ -709,6 +713,14 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Reply {
         return respond(200, "text/plain", "");
     }
     if let Some((_, answer)) = spec.stated.iter().find(|(at, _)| *at == path) {
+        let bearer = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
+        if let Some(key) = spec.stated_key
+            && bearer != Some(&format!("Bearer {key}"))
+        {
+            record.status = 401;
+            push(record);
+            return json_reply(401, &json!({"error": {"message": "Invalid API Key", "type": "authentication_error"}}));
+        }
         record.outcome = Outcome::Answered;
         record.status = 200;
         push(record);

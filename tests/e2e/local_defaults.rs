@@ -121,3 +121,32 @@ async fn a_small_window_masks_old_outputs_before_it_pays_for_a_summary() {
         "{ready}"
     );
 }
+
+/// A client whose credential the server refuses cannot keep the window from the others: its
+/// refused questions record nothing (else the server would not be asked again for 10 minutes),
+/// and the next client's questions are answered.
+#[tokio::test]
+async fn a_refused_credential_decides_nothing_for_another_client() {
+    let spec = ProviderSpec {
+        window: WINDOW,
+        errors: Errors::Real,
+        stated: vec![("/props", recorded("llama_cpp_props.json"))],
+        stated_key: Some("sk-sim"),
+        reply_tokens: 40,
+        ..ProviderSpec::default()
+    };
+    let provider = ProviderSim::start(spec).await;
+    let proxy = ProxyProcess::start_as_shipped(&provider.compactor_config(""), &[]);
+    let hello = serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}]});
+    let answer = proxy.post("/v1/chat/completions", &[("authorization", "Bearer sk-other-tenant")], &hello).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let asked = || provider.records().iter().filter(|r| r.path == "/api/show").count();
+    assert!(eventually(async || asked() == 1).await, "the questions went with the refused credential");
+    assert!(provider.records().iter().any(|r| r.path == "/props" && r.status == 401));
+    let mut session =
+        AgentSession::new(SessionSpec::new(Agent::Plain(Dialect::Chat), MODEL).outputs(&OUTPUTS).seed(53));
+    let run = drive(&proxy.url(""), &provider, &mut session, TURNS).await;
+    let stats = run.stats();
+    assert_eq!((stats.client_errors, stats.overflows), (0, 0), "the agent's own credential was answered: {stats:?}");
+    assert!(proxy.logs().join("\n").contains("window=4096"));
+}
