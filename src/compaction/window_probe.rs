@@ -123,11 +123,14 @@ enum Told {
     Refused,
 }
 
+/// Reads a window out of a server's answer about the model.
+type Reader = fn(&Value, &str) -> Option<u64>;
+
 /// Asks each server kind in turn; the first window stated.
 async fn ask(upstreams: &Upstreams, head: &RequestHead, model: &str) -> Told {
     let mut refused = false;
     let show = Bytes::from(serde_json::json!({"model": model}).to_string());
-    let questions: [(&str, Option<Bytes>, fn(&Value, &str) -> Option<u64>); 4] = [
+    let questions: [(&str, Option<Bytes>, Reader); 4] = [
         ("/props", None, |v, _| llama_cpp_window(v)),
         ("/v1/models", None, vllm_window),
         ("/api/ps", None, ollama_loaded_window),
