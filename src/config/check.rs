@@ -367,6 +367,23 @@ pub(super) fn non_empty(s: String) -> Result<String, String> {
 }
 
 /// A share in (0, 1].
+/// A list of names, each parsed by `parse` and listed once; `choices` says what they may be.
+pub(super) fn distinct<T: PartialEq>(
+    names: Vec<String>,
+    parse: impl Fn(&str) -> Option<T>,
+    choices: &str,
+) -> Result<Vec<T>, String> {
+    let mut parsed = Vec::new();
+    for name in &names {
+        let item = parse(name).ok_or_else(|| format!("`{name}` is not one of {choices}"))?;
+        if parsed.contains(&item) {
+            return Err(format!("`{name}` is listed twice"));
+        }
+        parsed.push(item);
+    }
+    Ok(parsed)
+}
+
 pub(super) fn share(p: f64) -> Result<f64, String> {
     if p > 0.0 && p <= 1.0 { Ok(p) } else { Err("must be in (0, 1]".into()) }
 }

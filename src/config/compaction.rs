@@ -308,16 +308,7 @@ impl RawCompaction {
 
 /// The rungs `compaction.ladder` names, each once.
 fn ladder(names: Vec<String>) -> Result<Vec<Rung>, String> {
-    let mut rungs = Vec::new();
-    for name in &names {
-        let rung = Rung::parse(name)
-            .ok_or_else(|| format!("`{name}` is not one of \"summarize\", \"summarize_harder\", \"prune_hard\""))?;
-        if rungs.contains(&rung) {
-            return Err(format!("`{name}` is listed twice"));
-        }
-        rungs.push(rung);
-    }
-    Ok(rungs)
+    super::check::distinct(names, Rung::parse, "\"summarize\", \"summarize_harder\", \"prune_hard\"")
 }
 
 /// A share of the window a summary may take: at most the eighth a provider gets.

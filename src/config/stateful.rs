@@ -53,16 +53,7 @@ pub fn default_order(authority: &str) -> Vec<StatefulRung> {
 /// The rungs a `*_stateful` key names, each once; an empty list forwards stateful requests as
 /// they came, their overflow included.
 pub fn rungs(names: Vec<String>) -> Result<Vec<StatefulRung>, String> {
-    let mut rungs = Vec::new();
-    for name in &names {
-        let rung = StatefulRung::parse(name)
-            .ok_or_else(|| format!("`{name}` is not one of \"provider_compaction\", \"rebuild\", \"truncation\""))?;
-        if rungs.contains(&rung) {
-            return Err(format!("`{name}` is listed twice"));
-        }
-        rungs.push(rung);
-    }
-    Ok(rungs)
+    super::check::distinct(names, StatefulRung::parse, "\"provider_compaction\", \"rebuild\", \"truncation\"")
 }
 
 #[cfg(test)]
