@@ -40,6 +40,8 @@ pub enum Untouched {
     Stateful,
     /// The agent is summarizing its own history: compactor stays out of its way.
     AgentCompaction,
+    /// The client asked for it (`bypass.header`).
+    Bypass,
 }
 
 impl Untouched {
@@ -50,6 +52,7 @@ impl Untouched {
             Untouched::Unparsed => "unparsed",
             Untouched::Stateful => "stateful",
             Untouched::AgentCompaction => "agent_compaction",
+            Untouched::Bypass => "bypass",
         }
     }
 }

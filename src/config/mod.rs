@@ -56,6 +56,7 @@ pub struct Config {
     pub session: SessionConfig,
     pub admin: AdminConfig,
     pub inspector: InspectorConfig,
+    pub bypass: BypassConfig,
     pub compaction: CompactionSettings,
     /// `[models.NAME]` entries over the built-in table.
     pub models: BTreeMap<String, ModelInfo>,
@@ -163,6 +164,14 @@ pub struct SessionConfig {
     /// How long the store is skipped before one request probes it again.
     #[serde(rename = "breaker_backoff_ms", serialize_with = "millis")]
     pub breaker_backoff: Duration,
+}
+
+/// `[bypass]`: the request header with which a client has one request forwarded untouched.
+#[derive(Debug, Clone, Serialize)]
+pub struct BypassConfig {
+    /// Its name, lowercase (empty: no bypass). It is removed from every request, whatever its
+    /// value, so it never reaches the provider; `1`, `true`, `yes` or `on` bypass.
+    pub header: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -498,6 +507,7 @@ impl Default for Config {
             },
             admin: AdminConfig { token: Secret::default() },
             inspector: InspectorConfig { requests_per_conversation: 500, keep_content: false, content_bytes: 4_096 },
+            bypass: BypassConfig { header: "x-compactor-bypass".into() },
             compaction: CompactionSettings::default(),
             models: BTreeMap::new(),
             clients: BTreeMap::new(),

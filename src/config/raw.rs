@@ -47,6 +47,8 @@ pub struct RawConfig {
     #[serde(deserialize_with = "table")]
     inspector: RawInspector,
     #[serde(deserialize_with = "table")]
+    bypass: RawBypass,
+    #[serde(deserialize_with = "table")]
     compaction: RawCompaction,
     /// `[models.NAME]` entries, each a [`RawModel`].
     models: Field<Value>,
@@ -72,6 +74,7 @@ impl RawConfig {
             session: section!(s, self.session, d.session),
             admin: section!(s, self.admin, d.admin),
             inspector: section!(s, self.inspector, d.inspector),
+            bypass: section!(s, self.bypass, d.bypass),
             compaction: section!(s, self.compaction, d.compaction),
             models: model_entries(&mut s.section(stringify!(models)), self.models),
             clients: client_entries(&mut s.section(stringify!(clients)), self.clients),
@@ -454,6 +457,27 @@ struct RawAdmin {
 impl RawAdmin {
     fn validate(self, s: &mut Section, d: AdminConfig) -> AdminConfig {
         AdminConfig { token: secret!(s, self.token, d.token, |s| Ok(Secret::new(s))) }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawBypass {
+    header: Field<String>,
+}
+
+impl RawBypass {
+    fn validate(self, s: &mut Section, d: BypassConfig) -> BypassConfig {
+        BypassConfig {
+            header: key!(s, self.header, d.header, |name: String| {
+                let name = name.to_ascii_lowercase();
+                if name.is_empty() || http::HeaderName::from_bytes(name.as_bytes()).is_ok() {
+                    Ok(name)
+                } else {
+                    Err(format!("`{name}` is not a header name"))
+                }
+            }),
+        }
     }
 }
 

@@ -55,6 +55,8 @@ pub struct Proxy {
     /// The finishers of requests that took session state, so shutdown can wait for their writes.
     finishers: TaskTracker,
     request_ids: RequestIds,
+    /// `bypass.header`, when it names one.
+    bypass: Option<header::HeaderName>,
 }
 
 impl Proxy {
@@ -67,6 +69,7 @@ impl Proxy {
             runtime.spawn(async move { warming.cloud().keep_fresh().await });
         }
         Ok(Self {
+            bypass: header::HeaderName::from_bytes(config.bypass.header.as_bytes()).ok(),
             compactor: Compactor::new(&config, store, upstreams.clone()),
             upstreams,
             config,
@@ -113,9 +116,14 @@ impl Proxy {
         route: Route,
         mut finish: Box<Finish>,
     ) -> Response<ResponseBody> {
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        let bypassed = self.bypassed(&mut parts.headers);
         let counted = match self.admit(route, &parts.headers) {
             Ok(phases::Admitted::PassThrough) => {
+                return self.pass_through(RequestHead::new(route, parts), body, finish).await;
+            }
+            Ok(phases::Admitted::Rewritable { .. }) if bypassed => {
+                finish.outcome.untouched = Some(crate::compaction::decision::Untouched::Bypass.label());
                 return self.pass_through(RequestHead::new(route, parts), body, finish).await;
             }
             Ok(phases::Admitted::Rewritable { counted }) => counted,
@@ -135,6 +143,13 @@ impl Proxy {
             Ok((forwarded, answer)) => self.respond(forwarded, answer, finish),
             Err(error) => fail(error, route, finish),
         }
+    }
+
+    /// Whether the client asked for its request to go as it came (`bypass.header`); the header is
+    /// removed whatever it says, so that it never reaches the provider.
+    fn bypassed(&self, headers: &mut http::HeaderMap) -> bool {
+        let Some(value) = self.bypass.as_ref().and_then(|name| headers.remove(name)) else { return false };
+        ["1", "true", "yes", "on"].iter().any(|yes| value.as_bytes().eq_ignore_ascii_case(yes.as_bytes()))
     }
 
     /// A request compactor never rewrites: its body streams to the upstream as it arrives, with no

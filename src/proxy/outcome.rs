@@ -28,6 +28,8 @@ const RETRIES: HeaderName = HeaderName::from_static("x-compactor-retries");
 const COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
 /// The overflow recovery's rungs and outcomes (`rebuild:retry`, `truncation:mapped`).
 const RUNGS: HeaderName = HeaderName::from_static("x-compactor-rungs");
+/// Why compactor left a request it could have rewritten as it came (`bypass`).
+const UNTOUCHED: HeaderName = HeaderName::from_static("x-compactor-untouched");
 
 /// A header value of compactor's own text (an id, a session key): never invalid, but said so
 /// rather than dropped if it were.
@@ -105,6 +107,8 @@ pub struct RequestOutcome {
     /// For a request sent upstream ahead of its preparation, `ahead` or `withdrawn`: counted with
     /// the rest of its metrics, after the response, not on its way.
     pub sent_ahead: Option<&'static str>,
+    /// Why compactor did not read a request it could have rewritten (`bypass`: the client asked).
+    pub untouched: Option<&'static str>,
 }
 
 impl RequestOutcome {
@@ -134,6 +138,7 @@ impl RequestOutcome {
             retries: 0,
             recovery: None,
             sent_ahead: None,
+            untouched: None,
         }
     }
 
@@ -164,6 +169,9 @@ impl RequestOutcome {
         }
         if let Some(recovery) = self.recovery.as_ref().filter(|r| !r.rungs.is_empty()) {
             headers.insert(RUNGS, header_value(&recovery.rungs()));
+        }
+        if let Some(reason) = self.untouched {
+            headers.insert(UNTOUCHED, HeaderValue::from_static(reason));
         }
     }
 
@@ -211,6 +219,7 @@ impl RequestOutcome {
             summary_calls,
             cache_read,
             cache_write,
+            untouched = %self.untouched.unwrap_or("-"),
             "request"
         );
     }
@@ -240,6 +249,9 @@ impl RequestOutcome {
         }
         if let Some(outcome) = self.sent_ahead {
             metric::sent_ahead(outcome);
+        }
+        if let Some(reason) = self.untouched {
+            metric::rewrite_skipped(self.route, reason);
         }
         if let Some(code) = self.error {
             counter!("compactor_errors_total", "route" => self.route, "code" => code).increment(1);

@@ -9,6 +9,7 @@ mod adaptive;
 mod agent_compaction;
 mod azure;
 mod background;
+mod bypass;
 mod cloud;
 mod cloud_fronts;
 mod compaction;
